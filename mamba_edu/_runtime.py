@@ -1,0 +1,25 @@
+"""Where the course runs: pick the device and make Triton usable without a GPU.
+
+Triton reads ``TRITON_INTERPRET`` when ``@triton.jit`` decorates a kernel, so it must be set
+before :mod:`mamba_edu.kernels` is imported. ``import mamba_edu`` does it for you: with no CUDA
+device and no explicit setting, kernels run in the Triton interpreter (slow, tiny shapes only).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def default_device() -> torch.device:
+    """``cuda`` when a GPU is present, else ``cpu``."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def triton_interpreted() -> bool:
+    """True when Triton kernels run in the CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

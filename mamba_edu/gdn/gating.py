@@ -1,0 +1,32 @@
+"""Gating (Qwen3-Next) and the q/k L2 norm."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def gdn_gating(A_log: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dt_bias: torch.Tensor):
+    """Per-token decay and write strength.
+
+    Args:
+        A_log, dt_bias: ``[HV]`` learned per value head.
+        a, b: ``[T, HV]`` projections of the hidden state.
+    Returns:
+        ``g = −exp(A_log)·softplus(a + dt_bias)`` (log-decay, ≤ 0) and ``beta = sigmoid(b)``,
+        both ``[T, HV]`` fp32.
+    """
+    if a.shape != b.shape or a.dim() != 2:
+        raise ValueError(f"a and b must both be [T, HV]; got a {tuple(a.shape)}, b {tuple(b.shape)}")
+    hv = a.shape[1]
+    for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if t.shape != (hv,):
+            raise ValueError(f"{name} must have shape [HV]=({hv},); got {tuple(t.shape)}")
+    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float(), beta=1.0, threshold=20.0)
+    return g, b.float().sigmoid()
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x / sqrt(Σx² + eps)`` over the last dim, in fp32 (eps inside the sqrt)."""
+    x = x.float()
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)

@@ -1,0 +1,97 @@
+"""Packed variable-length batches: sequence lengths, chunk counts, checkpoint offsets, validation.
+
+Everything here works on host integers. Reading a CUDA ``cu_seqlens`` into a list is a
+device-to-host sync; the references accept that, the serving path never does it (it gets the
+lengths from the scheduler as CPU lists).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+CHUNK = 64  # chunk size of the chunked form and of the checkpoints h[c]
+
+
+def seq_lengths(cu_seqlens: torch.Tensor | Sequence[int] | None, total: int) -> list[int]:
+    """Validate ``cu_seqlens`` ``[N+1]`` against ``total`` tokens and return the N lengths.
+
+    ``None`` means one sequence of ``total`` tokens. Raises ``ValueError`` (naming
+    ``cu_seqlens``) unless it is 1-D, integer, starts at 0, strictly increases and ends at ``total``.
+    """
+    if cu_seqlens is None:
+        if total < 1:
+            raise ValueError(f"q has T={total} tokens; expected at least 1")
+        return [total]
+    if isinstance(cu_seqlens, torch.Tensor):
+        if cu_seqlens.dim() != 1:
+            raise ValueError(f"cu_seqlens must be 1-D [N+1]; got shape {tuple(cu_seqlens.shape)}")
+        if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype.is_complex or cu_seqlens.dtype == torch.bool:
+            raise ValueError(f"cu_seqlens must be an integer tensor (int32/int64); got {cu_seqlens.dtype}")
+        cu = cu_seqlens.tolist()
+    else:
+        cu = list(cu_seqlens)
+        if not all(isinstance(c, int) for c in cu):
+            raise ValueError("cu_seqlens must hold integers")
+    if len(cu) < 2:
+        raise ValueError(f"cu_seqlens must have N+1 >= 2 entries; got {len(cu)}")
+    if cu[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0; got {cu[0]}")
+    lengths = [b - a for a, b in zip(cu[:-1], cu[1:])]
+    if any(n <= 0 for n in lengths):
+        bad = next(i for i, n in enumerate(lengths) if n <= 0)
+        raise ValueError(f"cu_seqlens must be strictly increasing (every sequence >= 1 token); "
+                         f"cu_seqlens[{bad}]={cu[bad]} >= cu_seqlens[{bad + 1}]={cu[bad + 1]}")
+    if cu[-1] != total:
+        raise ValueError(f"cu_seqlens must end at T={total}; got cu_seqlens[-1]={cu[-1]}")
+    return lengths
+
+
+def chunk_counts(lengths: Sequence[int], chunk: int = CHUNK) -> list[int]:
+    """Number of chunks ``⌈L/chunk⌉`` of each sequence (= its number of checkpoints)."""
+    return [-(-n // chunk) for n in lengths]
+
+
+def checkpoint_offsets(lengths: Sequence[int], chunk: int = CHUNK) -> list[int]:
+    """``[N+1]`` exclusive cumsum of the chunk counts: sequence n's checkpoints are rows
+    ``offsets[n] : offsets[n+1]`` of the checkpoint tensor."""
+    out = [0]
+    for c in chunk_counts(lengths, chunk):
+        out.append(out[-1] + c)
+    return out
+
+
+def validate_gdn_inputs(q, k, v, g, beta, cu_seqlens, initial_state) -> list[int]:
+    """Check shapes of a packed GDN call (DESIGN.md §3) and return the sequence lengths.
+
+    Raises ``ValueError`` naming the offending argument and the expected shape.
+    """
+    for name, t, rank in (("q", q, 3), ("k", k, 3), ("v", v, 3), ("g", g, 2), ("beta", beta, 2)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+        if t.dim() != rank:
+            raise ValueError(f"{name} must have {rank} dims; got shape {tuple(t.shape)}")
+        if not t.dtype.is_floating_point:
+            raise ValueError(f"{name} must be a floating tensor; got {t.dtype}")
+    T, H, K = q.shape
+    if k.shape != q.shape:
+        raise ValueError(f"k must have q's shape [T, H, K]={tuple(q.shape)}; got {tuple(k.shape)}")
+    Tv, HV, V = v.shape
+    if Tv != T:
+        raise ValueError(f"v must have T={T} tokens like q; got {Tv}")
+    if HV % H != 0:
+        raise ValueError(f"v's heads HV={HV} must be a multiple of q's heads H={H}")
+    for name, t in (("g", g), ("beta", beta)):
+        if t.shape != (T, HV):
+            raise ValueError(f"{name} must have shape [T, HV]=({T}, {HV}); got {tuple(t.shape)}")
+    devices = {t.device for t in (q, k, v, g, beta)}
+    if len(devices) != 1:
+        raise ValueError(f"q, k, v, g, beta must be on one device; got {sorted(map(str, devices))}")
+    lengths = seq_lengths(cu_seqlens, T)
+    if initial_state is not None:
+        expected = (len(lengths), HV, K, V)
+        if tuple(initial_state.shape) != expected:
+            raise ValueError(f"initial_state must have shape [N, HV, K, V]={expected}; "
+                             f"got {tuple(initial_state.shape)}")
+    return lengths

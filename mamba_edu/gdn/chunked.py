@@ -44,26 +44,28 @@ def intra_chunk(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.T
     """Everything that does not depend on the incoming state, for all chunks at once.
 
     Args (head-major, fp32): ``k: [..., C, K]``, ``v: [..., C, V]``, ``g, beta: [..., C]``.
-    Returns ``(gamma, U, W)``: ``gamma`` = inclusive cumsum of g ``[..., C]``,
+    Returns ``(gamma, U, W)``: ``gamma`` = inclusive cumsum of g ``[..., C]`` (fp64),
     ``U = T(beta·V)`` ``[..., C, V]``, ``W = T(beta·exp(Γ)·K)`` ``[..., C, K]``.
     """
     C = g.shape[-1]
-    gamma = g.cumsum(-1)
+    # Γ in fp64: with strong gates it reaches the −1000s inside one chunk, where an fp32
+    # Γ_s − Γ_j is off by ~1e-4 and so is every decay factor. The factors themselves are fp32.
+    gamma = g.double().cumsum(-1)
     strict = torch.ones(C, C, dtype=torch.bool, device=g.device).tril(-1)
     # Mask before exp: the upper triangle of Γ_s − Γ_j is positive and would overflow.
-    decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~strict, float("-inf")).exp()
+    decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~strict, float("-inf")).exp().float()
     L = beta[..., :, None] * (k @ k.transpose(-1, -2)) * decay
     eye = torch.eye(C, dtype=k.dtype, device=k.device)
     T = torch.linalg.solve_triangular(eye + L, eye.expand_as(L), upper=False, unitriangular=True)
     U = T @ (beta[..., None] * v)
-    W = T @ ((beta * gamma.exp())[..., None] * k)
+    W = T @ ((beta * gamma.exp().float())[..., None] * k)
     return gamma, U, W
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None,
                            use_qk_l2norm=False, output_checkpoints=False) -> GDNOutput:
     """GDN over a packed batch in the chunked WY form; same arguments and results as
-    :func:`mamba_edu.gdn.recurrent_gated_delta_rule` (fp32 arithmetic).
+    :func:`mamba_edu.gdn.recurrent_gated_delta_rule` (fp32 arithmetic, Γ in fp64).
 
     Vectorised over sequences, chunks and heads; only the chunk-to-chunk state pass loops
     (``max ⌈L_n/64⌉`` steps).
@@ -78,10 +80,10 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, 
     C = gc.shape[-1]
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
     attn = (qc @ kc.transpose(-1, -2)) * (
-        (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~causal, float("-inf")).exp())
-    q_decayed = qc * gamma.exp()[..., None]
-    k_to_end = kc * (gamma[..., -1:] - gamma).exp()[..., None]
-    decay_end = gamma[..., -1].exp()[..., None, None]  # [N, HV, NC, 1, 1]
+        (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~causal, float("-inf")).exp().float())
+    q_decayed = qc * gamma.exp().float()[..., None]
+    k_to_end = kc * (gamma[..., -1:] - gamma).exp().float()[..., None]
+    decay_end = gamma[..., -1].exp().float()[..., None, None]  # [N, HV, NC, 1, 1]
 
     o = torch.empty_like(vc)
     ckpts = []

@@ -83,7 +83,7 @@ class Bubble:
 
 
 @dataclass(frozen=True)
-class SyncEvent:
+class TraceSync:
     """A host call that waits for the GPU (``kind="wait"``) or a device-to-host copy (``"dtoh"``).
 
     ``op`` is the innermost CPU operator open when the host issued it.
@@ -108,7 +108,12 @@ class TraceAnalysis:
     gpu_busy: list[Interval] = field(default_factory=list)  # merged, clipped to the window
     cpu_busy: list[Interval] = field(default_factory=list)  # merged operators of the thread
     bubbles: list[Bubble] = field(default_factory=list)
-    syncs: list[SyncEvent] = field(default_factory=list)
+    syncs: list[TraceSync] = field(default_factory=list)
+
+    @property
+    def has_gpu(self) -> bool:
+        """Whether the forward ran anything on a GPU (a CPU-only trace has no GPU lane)."""
+        return bool(self.gpu_busy)
 
     @property
     def wall_us(self) -> float:
@@ -197,8 +202,10 @@ def merge_intervals(intervals: Iterable[Interval]) -> list[Interval]:
     return [(s, e) for s, e in merged]
 
 
-def find_gaps(busy: Sequence[Interval], start: float, end: float, threshold: float) -> list[Interval]:
-    """Gaps of at least ``threshold`` in the merged ``busy`` intervals between ``start`` and ``end``."""
+def find_gaps(busy: Sequence[Interval], start: float, end: float,
+              threshold: float) -> list[Interval]:
+    """Non-empty gaps of at least ``threshold`` between ``start`` and ``end`` in the merged
+    ``busy`` intervals, the stretches before the first and after the last one included."""
     edges = [start, *(t for iv in busy for t in iv), end]
     gaps = zip(edges[0::2], edges[1::2])  # (end of one busy stretch, start of the next)
     return [(a, b) for a, b in gaps if b - a >= threshold and b > a]
@@ -283,14 +290,16 @@ def analyze_trace(
     ]
 
     # A DtoH copy is blamed on the op that launched it, a host wait on the op that called it.
-    launched_at = {e.correlation: e.start for e in thread if e.cat in RUNTIME_CATEGORIES}
+    # Waits count inside the range only: the caller's synchronize after the forward is not one.
+    launched_at = {e.correlation: e.start for e in thread
+                   if e.cat in RUNTIME_CATEGORIES and e.correlation is not None}
     found = [(e, "wait", e.start) for e in thread
-             if e.cat in RUNTIME_CATEGORIES and e.name in HOST_WAITS]
+             if e.cat in RUNTIME_CATEGORIES and e.name in HOST_WAITS and e.start < fwd.end]
     found += [(e, "dtoh", launched_at.get(e.correlation, e.start)) for e in gpu
               if e.cat == "gpu_memcpy" and e.name.startswith(DTOH_PREFIX)]
     stacks = open_stacks(thread, [t for _, _, t in found])
     syncs = sorted(
-        (SyncEvent(e.name, kind, e.start, e.end, _innermost(stack, OP_CATEGORIES))
+        (TraceSync(e.name, kind, e.start, e.end, _innermost(stack, OP_CATEGORIES))
          for (e, kind, _), stack in zip(found, stacks)),
         key=lambda s: s.start,
     )

@@ -1,0 +1,284 @@
+"""Benchmark our GDN kernels against flash-linear-attention on one GPU, side by side.
+
+``python -m mamba_edu bench-kernels [--out data/benchmarks/] [--quick]``. For H=16, HV=32,
+K=V=128 (Qwen3-Next), bf16 inputs, T = 2048, 8192, 32768 as one sequence and as 8 equal ones:
+our ``gdn_prefill`` and fla's ``chunk_gated_delta_rule`` (if importable; never a dependency),
+eager and CUDA-graph replay (medians of ``triton.testing.do_bench`` / ``do_bench_cudagraph``, with
+inputs rotated over several copies so that L2 does not flatter us), per-stage times of our two
+kernels, achieved bandwidth against the byte model (docs: gdn_kernels.md §8.2) and our own byte
+count, and a correctness check of every configuration against the torch reference; and the
+decode step for 256 sequences (effective bandwidth on the state traffic, and its byte floor).
+Headline cases run first and a time budget skips the rest; ``kernels.json`` and ``kernels.csv``
+are rewritten after every case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+H, HV, K, V = 16, 32, 128, 128
+FLA_BYTES_PER_TOKEN_HEAD = 4640  # fla's unfused pipeline, gdn_kernels.md §8.2
+HBM_BYTES_PER_S = 4.3e12         # H200 copy bandwidth used for the byte floors
+ROTATE = 3                        # input copies cycled through by the timed calls
+DEVICE = "cuda"
+
+
+def _our_bytes(T: int, N: int, act: int = 2) -> int:
+    """HBM bytes our two kernels move at minimum (each tensor read or written once)."""
+    qk = 2 * T * H * K * act
+    prepare = T * H * K * act + T * HV * V * act + 2 * T * HV * 4 + T * HV * (4 + (K + V) * act)
+    scan = qk + T * HV * ((K + V) * act + 4) + T * HV * V * act + 2 * N * HV * K * V * 4
+    return prepare + scan
+
+
+def _floor_bytes(T: int, N: int, act: int = 2) -> int:
+    """A fully fused kernel's floor: q, k, v, g, β in, o out, states read and written."""
+    return 2 * T * H * K * act + 2 * T * HV * V * act + 2 * T * HV * 4 + 2 * N * HV * K * V * 4
+
+
+def _make_prefill_case(lengths, seed):
+    from mamba_edu.kernels import build_chunk_meta
+    from mamba_edu.kernels.inputs import random_prefill_inputs
+    N = len(lengths)
+    sets = [random_prefill_inputs(lengths, H, HV, K, V, dtype=torch.bfloat16, device=DEVICE,
+                                  seed=seed + i) for i in range(ROTATE)]
+    pools = [torch.zeros(N + 1, HV, K, V, device=DEVICE) for _ in range(ROTATE)]
+    meta = build_chunk_meta(lengths, DEVICE, state_indices=list(range(1, N + 1)))
+    return sets, pools, meta
+
+
+def _rotating(fns):
+    """One callable that runs the next of ``fns`` each time (also inside a graph capture)."""
+    it = itertools.cycle(fns)
+    return lambda: next(it)()
+
+
+def _time(fn, graph: bool):
+    import triton.testing as tt
+    fn()
+    torch.cuda.synchronize()
+    if graph:
+        return tt.do_bench_cudagraph(fn, rep=100, return_mode="median")
+    return tt.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def _check_prefill(sets, meta, out_fn):
+    """Relative error of ``out_fn(inputs, h0) -> (o, final)`` against the fp32 torch reference."""
+    from mamba_edu.gdn import chunk_gated_delta_rule
+    from mamba_edu.testing import rel_err
+    x = sets[0]
+    h0 = 0.1 * torch.randn(meta.N, HV, K, V, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(7))
+    cu = [0]
+    for n in meta.lengths:
+        cu.append(cu[-1] + n)
+    ref = chunk_gated_delta_rule(*(x[n].float() for n in ("q", "k", "v", "g", "beta")),
+                                 initial_state=h0, cu_seqlens=cu, use_qk_l2norm=True)
+    o, final = out_fn(x, h0.clone())
+    return rel_err(o, ref.o), rel_err(final, ref.final_state)
+
+
+def _fla_runner():
+    # fla's pure Triton path, as measured in gdn_kernels.md §8.4 (no optional TileLang backends).
+    os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+        from fla.ops.utils.index import prepare_chunk_indices
+    except Exception as exc:  # fla is optional: any import failure just skips it
+        return None, f"{type(exc).__name__}: {exc}"
+    return (fla_chunk, prepare_chunk_indices), None
+
+
+def _bench_fla(fla, sets, meta, row):
+    """fla's ``chunk_gated_delta_rule`` on the same inputs, with precomputed chunk indices (so
+    that it can be captured in a graph), under ``torch.inference_mode`` (no autograd)."""
+    fla_chunk, prepare_chunk_indices = fla
+    cu_cpu = torch.tensor(meta.cu_seqlens.cpu().tolist(), dtype=torch.int64)
+    cu = cu_cpu.to(DEVICE)
+    chunk_indices = prepare_chunk_indices(cu, 64, cu_seqlens_cpu=cu_cpu)
+
+    def fla_call(x, h0):
+        return fla_chunk(x["q"][None], x["k"][None], x["v"][None], x["g"][None], x["beta"][None],
+                         initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                         chunk_indices=chunk_indices, use_qk_l2norm_in_kernel=True)
+
+    def fla_out(x, h0):
+        o, final = fla_call(x, h0)
+        return o[0], final
+
+    h0s = [torch.zeros(meta.N, HV, K, V, device=DEVICE) for _ in range(ROTATE)]
+    fns = [lambda x=x, h=h: fla_call(x, h) for x, h in zip(sets, h0s)]
+    with torch.inference_mode():
+        row["fla_eager_ms"] = _time(_rotating(fns), graph=False)
+        row["fla_graph_ms"] = _time(_rotating(fns), graph=True)
+        row["fla_o_err"], row["fla_state_err"] = _check_prefill(sets, meta, fla_out)
+    row["ratio_graph"] = row["ours_graph_ms"] / row["fla_graph_ms"]
+    row["ratio_eager"] = row["ours_eager_ms"] / row["fla_eager_ms"]
+
+
+def bench_prefill(lengths, fla, results, seed=0):
+    from mamba_edu.kernels import gdn_prefill
+    from mamba_edu.kernels.prefill import launch_prepare, launch_scan
+    sets, pools, meta = _make_prefill_case(lengths, seed)
+    T, N = meta.T, meta.N
+    row = dict(kind="prefill", T=T, N=N, H=H, HV=HV, K=K, V=V, dtype="bf16")
+
+    ours = [lambda x=x, p=p: gdn_prefill(**x, state_pool=p, meta=meta) for x, p in zip(sets, pools)]
+    row["ours_eager_ms"] = _time(_rotating(ours), graph=False)
+    row["ours_graph_ms"] = _time(_rotating(ours), graph=True)
+    x0, p0 = sets[0], pools[0]
+    row["ours_prepare_ms"] = _time(lambda: launch_prepare(x0["k"], x0["v"], x0["g"], x0["beta"],
+                                                          meta, True), graph=True)
+    gamma, w, u = launch_prepare(x0["k"], x0["v"], x0["g"], x0["beta"], meta, True)
+    row["ours_scan_ms"] = _time(lambda: launch_scan(x0["q"], x0["k"], w, u, gamma, p0,
+                                                    meta.state_indices, meta, K ** -0.5, True),
+                                graph=True)
+
+    def ours_out(x, h0):
+        pool = torch.cat([torch.zeros_like(h0[:1]), h0])
+        o, _ = gdn_prefill(**x, state_pool=pool, meta=meta)
+        return o, pool[1:]
+    row["ours_o_err"], row["ours_state_err"] = _check_prefill(sets, meta, ours_out)
+
+    if fla is not None:
+        try:  # a failure inside fla must not lose our numbers
+            _bench_fla(fla, sets, meta, row)
+        except Exception as exc:
+            row["fla_error"] = f"{type(exc).__name__}: {exc}"[:300]
+
+    row["fla_model_bytes"] = FLA_BYTES_PER_TOKEN_HEAD * T * HV
+    row["ours_bytes"] = _our_bytes(T, N)
+    row["floor_bytes"] = _floor_bytes(T, N)
+    row["fla_model_floor_ms"] = row["fla_model_bytes"] / HBM_BYTES_PER_S * 1e3
+    row["floor_ms"] = row["floor_bytes"] / HBM_BYTES_PER_S * 1e3
+    row["ours_TBps_vs_fla_model"] = row["fla_model_bytes"] / row["ours_graph_ms"] / 1e9
+    row["ours_TBps_own_bytes"] = row["ours_bytes"] / row["ours_graph_ms"] / 1e9
+    if "fla_graph_ms" in row:
+        row["fla_TBps_vs_fla_model"] = row["fla_model_bytes"] / row["fla_graph_ms"] / 1e9
+    results.append(row)
+
+
+def bench_decode(results, N=256, seed=0):
+    from mamba_edu.kernels import gdn_decode, upload_indices
+    from mamba_edu.testing import rel_err
+    gen = torch.Generator().manual_seed(seed)
+
+    def inputs():
+        q, k = (torch.randn(N, H, K, generator=gen).to(DEVICE, torch.bfloat16) for _ in range(2))
+        v = torch.randn(N, HV, V, generator=gen).to(DEVICE, torch.bfloat16)
+        a, b = (torch.randn(N, HV, generator=gen).to(DEVICE) for _ in range(2))
+        return q, k, v, a, b
+    A_log = torch.rand(HV, generator=gen).to(DEVICE)
+    dt_bias = torch.randn(HV, generator=gen).to(DEVICE)
+    sets = [inputs() for _ in range(ROTATE)]
+    pools = [0.1 * torch.randn(N, HV, K, V, device=DEVICE) for _ in range(ROTATE)]
+    idx = upload_indices(list(range(N)), DEVICE)
+    fns = [lambda s=s, p=p: gdn_decode(*s, A_log, dt_bias, state_pool=p, state_indices=idx)
+           for s, p in zip(sets, pools)]
+    row = dict(kind="decode", N=N, H=H, HV=HV, K=K, V=V, dtype="bf16")
+    row["ours_eager_ms"] = _time(_rotating(fns), graph=False)
+    row["ours_graph_ms"] = _time(_rotating(fns), graph=True)
+    state_bytes = 2 * N * HV * K * V * 4
+    io_bytes = N * (2 * H * K + 2 * HV * V) * 2 + N * HV * 8
+    row["floor_bytes"] = state_bytes + io_bytes
+    row["floor_ms"] = row["floor_bytes"] / HBM_BYTES_PER_S * 1e3
+    row["ours_TBps"] = state_bytes / row["ours_graph_ms"] / 1e9  # effective, on the state traffic
+    pool = pools[0].clone()
+    o = gdn_decode(*sets[0], A_log, dt_bias, state_pool=pool, state_indices=idx)
+    pool_ref = pools[0].clone()
+    ref = gdn_decode(*(t.float() for t in sets[0]), A_log, dt_bias, state_pool=pool_ref,
+                     state_indices=idx, backend="torch")
+    row["ours_o_err"] = rel_err(o, ref)
+    row["ours_state_err"] = rel_err(pool, pool_ref)
+    results.append(row)
+
+
+def _write(results, meta, out: Path):
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernels.json").write_text(json.dumps(dict(meta=meta, results=results), indent=2))
+    keys = sorted({k for r in results for k in r})
+    with open(out / "kernels.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(results)
+
+
+def _summary(results) -> str:
+    """A fixed-width table of the headline numbers (``-`` where a value is missing)."""
+    columns = [("ours graph", "ours_graph_ms", ".3f"), ("fla graph", "fla_graph_ms", ".3f"),
+               ("ratio", "ratio_graph", ".2f"), ("ours eager", "ours_eager_ms", ".3f"),
+               ("fla eager", "fla_eager_ms", ".3f"), ("prepare", "ours_prepare_ms", ".3f"),
+               ("scan", "ours_scan_ms", ".3f"), ("TB/s", "TBps", ".2f"), ("o err", "ours_o_err", ".1e")]
+    lines = ["case".ljust(18) + "".join(name.rjust(11) for name, _, _ in columns)]
+    for r in results:
+        r = dict(r, TBps=r.get("ours_TBps", r.get("ours_TBps_vs_fla_model")))
+        case = (f"prefill {r['N']}x{r['T'] // r['N']}" if r["kind"] == "prefill" else f"decode {r['N']}")
+        cells = [format(r[key], spec) if r.get(key) is not None else "-" for _, key, spec in columns]
+        lines.append(case.ljust(18) + "".join(c.rjust(11) for c in cells))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="mamba_edu bench-kernels", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="data/benchmarks/", help="output folder")
+    parser.add_argument("--quick", action="store_true", help="only T=2048 and 8192")
+    parser.add_argument("--no-fla", action="store_true", help="skip flash-linear-attention")
+    parser.add_argument("--budget-s", type=float, default=220.0,
+                        help="skip the remaining cases after this many seconds")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench-kernels needs a CUDA GPU; nothing to do on this machine")
+        return 0
+    from tqdm import tqdm
+    fla, why = (None, "disabled by --no-fla") if args.no_fla else _fla_runner()
+    if fla is None:
+        print(f"flash-linear-attention not used ({why})")
+    # The headline cases first, so that a tight budget still measures them.
+    cases = [[8192], "decode", [1024] * 8, [2048], [256] * 8]
+    if not args.quick:
+        cases += [[32768], [4096] * 8]
+    import triton
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                python=platform.python_version(), fla=None if fla is None else _fla_version(),
+                hbm_bytes_per_s=HBM_BYTES_PER_S, rotate=ROTATE,
+                fla_backend_dispatch_disabled=os.environ.get("FLA_DISABLE_BACKEND_DISPATCH") == "1",
+                note="median ms; graph = do_bench_cudagraph; bytes per §8.2 of gdn_kernels.md")
+    results = []
+    start = time.monotonic()
+    for lengths in tqdm(cases, desc="bench-kernels"):
+        if time.monotonic() - start > args.budget_s:
+            results.append(dict(kind="skipped", case=str(lengths)[:40], error="time budget"))
+            continue
+        try:
+            if lengths == "decode":
+                bench_decode(results)
+            else:
+                bench_prefill(lengths, fla, results)
+        except Exception as exc:  # keep going: one failing case must not lose the others
+            results.append(dict(kind="error", case=str(lengths)[:40], error=f"{type(exc).__name__}: {exc}"))
+            print(f"case {str(lengths)[:40]} failed: {exc}")
+        _write(results, meta, Path(args.out))  # after every case: a kill keeps what was measured
+    ok = [r for r in results if r["kind"] in ("prefill", "decode")]
+    print(_summary(ok))
+    print(f"wrote {Path(args.out) / 'kernels.json'} and kernels.csv")
+    return 0
+
+
+def _fla_version():
+    try:
+        from importlib.metadata import version
+        return version("fla-core")
+    except Exception:
+        return "unknown"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,448 @@
+"""Time to first token, GPU bubbles and syncs per tracking strategy: ``python -m mamba_edu bench``.
+
+For every case (a model preset and a batch of prompt lengths) and every strategy, in one run on
+one machine:
+
+* **TTFT** — median wall time of one synchronized prefill forward
+  (``engine.forward_prefill``), each repeat on a freshly prepared batch, so it starts from the
+  same pool state;
+* **syncs per forward** — counted by the sniffer (:func:`mamba_edu.profiling.count_syncs`), and on
+  a GPU also read from the trace (``cudaStreamSynchronize`` and friends);
+* **GPU busy time and bubble fraction** — from one forward recorded with ``torch.profiler``;
+* **speedup** over ``naive`` in the same case;
+* for the sync-free strategies on a GPU, the same prefill **captured in a CUDA graph** and
+  replayed: one graph per batch shape, as a serving engine captures one per batch bucket.
+
+Headline cases (DESIGN.md §6): GPU-bound ``qwen3-next`` 8 × 1024 tokens; launch-bound
+``qwen3.5-tp8`` 1 × 512, 16 × 256 and 8 × 1024. Sweeps: total tokens 512 … 16384 and the
+fraction of tracked requests 0, ½, 1. A dense MLP stands in for the mixture of experts.
+
+Outputs in ``--out``: ``results.json``, ``results.csv``, figures, and for the headline cases one
+trimmed trace per strategy in TensorBoard's layout, ``runs/<case>/<strategy>.pt.trace.json.gz``
+(also what https://ui.perfetto.dev opens). On a CPU the ``tiny`` preset runs instead: the sync
+counts are real, bubbles need a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Callable
+
+import matplotlib.pyplot as plt
+import torch
+from tqdm import tqdm
+
+from mamba_edu.profiling.bubbles import analyze_trace
+from mamba_edu.profiling.plots import plot_strategy_bars, plot_sweep, plot_timelines
+from mamba_edu.profiling.syncs import count_syncs, cuda_sync_guard
+from mamba_edu.profiling.traces import FORWARD_RANGE, record_trace, trim_trace
+
+STRATEGIES = ("naive", "precomputed", "sync_free", "fused")
+CAPTURABLE = ("sync_free", "fused")
+SWEEP_TOKENS = (512, 1024, 2048, 4096, 8192, 16384)
+SWEEP_TRACKED = (0.0, 0.5, 1.0)
+SWEEP_PRESET = "qwen3-next"
+CPU_PRESET = "tiny"
+TRIM_CPU_US = 2.0  # committed traces drop CPU ops shorter than this (views, reshapes)
+MOE_NOTE = "a dense MLP of the active-expert width stands in for the mixture of experts"
+
+
+@dataclass(frozen=True)
+class Case:
+    """A batch to prefill: a preset and prompt lengths; ``group`` is headline or a sweep's name.
+
+    Tracking follows DESIGN.md §4: a request is tracked iff its length ≥ ``cache_chunk``. The
+    tracked-fraction sweep uses that: with ``cache_chunk = 1024`` a 1024-token prompt is tracked
+    and a 1023-token one is not, at the same cost otherwise.
+    """
+
+    name: str
+    preset: str
+    lengths: tuple[int, ...]
+    group: str = "headline"
+    cache_chunk: int = 64
+    x: float = 0.0  # the sweep's x value (total tokens or tracked fraction)
+
+    @property
+    def shape(self) -> str:
+        """``8x1024``, or ``8x~1024`` for mixed lengths of at most 1024."""
+        sizes = set(self.lengths)
+        return f"{len(self.lengths)}x{'' if len(sizes) == 1 else '~'}{max(sizes)}"
+
+    @property
+    def tracked(self) -> int:
+        return sum(n >= self.cache_chunk for n in self.lengths)
+
+
+def headline_cases() -> list[Case]:
+    return [
+        Case("gpu_bound_8x1024", "qwen3-next", (1024,) * 8),
+        Case("launch_bound_1x512", "qwen3.5-tp8", (512,)),
+        Case("launch_bound_16x256", "qwen3.5-tp8", (256,) * 16),
+        Case("launch_bound_8x1024", "qwen3.5-tp8", (1024,) * 8),
+    ]
+
+
+def sweep_cases(quick: bool) -> list[Case]:
+    """Total tokens in prompts of up to 1024 tokens; then 8 × 1024 with a fraction tracked."""
+    tokens = SWEEP_TOKENS[::2] if quick else SWEEP_TOKENS
+    cases = [Case(f"tokens_{t}", SWEEP_PRESET, (min(t, 1024),) * max(1, t // 1024), "tokens", x=t)
+             for t in tokens]
+    for f in SWEEP_TRACKED:
+        k = round(8 * f)
+        cases.append(Case(f"tracked_{f:g}", SWEEP_PRESET, (1024,) * k + (1023,) * (8 - k),
+                          "tracked", cache_chunk=1024, x=f))
+    return cases
+
+
+def select_cases(spec: str, quick: bool) -> list[Case]:
+    """``spec``: comma-separated case names or groups (``headline``, ``tokens``, ``tracked``,
+    ``all``)."""
+    every = headline_cases() + sweep_cases(quick)
+    wanted = set(spec.split(","))
+    chosen = [c for c in every if {"all", c.name, c.group} & wanted]
+    unknown = wanted - {"all"} - {c.name for c in every} - {c.group for c in every}
+    if unknown or not chosen:
+        raise SystemExit(f"unknown --cases {sorted(unknown) or spec}; choose from "
+                         f"all, headline, tokens, tracked, {', '.join(c.name for c in every)}")
+    return chosen
+
+
+@dataclass
+class Result:
+    """One row of results.json / results.csv. GPU-only fields are ``None`` on a CPU."""
+
+    case: str
+    group: str
+    x: float
+    preset: str
+    shape: str
+    requests: int
+    tokens: int
+    tracked: int
+    strategy: str
+    mode: str                        # "eager" or "graph" (CUDA-graph replay)
+    repeats: int = 0
+    ttft_ms: float | None = None     # median
+    ttft_min_ms: float | None = None
+    syncs: int | None = None         # sniffer: ops that synchronize, per forward
+    trace_syncs: int | None = None   # host waits in the GPU trace
+    sync_guard: bool | None = None   # passed torch.cuda.set_sync_debug_mode("error")
+    gpu_busy_ms: float | None = None
+    bubble_fraction: float | None = None
+    speedup: float | None = None     # naive eager TTFT / this TTFT, same case
+    error: str | None = None         # why this measurement failed
+
+    @property
+    def label(self) -> str:
+        return self.strategy if self.mode == "eager" else f"{self.strategy}+graph"
+
+
+def synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+class Prefills:
+    """Fresh prefills of one case on one engine, so that every forward starts from the same state.
+
+    :meth:`next` finishes and releases the previous batch, then prepares one of new random
+    prompts: new request ids and tokens, so no prefix hit, and freshly zeroed slots.
+    :meth:`forward` is the timed part, ``engine.forward_prefill``.
+    """
+
+    def __init__(self, engine, lengths: tuple[int, ...], seed: int):
+        self.engine, self.lengths = engine, lengths
+        self.gen = torch.Generator().manual_seed(seed)
+        self.batch, self.logits, self.count = None, None, 0
+
+    def next(self):
+        from mamba_edu.engine import Request
+
+        self.close()
+        vocab = self.engine.config.vocab
+        self.count += 1
+        requests = [Request((self.count, i), torch.randint(vocab, (n,), generator=self.gen).tolist())
+                    for i, n in enumerate(self.lengths)]
+        self.batch = self.engine.prepare_prefill(requests)
+        return self.batch
+
+    def forward(self, batch):
+        self.logits = self.engine.forward_prefill(batch)
+        return self.logits
+
+    def close(self) -> None:
+        """Finish and release the current batch. One whose forward failed is left as it is:
+        :func:`measure` then drops the whole engine."""
+        if self.batch is not None and self.logits is not None:
+            self.engine.finish_prefill(self.batch, self.logits)
+            self.engine.release(self.batch.rids)
+        self.batch, self.logits = None, None
+
+
+def median_ms(fn: Callable[..., object], setup: Callable[[], object],
+              repeats: int) -> tuple[float, float]:
+    """Median and minimum of ``repeats`` synchronized calls ``fn(setup())``, in milliseconds."""
+    times = []
+    for _ in range(repeats):
+        arg = setup()
+        synchronize()
+        t0 = time.perf_counter()
+        fn(arg)
+        synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), min(times)
+
+
+class ModelBench:
+    """One model and its engines, one per (strategy, cache chunk), reused across cases."""
+
+    def __init__(self, model, max_requests: int):
+        self.model, self.max_requests = model, max_requests
+        self.engines: dict[tuple[str, int], object] = {}
+
+    def engine(self, strategy: str, cache_chunk: int):
+        from mamba_edu.engine import Engine
+
+        key = (strategy, cache_chunk)
+        if key not in self.engines:
+            self.engines[key] = Engine(self.model, strategy, max_requests=self.max_requests,
+                                       cache_chunk=cache_chunk)
+        return self.engines[key]
+
+
+def measure(bench: ModelBench, case: Case, preset: str, strategy: str, mode: str, args,
+            trace_dir: Path | None) -> Result:
+    """All numbers of one (case, strategy, mode); ``trace_dir`` keeps its trimmed trace.
+
+    In ``graph`` mode the prefill of one batch is captured (one graph per batch shape) and
+    replayed; the replays recompute that batch in its own slots.
+    """
+    row = Result(case.name, case.group, case.x, preset, case.shape, len(case.lengths),
+                 sum(case.lengths), case.tracked, strategy, mode, repeats=args.repeats)
+    prefills = Prefills(bench.engine(strategy, case.cache_chunk), case.lengths, args.seed)
+    forward, setup = prefills.forward, prefills.next
+    try:
+        if mode == "graph":
+            captured = prefills.engine.capture_prefill(prefills.next())
+            prefills.logits = captured.logits
+            forward, setup = (lambda _: captured.replay()), (lambda: None)
+        for _ in range(args.warmup):
+            forward(setup())
+        row.ttft_ms, row.ttft_min_ms = median_ms(forward, setup, args.repeats)
+        arg = setup()
+        with count_syncs() as sniffed:
+            forward(arg)
+        row.syncs = sniffed.count
+        arg = setup()
+        with cuda_sync_guard(raise_on_sync=False) as guard:
+            forward(arg)
+        row.sync_guard = guard.passed
+        if guard.passed is False:
+            forward(arg)  # the guard stopped this forward at its first sync: complete the batch
+        if not args.no_profile:
+            profile_into(row, forward, setup, trace_dir)
+    except Exception as err:  # one failing strategy must not lose the rest of a GPU run
+        row.error = f"{type(err).__name__}: {err}"
+        tqdm.write(f"{case.name} {row.label}: {row.error}")
+        bench.engines.pop((strategy, case.cache_chunk))  # its pool may hold a half-done batch
+    finally:
+        prefills.close()
+    return row
+
+
+def trace_name(row: Result) -> str:
+    """File stem of a row's trace, also its worker name in TensorBoard."""
+    return row.label.replace("+", "_")
+
+
+def profile_into(row: Result, forward, setup, trace_dir: Path | None) -> None:
+    """Record one forward, fill the trace-based fields of ``row`` and keep the trimmed trace."""
+    with tempfile.TemporaryDirectory() as tmp:
+        rec = record_trace(forward, tmp, trace_name(row), setup=setup)
+        analysis = analyze_trace(rec.chrome_trace, FORWARD_RANGE, label=row.label)
+        if trace_dir is not None:
+            trim_trace(rec.chrome_trace, trace_dir / f"{trace_name(row)}.pt.trace.json.gz",
+                       min_cpu_us=TRIM_CPU_US)
+    if torch.cuda.is_available():
+        row.gpu_busy_ms = analysis.gpu_busy_us / 1e3
+        row.bubble_fraction = analysis.bubble_fraction
+        row.trace_syncs = analysis.n_syncs
+
+
+def run_case(bench: ModelBench, case: Case, preset: str, args, bar: tqdm) -> list[Result]:
+    """Every requested strategy (eager, then graph-replayed where it can be) on one case."""
+    trace_dir = args.out / "runs" / case.name if case.group == "headline" else None
+    rows = []
+    for strategy in args.strategies:
+        for mode in modes(strategy, args.graphs):
+            bar.set_postfix_str(f"{case.name} {strategy} {mode}")
+            rows.append(measure(bench, case, preset, strategy, mode, args, trace_dir))
+            bar.update()
+    naive = next((r.ttft_ms for r in rows if r.label == "naive"), None)
+    for r in rows:
+        r.speedup = naive / r.ttft_ms if naive and r.ttft_ms else None
+    return rows
+
+
+def modes(strategy: str, graphs: bool) -> list[str]:
+    return ["eager", "graph"] if graphs and strategy in CAPTURABLE else ["eager"]
+
+
+def preset_for(case: Case, device: torch.device) -> str:
+    return case.preset if device.type == "cuda" else CPU_PRESET
+
+
+def make_benches(cases: list[Case], device, dtype) -> dict[str, ModelBench]:
+    """One bench per preset, its model built once and sized for the largest batch of its cases."""
+    from mamba_edu.model import build_model
+
+    benches = {}
+    for preset in dict.fromkeys(preset_for(c, device) for c in cases):
+        largest = max(len(c.lengths) for c in cases if preset_for(c, device) == preset)
+        benches[preset] = ModelBench(build_model(preset, device=device, dtype=dtype), largest)
+    return benches
+
+
+def write_results(rows: list[Result], out: Path, meta: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({**meta, "results": [asdict(r) for r in rows]},
+                                                 indent=1))
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[fl.name for fl in fields(Result)])
+        writer.writeheader()
+        writer.writerows(asdict(r) for r in rows)
+
+
+def load_results(out: Path) -> list[Result]:
+    """The rows of ``out/results.json``, e.g. measured on a GPU and drawn elsewhere."""
+    return [Result(**row) for row in json.loads((out / "results.json").read_text())["results"]]
+
+
+def make_figures(rows: list[Result], out: Path) -> list[Path]:
+    """Per headline case a timeline (one row per strategy, from its trimmed trace) and bars; per
+    sweep TTFT against its x value. Failed measurements are left out. Returns the paths."""
+    rows = [r for r in rows if r.error is None]
+    written = []
+    for case in dict.fromkeys(r.case for r in rows if r.group == "headline"):
+        mine = [r for r in rows if r.case == case]
+        title = f"{case}: {mine[0].preset}, {mine[0].shape} tokens, {mine[0].tracked} tracked"
+        traces = [(r, out / "runs" / case / f"{trace_name(r)}.pt.trace.json.gz") for r in mine]
+        analyses = [analyze_trace(p, FORWARD_RANGE, label=r.label) for r, p in traces if p.exists()]
+        if analyses:
+            written.append(out / f"timeline_{case}.png")
+            plt.close(plot_timelines(analyses, written[-1], title=title))
+        written.append(out / f"bars_{case}.png")
+        plt.close(plot_strategy_bars([r.label for r in mine], [r.ttft_ms for r in mine],
+                                     [r.gpu_busy_ms for r in mine], [r.syncs for r in mine],
+                                     written[-1], title=title))
+    sweeps = (("tokens", "total prompt tokens"), ("tracked", "fraction of requests tracked"))
+    for group, xlabel in sweeps:
+        mine = [r for r in rows if r.group == group]
+        if not mine:
+            continue
+        series: dict[str, dict[float, float]] = {}
+        for r in mine:
+            series.setdefault(r.label, {})[r.x] = r.ttft_ms
+        written.append(out / f"sweep_{group}.png")
+        plt.close(plot_sweep(series, xlabel, "TTFT (ms, median)", written[-1],
+                             log_x=group == "tokens", title=f"TTFT vs {xlabel} ({mine[0].preset})"))
+    return written
+
+
+def format_table(rows: list[Result]) -> str:
+    """A compact fixed-width table: one line per measurement."""
+    def cell(value, fmt, width):
+        return f"{'-' if value is None else format(value, fmt):>{width}}"
+
+    lines = [f"{'case':<22}{'strategy':<18}{'TTFT ms':>9}{'busy ms':>9}{'idle %':>8}"
+             f"{'syncs':>7}{'trace':>7}{'speedup':>9}"]
+    for r in rows:
+        idle = None if r.bubble_fraction is None else 100 * r.bubble_fraction
+        line = (f"{r.case:<22}{r.label:<18}{cell(r.ttft_ms, '.2f', 9)}{cell(r.gpu_busy_ms, '.2f', 9)}"
+                f"{cell(idle, '.1f', 8)}{cell(r.syncs, 'd', 7)}{cell(r.trace_syncs, 'd', 7)}"
+                f"{cell(r.speedup, '.2f', 9)}")
+        lines.append(line + (f"  FAILED {r.error[:60]}" if r.error else ""))
+    return "\n".join(lines)
+
+
+def parse_args(argv) -> argparse.Namespace:
+    cuda = torch.cuda.is_available()
+    p = argparse.ArgumentParser(prog="python -m mamba_edu bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("out/bench"), help="output folder")
+    p.add_argument("--cases", default="all" if cuda else "headline",
+                   help="comma-separated case names or groups: all, headline, tokens, tracked")
+    p.add_argument("--strategies", default=",".join(STRATEGIES),
+                   help=f"comma-separated, from {', '.join(STRATEGIES)}")
+    p.add_argument("--repeats", type=int, default=10, help="timed forwards per measurement")
+    p.add_argument("--warmup", type=int, default=3, help="untimed forwards first")
+    p.add_argument("--quick", action="store_true",
+                   help="at most 3 repeats and 1 warm-up, every other point of the token sweep")
+    p.add_argument("--no-graphs", dest="graphs", action="store_false",
+                   help="skip the CUDA-graph replays")
+    p.add_argument("--no-profile", action="store_true", help="skip the profiled runs")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="start no new case after this long (results so far are kept)")
+    p.add_argument("--replot", action="store_true",
+                   help="measure nothing: redraw the figures from --out/results.json and its traces")
+    p.add_argument("--dtype", default="bfloat16" if cuda else "float32")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    args.strategies = args.strategies.split(",")
+    if unknown := set(args.strategies) - set(STRATEGIES):
+        p.error(f"unknown strategies {sorted(unknown)}; choose from {', '.join(STRATEGIES)}")
+    if args.quick:
+        args.repeats, args.warmup = min(args.repeats, 3), min(args.warmup, 1)
+    args.graphs = args.graphs and cuda
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.replot:
+        rows = load_results(args.out)
+        make_figures(rows, args.out)
+        print(format_table(rows))
+        return 0
+    started = time.monotonic()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cases = select_cases(args.cases, args.quick)
+    if device.type == "cpu":
+        print(f"No GPU: every case runs the {CPU_PRESET!r} preset on the CPU. Sync counts are real; "
+              "TTFT is CPU time, and GPU bubbles and CUDA graphs need a GPU.")
+    print(f"Note: {MOE_NOTE}.")
+    meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "dtype": args.dtype, "quick": args.quick,
+            "repeats": args.repeats, "note": MOE_NOTE,
+            "ttft": "median wall time of one synchronized prefill forward",
+            "created": time.strftime("%Y-%m-%d %H:%M:%S"), "skipped": []}
+    benches = make_benches(cases, device, getattr(torch, args.dtype))
+    rows: list[Result] = []
+    total = sum(len(modes(st, args.graphs)) for st in args.strategies) * len(cases)
+    with tqdm(total=total, desc="bench", unit="run") as bar:
+        for case in cases:  # headline cases first, so a time limit cuts the sweeps
+            if args.max_minutes and time.monotonic() - started > 60 * args.max_minutes:
+                meta["skipped"].append(case.name)
+                continue
+            preset = preset_for(case, device)
+            rows += run_case(benches[preset], case, preset, args, bar)
+            write_results(rows, args.out, meta)  # a run cut short keeps what it measured
+    write_results(rows, args.out, meta)
+    make_figures(rows, args.out)
+    print(format_table(rows))
+    if meta["skipped"]:
+        print(f"skipped (time limit): {', '.join(meta['skipped'])}")
+    print(f"results, figures and traces in {args.out}/")
+    return 0 if rows and not any(r.error for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

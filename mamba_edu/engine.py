@@ -1,0 +1,332 @@
+"""The engine: prefix match → slots → planning → forward with tracking → cache insert; decode.
+
+::
+
+    engine = Engine(build_model("tiny"), strategy="sync_free")
+    out = engine.prefill([Request("a", prompt)])      # logits [N, vocab], greedy next tokens
+    dec = engine.decode(8)                            # 8 greedy tokens for every running request
+    engine.release(["a"])                             # give its slots back
+
+``prefill`` is ``prepare_prefill`` (host work) + ``forward_prefill`` (the timed forward:
+metadata, layers, tracking) + ``finish_prefill`` (cache insert, bookkeeping); benchmarks call
+the three parts themselves, and ``capture_prefill`` puts the forward into a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+import torch
+
+from mamba_edu.serving import (SCRATCH_SLOT, ForwardBatch, LinearAttentionBackend, PoolExhausted,
+                               RadixCache, StatePool, build_batch, plan_tracking)
+from mamba_edu.serving.planning import check_cache_chunk
+
+
+@dataclass(frozen=True)
+class Request:
+    """A prompt to prefill: a unique id and its token ids."""
+
+    rid: Hashable
+    token_ids: list[int]
+
+
+@dataclass
+class RunningRequest:
+    """Host bookkeeping of one request between forwards.
+
+    ``tokens``: prompt + generated tokens that have been fed; ``kv``: per attention layer
+    ``(k, v)`` of those tokens; ``next_token``: ``[1]`` device tensor, the greedy token to feed next;
+    ``track_slots``: 1 (or 2, ping-pong) slots, ``next_track`` the one the next tracking writes.
+    """
+
+    rid: Hashable
+    tokens: list[int]
+    working_slot: int
+    track_slots: list[int]
+    next_track: int
+    kv: list
+    next_token: torch.Tensor
+    snapshot_len: int | None = None  # length of the latest decode-tracked snapshot not yet cached
+
+
+@dataclass
+class PrefillResult:
+    """``logits [N, vocab]`` fp32 of each prompt's last token, ``next_tokens`` (greedy),
+    ``prefix_lens`` (tokens served from the cache) and ``track_lens`` (P + A, or −1)."""
+
+    logits: torch.Tensor
+    next_tokens: list[int]
+    prefix_lens: list[int]
+    track_lens: list[int]
+
+
+@dataclass
+class DecodeResult:
+    """``tokens[rid]``: the generated tokens; ``logits [steps, N, vocab]`` in ``rids`` order."""
+
+    rids: list
+    tokens: dict
+    logits: torch.Tensor
+
+
+@dataclass
+class EngineStats:
+    requests: int = 0
+    prefix_hits: int = 0
+    cached_tokens: int = 0
+    computed_tokens: int = 0
+
+
+@dataclass
+class CapturedPrefill:
+    """A prefill forward captured in a CUDA graph. ``replay()`` reruns it (same batch, same
+    slots) and returns the static ``logits``; ``restore_states()`` puts back the states the
+    batch's slots held before capture, so the next replay starts where eager would."""
+
+    graph: object
+    logits: torch.Tensor
+    _slots: torch.Tensor
+    _saved: tuple = field(repr=False)
+    _pool: StatePool = field(repr=False)
+    _metadata: object = field(default=None, repr=False)  # keeps the graph's index tensors alive
+
+    def replay(self) -> torch.Tensor:
+        self.graph.replay()
+        return self.logits
+
+    def restore_states(self) -> None:
+        self._pool.conv[:, self._slots] = self._saved[0]
+        self._pool.ssm[:, self._slots] = self._saved[1]
+
+
+def _positive_int(name: str, value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int; got {value!r}")
+    return value
+
+
+class Engine:
+    """Prefill/decode loop over one model with a prefix cache and a tracking strategy.
+
+    Args:
+        model: a :class:`mamba_edu.model.HybridModel`.
+        strategy: ``naive``, ``precomputed``, ``sync_free`` or ``fused`` (DESIGN.md §4).
+        max_requests: most requests running at once.
+        cache_chunk: ``Cc``, a multiple of 64: extends of at least Cc tokens are tracked.
+        ping_pong: 2 track slots per request instead of 1 (for an overlapping scheduler).
+        track_interval: decode tracks every this many tokens (seq_len % interval == 0).
+        cache_slots: pool slots for cached snapshots (default ``2·max_requests``).
+    """
+
+    def __init__(self, model, strategy: str = "sync_free", max_requests: int = 8, cache_chunk: int = 64,
+                 ping_pong: bool = False, track_interval: int = 256, cache_slots: int | None = None):
+        self.model = model
+        self.config = model.config
+        self.max_requests = _positive_int("max_requests", max_requests)
+        self.cache_chunk = check_cache_chunk(cache_chunk)
+        self.track_interval = _positive_int("track_interval", track_interval)
+        self.tracks_per_request = 2 if ping_pong else 1
+        cache_slots = 2 * max_requests if cache_slots is None else _positive_int("cache_slots", cache_slots)
+        capacity = max_requests * (1 + self.tracks_per_request) + cache_slots
+        self.pool = StatePool.for_model(self.config, capacity, model.device, model.dtype)
+        self.cache = RadixCache(self.pool)
+        self.backend = LinearAttentionBackend(self.pool, strategy, self.config.conv_width)
+        self.n_attn_layers = len(self.config.attn_layers)
+        self.running: dict[Hashable, RunningRequest] = {}
+        self.stats = EngineStats()
+
+    @property
+    def strategy(self) -> str:
+        return self.backend.strategy_name
+
+    # ---- prefill ------------------------------------------------------------------------
+    def _check_requests(self, requests) -> list[Request]:
+        if not isinstance(requests, (list, tuple)) or not requests:
+            raise ValueError("requests must be a non-empty list of Request")
+        seen = set()
+        for r in requests:
+            if not isinstance(r, Request):
+                raise ValueError(f"requests must hold Request objects; got {type(r).__name__}")
+            if r.rid in seen or r.rid in self.running:
+                raise ValueError(f"request ids must be unique and not running; got duplicate rid {r.rid!r}")
+            seen.add(r.rid)
+            ids = r.token_ids
+            if (not isinstance(ids, (list, tuple)) or not ids
+                    or not all(isinstance(t, int) and 0 <= t < self.config.vocab for t in ids)):
+                raise ValueError(f"token_ids of request {r.rid!r} must be a non-empty list of ints in "
+                                 f"[0, vocab={self.config.vocab})")
+        if len(self.running) + len(requests) > self.max_requests:
+            raise ValueError(f"requests: {len(requests)} new + {len(self.running)} running exceeds "
+                             f"max_requests={self.max_requests}")
+        return list(requests)
+
+    def _alloc(self, n: int) -> list[int]:
+        """``n`` free slots, evicting cached snapshots if needed; raises before changing anything."""
+        missing = n - self.pool.n_free
+        if missing > 0:
+            if missing > self.cache.evictable_slots():
+                raise PoolExhausted(f"state pool exhausted: need {n} slots, {self.pool.n_free} free and "
+                                    f"{self.cache.evictable_slots()} evictable cache snapshots")
+            self.cache.evict(missing)
+        return self.pool.alloc(n)
+
+    def prepare_prefill(self, requests: list[Request]) -> ForwardBatch:
+        """Host work before the forward: prefix match, slot allocation, snapshot restore, planning.
+
+        On a hit at P tokens the snapshot is copied into the new working slot and only the
+        remaining ``E = len − P`` tokens are computed (at least one, for the last logits).
+        """
+        requests = self._check_requests(requests)
+        matches = [self.cache.match(list(r.token_ids), max_length=len(r.token_ids) - 1) for r in requests]
+        for m in matches:
+            self.cache.lock(m.node)
+        per_request = 1 + self.tracks_per_request
+        try:
+            slots = self._alloc(per_request * len(requests))
+        except PoolExhausted:
+            for m in matches:
+                self.cache.unlock(m.node)
+            raise
+        working = slots[::per_request]
+        plans, extends = [], []
+        for i, (r, m) in enumerate(zip(requests, matches)):
+            if m.slot is not None:
+                self.pool.copy_slot(m.slot, working[i])
+            extends.append(list(r.token_ids[m.length:]))
+            plans.append(plan_tracking(m.length, len(extends[-1]), self.cache_chunk, slots[i * per_request + 1]))
+        batch = build_batch("extend", [r.rid for r in requests], extends, [m.length for m in matches],
+                            working, plans, [m.kv for m in matches], self.n_attn_layers, self.model.device)
+        batch.requests, batch.matches = requests, matches
+        batch.track_slot_lists = [slots[i * per_request + 1:(i + 1) * per_request] for i in range(len(requests))]
+        return batch
+
+    def forward_prefill(self, batch: ForwardBatch) -> torch.Tensor:
+        """The timed forward: ``init_forward_metadata`` + all layers (with tracking) → logits [N, vocab]."""
+        self.backend.init_forward_metadata(batch)
+        return self._run_model(batch)
+
+    def _run_model(self, batch: ForwardBatch) -> torch.Tensor:
+        batch.reset_kv_out()
+        return self.model(batch, self.backend)
+
+    def _donate(self, req: RunningRequest, slot_index: int, length: int) -> None:
+        """Offer the snapshot in ``req.track_slots[slot_index]`` (state after ``length`` tokens)
+        to the cache; if taken, give the request a fresh track slot."""
+        kv = [(k[:length], v[:length]) for k, v in req.kv]
+        if self.cache.insert(req.tokens[:length], req.track_slots[slot_index], kv):
+            req.track_slots[slot_index] = self._alloc(1)[0]
+
+    def finish_prefill(self, batch: ForwardBatch, logits: torch.Tensor) -> None:
+        """After the forward: register the requests, insert tracked snapshots into the cache."""
+        next_tokens = logits.argmax(-1)
+        for m in batch.matches:
+            self.cache.unlock(m.node)
+        for i, (r, plan) in enumerate(zip(batch.requests, batch.plans)):
+            req = RunningRequest(r.rid, list(r.token_ids), batch.working_slots[i], batch.track_slot_lists[i],
+                                 0, batch.kv_out[i], next_tokens[i:i + 1])
+            self.running[r.rid] = req
+            if plan.tracked:
+                req.next_track = (req.next_track + 1) % self.tracks_per_request
+                self._donate(req, 0, plan.track_len)
+            self.stats.requests += 1
+            self.stats.prefix_hits += plan.prefix_len > 0
+            self.stats.cached_tokens += plan.prefix_len
+            self.stats.computed_tokens += plan.extend_len
+
+    def prefill(self, requests: list[Request]) -> PrefillResult:
+        """Prefill new requests; they keep running (for :meth:`decode`) until :meth:`release`."""
+        batch = self.prepare_prefill(requests)
+        logits = self.forward_prefill(batch)
+        self.finish_prefill(batch, logits)
+        return PrefillResult(logits, logits.argmax(-1).tolist(), list(batch.prefix_lens),
+                             list(batch.track_lens))
+
+    def capture_prefill(self, batch: ForwardBatch) -> CapturedPrefill:
+        """Capture the prefill forward of ``batch`` in a CUDA graph (``sync_free``/``fused`` only).
+
+        The metadata of a fixed batch is constant, so it is built once, outside the graph; the
+        graph holds every layer with its tracking. The batch's slots are restored after the
+        warm-up and the capture, so they hold their pre-capture states.
+        """
+        if self.strategy not in ("sync_free", "fused"):
+            raise ValueError(f"strategy must be 'sync_free' or 'fused' to capture a prefill (a sync "
+                             f"cannot be captured); engine strategy is {self.strategy!r}")
+        if self.model.device.type != "cuda":
+            raise RuntimeError(f"capture_prefill needs a CUDA device; the model is on {self.model.device}")
+        owned = batch.working_slots + [s for lst in batch.track_slot_lists for s in lst] + [SCRATCH_SLOT]
+        slots = torch.tensor(owned, device=self.model.device)
+        saved = (self.pool.conv[:, slots].clone(), self.pool.ssm[:, slots].clone())
+        captured = CapturedPrefill(None, None, slots, saved, self.pool)
+        captured._metadata = self.backend.init_forward_metadata(batch)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up: lazy inits and autotuning happen outside the capture
+                self._run_model(batch)
+        torch.cuda.current_stream().wait_stream(stream)
+        captured.restore_states()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            logits = self._run_model(batch)
+        captured.graph, captured.logits = graph, logits
+        captured.restore_states()
+        return captured
+
+    # ---- decode -------------------------------------------------------------------------
+    def decode(self, steps: int) -> DecodeResult:
+        """``steps`` greedy tokens for every running request.
+
+        Each step feeds the previous step's argmax straight from the device; decode tracking
+        (after ``seq_len % track_interval == 0`` tokens) is planned on the host and masked on the
+        device via the scratch slot. The tokens are read back once, at the end.
+        """
+        _positive_int("steps", steps)
+        reqs = list(self.running.values())
+        if not reqs:
+            raise ValueError("decode needs running requests: call prefill first")
+        ids = torch.cat([r.next_token for r in reqs])
+        generated, all_logits = [], []
+        for step in range(steps):
+            seq_lens = [len(r.tokens) + step for r in reqs]  # position of the token fed now
+            dst = []
+            for r, n in zip(reqs, seq_lens):
+                if (n + 1) % self.track_interval == 0:
+                    dst.append(r.track_slots[r.next_track])
+                    r.next_track = (r.next_track + 1) % self.tracks_per_request
+                    r.snapshot_len = n + 1
+                else:
+                    dst.append(SCRATCH_SLOT)
+            batch = build_batch("decode", [r.rid for r in reqs], None, seq_lens, [r.working_slot for r in reqs],
+                                None, [r.kv for r in reqs], self.n_attn_layers, self.model.device,
+                                input_ids=ids, decode_track_slots=dst)
+            self.backend.init_forward_metadata(batch)
+            logits = self._run_model(batch)
+            self.backend.track_decode(batch)
+            for i, r in enumerate(reqs):
+                r.kv = batch.kv_out[i]
+            ids = logits.argmax(-1)
+            generated.append(ids)
+            all_logits.append(logits)
+        first = torch.cat([r.next_token for r in reqs])
+        host = torch.stack([first, *generated], 1).tolist()  # the one host sync of decode
+        tokens = [row[1:] for row in host]
+        for i, r in enumerate(reqs):
+            r.tokens += host[i][:-1]  # what was fed: the previous next token, then all but the last
+            r.next_token = generated[-1][i:i + 1]
+            if r.snapshot_len is not None:
+                slot_index = (r.next_track - 1) % self.tracks_per_request
+                self._donate(r, slot_index, r.snapshot_len)
+                r.snapshot_len = None
+        return DecodeResult([r.rid for r in reqs], {r.rid: tokens[i] for i, r in enumerate(reqs)},
+                            torch.stack(all_logits))
+
+    def release(self, rids) -> None:
+        """Finish requests: free their working and track slots (cached snapshots stay)."""
+        for rid in rids:
+            if rid not in self.running:
+                raise ValueError(f"rids must be running requests; {rid!r} is not")
+        for rid in rids:
+            r = self.running.pop(rid)
+            self.pool.free([r.working_slot, *r.track_slots])

@@ -1,0 +1,22 @@
+"""Triton kernels for serving a GDN layer: chunked prefill, decode step, causal conv1d.
+
+All of them work on **pools** of per-sequence states (``[slots, HV, K, V]`` fp32 SSM states,
+``[slots, D, W−1]`` conv states) addressed by slot indices, read and write them in place, and never
+synchronise with the host: the batch metadata is built once on the CPU (:func:`build_chunk_meta`).
+
+- :mod:`.metadata`   host-built chunk tables, index tensors that remember their host values
+- :mod:`.prefill`    the two prefill kernels (prepare: Γ, (I+L)⁻¹, W, U; scan: state pass + output)
+- :mod:`.decode`     the one-token recurrent step
+- :mod:`.conv`       causal conv1d prefill and update
+- :mod:`.api`        the entry points: validation, then Triton or the torch reference path
+
+Set ``TRITON_INTERPRET=1`` before importing this module to run the kernels on a CPU
+(``import mamba_edu`` does it when no GPU is present).
+"""
+
+import mamba_edu._runtime  # noqa: F401  (selects the interpreter before @triton.jit runs)
+from mamba_edu.kernels.api import conv1d_decode, conv1d_prefill, gdn_decode, gdn_prefill
+from mamba_edu.kernels.metadata import ChunkMeta, build_chunk_meta, host_values, upload_indices
+
+__all__ = ["ChunkMeta", "build_chunk_meta", "conv1d_decode", "conv1d_prefill", "gdn_decode",
+           "gdn_prefill", "host_values", "upload_indices"]

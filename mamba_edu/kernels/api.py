@@ -1,0 +1,175 @@
+"""Pool-based GDN prefill/decode and causal conv1d: validation, then Triton or torch.
+
+``backend="auto"`` runs Triton on CUDA tensors and the torch reference path elsewhere;
+``"triton"`` forces the kernels (the interpreter on CPU: fp32/fp16 inputs, tiny shapes);
+``"torch"`` forces the reference path. Both backends have the same signature and results.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mamba_edu.kernels.conv import conv1d_prefill_triton, conv1d_update_triton
+from mamba_edu.kernels.decode import decode_triton
+from mamba_edu.kernels.prefill import prefill_triton
+from mamba_edu.kernels.torch_path import (conv1d_decode_torch, conv1d_prefill_torch,
+                                          decode_torch, prefill_torch)
+from mamba_edu.kernels.validation import (FLOATS, check_head_dims, check_meta, check_tensor,
+                                          device_of, resolve_backend, slot_indices, track_targets)
+
+
+def _check_pool(name, pool, shape, device):
+    check_tensor(name, pool, (None, *shape), device=device,
+                 dtypes=(torch.float32,) if name == "state_pool" else FLOATS)
+    return pool.shape[0]
+
+
+def _check_scale(scale, K):
+    if scale is None:
+        return K ** -0.5
+    if not isinstance(scale, (int, float)):
+        raise ValueError(f"scale must be a Python float or None; got {type(scale).__name__}")
+    return float(scale)
+
+
+def _check_activation(activation):
+    if activation not in ("silu", None):
+        raise ValueError(f"activation must be 'silu' or None; got {activation!r}")
+    return activation == "silu"
+
+
+def gdn_prefill(q, k, v, g, beta, *, state_pool, state_indices=None, meta, scale=None,
+                use_qk_l2norm=True, output_checkpoints=False, track_slots=None, track_chunks=None,
+                backend="auto"):
+    """Chunked GDN over a packed batch whose states live in a pool (updated in place).
+
+    Args:
+        q, k: ``[T, H, K]``; v: ``[T, HV, V]`` (one dtype: fp32, fp16 or bf16);
+        g, beta: ``[T, HV]`` (log-decay and write strength, fp32 or v's dtype).
+        state_pool: ``[slots, HV, K, V]`` fp32. Sequence n starts from
+            ``state_pool[state_indices[n]]`` and its final state is written back there.
+        state_indices: ``[N]`` int, distinct, in ``[0, slots)``; ``None`` = ``meta.state_indices``.
+        meta: :class:`~mamba_edu.kernels.ChunkMeta` of the batch.
+        output_checkpoints: also return ``[NT, HV, K, V]`` fp32, the state at every chunk start.
+        track_slots, track_chunks: ``[N]`` int (the ``fused`` strategy): write the state after
+            ``64·track_chunks[n]`` tokens into ``state_pool[track_slots[n]]`` (``⌈L/64⌉`` = the
+            final state, negative = nothing). ``None`` = take them from ``meta`` (if there).
+    Returns:
+        ``(o [T, HV, V] in q's dtype, checkpoints or None)``.
+    """
+    if state_indices is None and meta is not None:
+        state_indices = getattr(meta, "state_indices", None)
+    if track_slots is None and track_chunks is None and meta is not None:
+        track_slots, track_chunks = getattr(meta, "track_slots", None), getattr(meta, "track_chunks", None)
+    dev = device_of("q", q)
+    check_tensor("q", q, (None, None, None), device=dev)
+    T, H, K = q.shape
+    check_tensor("k", k, (T, H, K), device=dev, dtypes=(q.dtype,))
+    check_tensor("v", v, (T, None, None), device=dev, dtypes=(q.dtype,))
+    HV, V = v.shape[1:]
+    if HV % H != 0:
+        raise ValueError(f"v's heads HV={HV} must be a multiple of q's heads H={H}")
+    for name, t in (("g", g), ("beta", beta)):
+        check_tensor(name, t, (T, HV), device=dev, dtypes=(torch.float32, v.dtype))
+    backend = resolve_backend(backend, dev, q.dtype)
+    check_meta(meta, T, dev)
+    slots = _check_pool("state_pool", state_pool, (HV, K, V), dev)
+    if state_indices is None:
+        raise ValueError("state_indices is required (or build meta with state_indices=...)")
+    state_slots = slot_indices("state_indices", state_indices, meta.N, slots, dev,
+                               allow_padding=False)
+    targets = track_targets(track_slots, track_chunks, meta, slots, state_slots, dev)
+    scale = _check_scale(scale, K)
+    if backend == "torch":
+        return prefill_torch(q, k, v, g, beta, state_pool, state_slots, meta, scale,
+                             use_qk_l2norm, output_checkpoints, targets)
+    check_head_dims(K, V)
+    return prefill_triton(q, k, v, g, beta, state_pool, state_indices, meta, scale,
+                          use_qk_l2norm, output_checkpoints, track_slots, track_chunks)
+
+
+def gdn_decode(q, k, v, a, b, A_log, dt_bias, *, state_pool, state_indices, scale=None,
+               use_qk_l2norm=True, backend="auto"):
+    """One decode token per sequence, gating and L2 norm in-kernel, states in the pool.
+
+    Args:
+        q, k: ``[N, H, K]``; v: ``[N, HV, V]``; a, b: ``[N, HV]`` (gate projections);
+        A_log, dt_bias: ``[HV]``; state_pool: ``[slots, HV, K, V]`` fp32;
+        state_indices: ``[N]`` int, distinct, ``< slots``; negative = padded row (no read/write).
+    Returns:
+        ``o [N, HV, V]`` in q's dtype.
+    """
+    dev = device_of("q", q)
+    check_tensor("q", q, (None, None, None), device=dev)
+    N, H, K = q.shape
+    check_tensor("k", k, (N, H, K), device=dev, dtypes=(q.dtype,))
+    check_tensor("v", v, (N, None, None), device=dev, dtypes=(q.dtype,))
+    HV, V = v.shape[1:]
+    if HV % H != 0:
+        raise ValueError(f"v's heads HV={HV} must be a multiple of q's heads H={H}")
+    for name, t in (("a", a), ("b", b)):
+        check_tensor(name, t, (N, HV), device=dev)
+    for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
+        check_tensor(name, t, (HV,), device=dev)
+    backend = resolve_backend(backend, dev, q.dtype)
+    slots = _check_pool("state_pool", state_pool, (HV, K, V), dev)
+    state_slots = slot_indices("state_indices", state_indices, N, slots, dev, allow_padding=True)
+    scale = _check_scale(scale, K)
+    if backend == "torch":
+        return decode_torch(q, k, v, a, b, A_log, dt_bias, state_pool, state_slots, scale,
+                            use_qk_l2norm)
+    check_head_dims(K, V)
+    return decode_triton(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale,
+                         use_qk_l2norm)
+
+
+def _check_conv(x, weight, bias, conv_pool):
+    check_tensor("x", x, (None, None), device=device_of("x", x))
+    D = x.shape[1]
+    check_tensor("weight", weight, (D, None), device=x.device)
+    if weight.shape[1] < 2:
+        raise ValueError(f"weight must be [D, W] with W >= 2; got {list(weight.shape)}")
+    if bias is not None:
+        check_tensor("bias", bias, (D,), device=x.device)
+    return _check_pool("conv_pool", conv_pool, (D, weight.shape[1] - 1), x.device)
+
+
+def conv1d_prefill(x, weight, bias=None, *, conv_pool, state_indices=None, meta,
+                   activation="silu", backend="auto"):
+    """Causal depthwise conv1d over a packed batch, conv states in a pool (updated in place).
+
+    Args:
+        x: ``[T, D]`` raw inputs; weight: ``[D, W]``; bias: ``[D]`` or None.
+        conv_pool: ``[slots, D, W−1]``; sequence n reads its previous inputs from
+            ``conv_pool[state_indices[n]]`` (zeros for a fresh slot) and leaves its last ``W−1``.
+        state_indices: ``[N]`` int, distinct, in ``[0, slots)``; ``None`` = ``meta.state_indices``.
+    Returns:
+        ``y [T, D]`` in x's dtype.
+    """
+    if state_indices is None and meta is not None:
+        state_indices = getattr(meta, "state_indices", None)
+    slots = _check_conv(x, weight, bias, conv_pool)
+    silu = _check_activation(activation)
+    backend = resolve_backend(backend, x.device, x.dtype)
+    check_meta(meta, x.shape[0], x.device)
+    if state_indices is None:
+        raise ValueError("state_indices is required (or build meta with state_indices=...)")
+    state_slots = slot_indices("state_indices", state_indices, meta.N, slots, x.device,
+                               allow_padding=False)
+    if backend == "torch":
+        return conv1d_prefill_torch(x, weight, bias, conv_pool, state_slots, meta, activation)
+    return conv1d_prefill_triton(x, weight, bias, conv_pool, state_indices, meta, silu)
+
+
+def conv1d_decode(x, weight, bias=None, *, conv_pool, state_indices, activation="silu",
+                  backend="auto"):
+    """One token per sequence: ``x [N, D]`` → ``y [N, D]``, conv states shifted in the pool.
+    ``state_indices [N]``: negative = padded row (zeros, no write)."""
+    slots = _check_conv(x, weight, bias, conv_pool)
+    silu = _check_activation(activation)
+    backend = resolve_backend(backend, x.device, x.dtype)
+    state_slots = slot_indices("state_indices", state_indices, x.shape[0], slots, x.device,
+                               allow_padding=True)
+    if backend == "torch":
+        return conv1d_decode_torch(x, weight, bias, conv_pool, state_slots, activation)
+    return conv1d_update_triton(x, weight, bias, conv_pool, state_indices, silu)

@@ -1,0 +1,131 @@
+"""Chunk metadata for packed varlen batches, built on the host and uploaded with one copy.
+
+Every chunk-parallel kernel runs one program per 64-token chunk and must know which sequence and
+which chunk of it that program handles. Building that table on the GPU (``repeat_interleave``,
+``.tolist()``) would make the CPU wait for the GPU. The scheduler already knows every length as a
+CPU list, so we build the table in Python and send it in **one pinned, non-blocking host-to-device
+copy**: no device-to-host sync, and the same :class:`ChunkMeta` serves every layer of the forward.
+
+Index tensors (slot indices, track slots, track chunks) are integers that the kernels turn into
+addresses. Their ranges must be checked before a launch, and checking a CUDA tensor's values
+would sync. So every index tensor made here *remembers the host list it was built from*
+(:func:`host_values`); the validation reads that list instead of the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from mamba_edu.gdn.varlen import CHUNK, checkpoint_offsets, chunk_counts
+
+_HOST_ATTR = "_mamba_edu_host_values"
+
+
+def host_values(t: torch.Tensor) -> tuple[int, ...] | None:
+    """The host copy of an index tensor's values: the list it was uploaded from for tensors made
+    by this module, a CPU tensor's own values, else ``None`` (unknown without a sync).
+
+    The host copy is what gets validated: if you overwrite such a tensor in place (e.g. a CUDA
+    graph's static buffer), keep the new values in range yourself.
+    """
+    remembered = getattr(t, _HOST_ATTR, None)
+    if remembered is not None or t.device.type != "cpu":
+        return remembered
+    return tuple(t.tolist())
+
+
+def _upload(parts: Sequence[Sequence[int]], device) -> list[torch.Tensor]:
+    """Concatenate int lists into one int32 buffer, copy it to ``device`` once, return views."""
+    flat = [int(x) for part in parts for x in part]
+    buf = torch.tensor(flat, dtype=torch.int32)
+    device = torch.device(device)
+    if device.type == "cuda":
+        buf = buf.pin_memory().to(device, non_blocking=True)  # pinned: the copy stays asynchronous
+    views, start = [], 0
+    for part in parts:
+        view = buf[start:start + len(part)]
+        setattr(view, _HOST_ATTR, tuple(int(x) for x in part))
+        views.append(view)
+        start += len(part)
+    return views
+
+
+def upload_indices(values: Sequence[int], device) -> torch.Tensor:
+    """An int32 index tensor on ``device`` (one pinned non-blocking copy) that remembers ``values``
+    on the host, so that its range can be validated without a sync (e.g. decode slot indices)."""
+    return _upload([list(values)], device)[0]
+
+
+@dataclass(frozen=True, eq=False)
+class ChunkMeta:
+    """What the kernels need to know about a packed batch of N sequences, T tokens in total.
+
+    Host fields: ``lengths`` (N ints), ``counts`` = ⌈L/64⌉ per sequence, ``offsets`` [N+1]
+    (exclusive cumsum of ``counts``: sequence n's checkpoints are rows ``offsets[n]:offsets[n+1]``),
+    ``N``, ``T``, ``NT`` = Σ counts, ``max_len``.
+
+    Device int32 tensors (views of one uploaded buffer):
+        cu_seqlens:     ``[N+1]`` token offsets of the sequences.
+        chunk_indices:  ``[NT, 2]`` row i = (sequence id, chunk id within the sequence) of program i.
+        chunk_offsets:  ``[N+1]`` = ``offsets`` on the device.
+        state_indices, track_slots, track_chunks: ``[N]`` or ``None``, when given to
+            :func:`build_chunk_meta` (they remember their host values, see :func:`host_values`).
+    """
+
+    lengths: tuple[int, ...]
+    counts: tuple[int, ...]
+    offsets: tuple[int, ...]
+    N: int
+    T: int
+    NT: int
+    max_len: int
+    device: torch.device
+    cu_seqlens: torch.Tensor
+    chunk_indices: torch.Tensor
+    chunk_offsets: torch.Tensor
+    state_indices: torch.Tensor | None = None
+    track_slots: torch.Tensor | None = None
+    track_chunks: torch.Tensor | None = None
+
+
+def _check_host_list(name: str, values, n: int) -> list[int]:
+    values = list(values)
+    if len(values) != n or not all(isinstance(v, int) for v in values):
+        raise ValueError(f"{name} must be a list of N={n} ints; got {values!r}")
+    return values
+
+
+def build_chunk_meta(lengths: Sequence[int], device, *, state_indices: Sequence[int] | None = None,
+                     track_slots: Sequence[int] | None = None,
+                     track_chunks: Sequence[int] | None = None) -> ChunkMeta:
+    """Build the metadata of a packed batch from CPU lengths (no device work besides one copy).
+
+    Args:
+        lengths: N sequence lengths (each ≥ 1), in packing order.
+        device: where the kernels run.
+        state_indices, track_slots, track_chunks: optional host lists of N ints, uploaded in the
+            same copy (the slot each sequence works in; where and after how many chunks the
+            ``fused`` strategy saves a state, −1 = none).
+    """
+    lengths = list(lengths)
+    if not lengths or not all(isinstance(n, int) and n >= 1 for n in lengths):
+        raise ValueError(f"lengths must be a non-empty list of ints >= 1; got {lengths!r}")
+    counts = chunk_counts(lengths, CHUNK)
+    offsets = checkpoint_offsets(lengths, CHUNK)
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    table = [x for seq, count in enumerate(counts) for c in range(count) for x in (seq, c)]
+    extras = {name: _check_host_list(name, vals, len(lengths))
+              for name, vals in (("state_indices", state_indices), ("track_slots", track_slots),
+                                 ("track_chunks", track_chunks)) if vals is not None}
+    views = _upload([cu, table, offsets, *extras.values()], device)
+    cu_t, table_t, offsets_t = views[:3]
+    uploaded = dict(zip(extras, views[3:]))
+    return ChunkMeta(
+        lengths=tuple(lengths), counts=tuple(counts), offsets=tuple(offsets), N=len(lengths),
+        T=cu[-1], NT=offsets[-1], max_len=max(lengths), device=torch.device(device),
+        cu_seqlens=cu_t, chunk_indices=table_t.view(-1, 2), chunk_offsets=offsets_t, **uploaded)

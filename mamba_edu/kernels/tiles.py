@@ -1,0 +1,58 @@
+"""Small Triton helpers shared by the kernels: masked tile loads, the fused q/k L2 norm, configs.
+
+Everything is plain pointer arithmetic with masks (no block pointers, DESIGN.md §5), and every
+load is masked, because the Triton interpreter does not check bounds.
+"""
+
+import triton
+import triton.language as tl
+
+from mamba_edu._runtime import triton_interpreted
+
+
+@triton.jit
+def load_rows(ptr, t0, t_end, row_stride, col0, n_cols,
+              ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Load rows ``t0 .. t0+ROWS`` (only those ``< t_end``) and columns ``col0 .. col0+COLS``
+    (only those ``< n_cols``) of a row-major matrix as an fp32 ``[ROWS, COLS]`` tile, zeros
+    outside. ``ptr`` already points at the head's first column."""
+    rows = t0 + tl.arange(0, ROWS)
+    cols = col0 + tl.arange(0, COLS)
+    mask = (rows < t_end)[:, None] & (cols < n_cols)[None, :]
+    offs = rows.to(tl.int64)[:, None] * row_stride + cols[None, :]
+    return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def store_rows(ptr, value, t0, t_end, row_stride, col0, n_cols,
+               ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Store a ``[ROWS, COLS]`` tile where :func:`load_rows` would have read it (cast to the
+    destination dtype)."""
+    rows = t0 + tl.arange(0, ROWS)
+    cols = col0 + tl.arange(0, COLS)
+    mask = (rows < t_end)[:, None] & (cols < n_cols)[None, :]
+    offs = rows.to(tl.int64)[:, None] * row_stride + cols[None, :]
+    tl.store(ptr + offs, value.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def l2norm_rows(x, USE_L2NORM: tl.constexpr):
+    """``x / sqrt(Σx² + 1e-6)`` along the last axis of a ``[ROWS, COLS]`` tile (eps inside)."""
+    if USE_L2NORM:
+        x = x * tl.rsqrt(tl.sum(x * x, 1) + 1e-6)[:, None]
+    return x
+
+
+@triton.jit
+def as_vector(scalar, like):
+    """``scalar`` broadcast to the shape of the integer tensor ``like``. A mask built from a loaded
+    scalar must be made from such a vector: the interpreter rejects a scalar boolean in a mask."""
+    return tl.zeros_like(like) + scalar
+
+
+def tuning_configs(*warps_and_stages: tuple[int, int]) -> list:
+    """Autotune configs ``(num_warps, num_stages)`` on a GPU; one config under the interpreter,
+    where autotuning with several configs fails (DESIGN.md §5)."""
+    if triton_interpreted():
+        return [triton.Config({}, num_warps=4)]
+    return [triton.Config({}, num_warps=w, num_stages=s) for w, s in warps_and_stages]

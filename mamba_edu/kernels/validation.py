@@ -1,0 +1,135 @@
+"""Input checks run before any launch: a bad argument raises ``ValueError`` naming it and what
+was expected, and an out-of-range slot index never reaches a kernel.
+
+Index *ranges* are checked on host copies only (:func:`mamba_edu.kernels.metadata.host_values`):
+a CPU tensor is read directly; a CUDA index tensor must come from
+:func:`~mamba_edu.kernels.metadata.build_chunk_meta` or
+:func:`~mamba_edu.kernels.metadata.upload_indices`, which remember the host list they uploaded.
+Reading a foreign CUDA tensor's values would be a device-to-host sync, so it is refused.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mamba_edu._runtime import triton_interpreted
+from mamba_edu.kernels.metadata import ChunkMeta, host_values
+
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+INTS = (torch.int32, torch.int64)
+MAX_HEAD_DIM = 256  # K and V are held whole in registers by the Triton kernels
+
+
+def check_tensor(name: str, t, shape: tuple, *, device: torch.device, dtypes=FLOATS) -> None:
+    """``t`` is a contiguous tensor of exactly ``shape`` (``None`` = any size) on ``device``."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+    if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
+        want = ", ".join("*" if s is None else str(s) for s in shape)
+        raise ValueError(f"{name} must have shape [{want}]; got {list(t.shape)}")
+    if t.dtype not in dtypes:
+        raise ValueError(f"{name} must have dtype in {[str(d) for d in dtypes]}; got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on {device} like the other inputs; got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous; call .contiguous() first")
+
+
+def device_of(name: str, t) -> torch.device:
+    """The device of the first tensor argument (the one the others must match)."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+    return t.device
+
+
+def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
+    """``auto`` → Triton on CUDA, torch elsewhere; check that a forced Triton run can work."""
+    if backend not in ("auto", "triton", "torch"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'torch'; got {backend!r}")
+    if backend == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    if backend == "triton" and device.type != "cuda":
+        if not triton_interpreted():
+            raise ValueError("backend='triton' on CPU needs TRITON_INTERPRET=1, set before "
+                             "mamba_edu.kernels is imported")
+        if dtype == torch.bfloat16:
+            raise ValueError("q has dtype bfloat16, which the Triton interpreter computes wrongly; "
+                             "use float32 or float16 on CPU")
+    return backend
+
+
+def check_head_dims(K: int, V: int) -> None:
+    for name, d in (("K", K), ("V", V)):
+        if d > MAX_HEAD_DIM:
+            raise ValueError(f"head dim {name}={d} is too large for the Triton kernels "
+                             f"(expected <= {MAX_HEAD_DIM}); use backend='torch'")
+
+
+def check_meta(meta, T: int, device: torch.device) -> None:
+    if not isinstance(meta, ChunkMeta):
+        raise ValueError(f"meta must be a ChunkMeta from build_chunk_meta; got {type(meta).__name__}")
+    if meta.T != T:
+        raise ValueError(f"meta describes T={meta.T} tokens; the inputs have T={T}")
+    if meta.cu_seqlens.device != device:
+        raise ValueError(f"meta was built for {meta.cu_seqlens.device}; the inputs are on {device}")
+
+
+def host_ints(name: str, t, n: int, device: torch.device) -> list[int]:
+    """Check an ``[n]`` integer tensor and return its host values (never read from a GPU)."""
+    check_tensor(name, t, (n,), device=device, dtypes=INTS)
+    values = host_values(t)
+    if values is None:
+        raise ValueError(f"{name} is a {t.device} tensor whose values are unknown on the host; "
+                         f"build it with build_chunk_meta(..., {name}=...) or upload_indices(...) "
+                         "so its range can be checked without a device-to-host sync")
+    return list(values)
+
+
+def slot_indices(name: str, t, n: int, slots: int, device: torch.device, *,
+                 allow_padding: bool) -> list[int]:
+    """Validate an ``[n]`` index tensor of pool slots and return its host values.
+
+    Slots must lie in ``[0, slots)`` and be distinct; with ``allow_padding`` a negative value
+    marks a padded row (no read, no write).
+    """
+    values = host_ints(name, t, n, device)
+    bad = [i for i, s in enumerate(values) if s >= slots or (s < 0 and not allow_padding)]
+    if bad:
+        want = f"< {slots} (negative = padded row)" if allow_padding else f"in [0, {slots})"
+        raise ValueError(f"{name}[{bad[0]}]={values[bad[0]]} is out of range; expected {want}")
+    used = [s for s in values if s >= 0]
+    if len(set(used)) != len(used):
+        raise ValueError(f"{name} must not repeat a slot (two sequences would race on it); "
+                         f"got {values}")
+    return values
+
+
+def track_targets(track_slots, track_chunks, meta: ChunkMeta, slots: int, state_slots: list[int],
+                  device: torch.device) -> list[tuple[int, int, int]]:
+    """Validate the ``fused`` tracking request; return ``(row, slot, chunk)`` for every tracked row.
+
+    ``track_chunks[n]`` in ``[0, ⌈L_n/64⌉]`` saves the state after ``64·track_chunks[n]`` tokens
+    (the top value = the final state); negative = no write, and then ``track_slots[n]`` may be
+    negative too. Every slot a kernel could see is ``< slots``.
+    """
+    if (track_slots is None) != (track_chunks is None):
+        raise ValueError("track_slots and track_chunks must be given together (or neither)")
+    if track_slots is None:
+        return []
+    targets_slots = host_ints("track_slots", track_slots, meta.N, device)
+    chunks = host_ints("track_chunks", track_chunks, meta.N, device)
+    rows = [n for n, c in enumerate(chunks) if c >= 0]
+    for n, (slot, chunk) in enumerate(zip(targets_slots, chunks)):
+        if chunk > meta.counts[n]:
+            raise ValueError(f"track_chunks[{n}]={chunk} is out of range; expected <= "
+                             f"ceil(L/64)={meta.counts[n]} for a sequence of {meta.lengths[n]} tokens")
+        lo = 0 if chunk >= 0 else -(2 ** 31)  # an untracked row may name no slot (negative)
+        if not lo <= slot < slots:
+            want = f"in [0, {slots})" if chunk >= 0 else f"< {slots} (negative = none)"
+            raise ValueError(f"track_slots[{n}]={slot} is out of range; expected {want}")
+    dests = [targets_slots[n] for n in rows]
+    if len(set(dests)) != len(dests) or set(dests) & set(state_slots):
+        raise ValueError("track_slots of tracked rows must be distinct and differ from every "
+                         f"state_indices slot; got track_slots={[targets_slots[n] for n in rows]}, "
+                         f"state_indices={state_slots}")
+    return [(n, targets_slots[n], chunks[n]) for n in rows]

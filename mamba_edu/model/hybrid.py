@@ -1,0 +1,90 @@
+"""The hybrid model: embedding → N × (mixer + MLP, pre-norm residual) → final norm → LM head."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.profiler import record_function
+
+from mamba_edu.model.config import ModelConfig, get_config
+from mamba_edu.model.layers import MLP, Attention, GDNMixer, RMSNorm, init_param
+
+
+class HybridLayer(nn.Module):
+    """``x += mixer(norm(x)); x += mlp(norm(x))``; the mixer is a GDN layer or full attention."""
+
+    def __init__(self, cfg: ModelConfig, index: int, mixer: nn.Module, gen, device, dtype, out_std):
+        super().__init__()
+        self.index = index
+        self.kind = "attn" if isinstance(mixer, Attention) else "gdn"
+        self.mixer_norm = RMSNorm(cfg.hidden, cfg.norm_eps, device, dtype)
+        self.mixer = mixer
+        self.mlp_norm = RMSNorm(cfg.hidden, cfg.norm_eps, device, dtype)
+        self.mlp = MLP(cfg, gen, device, dtype, out_std)
+
+    def forward(self, x, batch, backend):
+        with record_function(f"layer{self.index:02d}.{self.kind}"):
+            h = self.mixer_norm(x)
+            x = x + (self.mixer(h, batch, backend) if self.kind == "gdn" else self.mixer(h, batch))
+        with record_function(f"layer{self.index:02d}.mlp"):
+            return x + self.mlp(self.mlp_norm(x))
+
+
+class HybridModel(nn.Module):
+    """Random-weight hybrid GDN + attention model (no downloads), built by :func:`build_model`.
+
+    ``forward(batch, backend) -> logits [N, vocab]`` (fp32) for the last token of each sequence.
+    ``batch`` is a :class:`mamba_edu.serving.ForwardBatch`; ``backend`` the
+    :class:`mamba_edu.serving.LinearAttentionBackend` that owns the state pool.
+    """
+
+    def __init__(self, cfg: ModelConfig, device="cpu", dtype=torch.float32, seed: int = 0):
+        super().__init__()
+        self.config = cfg
+        gen = torch.Generator(device=device).manual_seed(seed)
+        # Residual scaling: each of the 2·n_layers branches adds variance ~1/(2·n_layers), so the
+        # residual stream stays O(1) however deep the model is.
+        out_std = (2 * cfg.n_layers) ** -0.5
+        self.embed = init_param(gen, (cfg.vocab, cfg.hidden), 1.0, device, dtype)
+        layers, n_attn, n_gdn = [], 0, 0
+        for i in range(cfg.n_layers):
+            if cfg.is_attention(i):
+                mixer, n_attn = Attention(cfg, n_attn, gen, device, dtype, out_std), n_attn + 1
+            else:
+                mixer, n_gdn = GDNMixer(cfg, n_gdn, gen, device, dtype, out_std), n_gdn + 1
+            layers.append(HybridLayer(cfg, i, mixer, gen, device, dtype, out_std))
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(cfg.hidden, cfg.norm_eps, device, dtype)
+        self.lm_head = init_param(gen, (cfg.vocab, cfg.hidden), cfg.hidden ** -0.5, device, dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    @torch.no_grad()
+    def forward(self, batch, backend) -> torch.Tensor:
+        with record_function("embed"):
+            x = self.embed[batch.input_ids]
+        for layer in self.layers:
+            x = layer(x, batch, backend)
+        with record_function("lm_head"):
+            last = self.norm(x[batch.last_token_index])
+            return torch.nn.functional.linear(last, self.lm_head).float()
+
+
+def build_model(preset: str | ModelConfig = "tiny", device=None, dtype=torch.float32, seed: int = 0,
+                **overrides) -> HybridModel:
+    """A seeded random-weight model of a preset (``tiny``, ``qwen3-next``, ``qwen3.5``,
+    ``qwen3.5-tp8``), optionally with config overrides, e.g. ``n_layers=8`` or ``attn_every=0``.
+
+    ``device=None`` picks CUDA when present.
+    """
+    from mamba_edu._runtime import default_device
+
+    cfg = get_config(preset, **overrides)
+    return HybridModel(cfg, device=default_device() if device is None else torch.device(device),
+                       dtype=dtype, seed=seed).eval()

@@ -1,0 +1,116 @@
+"""The linear-attention backend: runs every GDN layer's conv + core on the state pool and tracks.
+
+The model calls :meth:`LinearAttentionBackend.forward` from each GDN layer with that layer's
+projections; the backend owns the slots, the kernels and the tracking strategy. Per forward:
+
+1. ``init_forward_metadata(batch)`` — once: the kernels' chunk metadata (host-built) and whatever
+   the strategy precomputes;
+2. per GDN layer, extend: [track.conv] → conv1d (working slots) → split q/k/v → gating →
+   GDN core (working slots; checkpoints ``h`` unless fused) → [track.ssm];
+3. per GDN layer, decode: conv1d step → GDN step; after the model, :meth:`track_decode` copies
+   the rows due for tracking into their track slots, all layers in one op.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.profiler import record_function
+
+from mamba_edu.gdn import gdn_gating
+from mamba_edu.kernels import build_chunk_meta, conv1d_decode, conv1d_prefill, gdn_decode, gdn_prefill
+from mamba_edu.serving.batch import ForwardBatch
+from mamba_edu.serving.pool import StatePool
+from mamba_edu.serving.tracking import ForwardMetadata, TrackIndices, get_strategy
+
+
+class LinearAttentionBackend:
+    """GDN layers' state handling for one model.
+
+    Args:
+        pool: the :class:`StatePool` (one pool layer per GDN layer).
+        strategy: ``naive``, ``precomputed``, ``sync_free`` or ``fused``.
+        conv_width: the conv kernel width ``W``.
+    """
+
+    def __init__(self, pool: StatePool, strategy: str, conv_width: int):
+        self.pool = pool
+        self.strategy = get_strategy(strategy)
+        self.conv_width = conv_width
+        self.metadata: ForwardMetadata | None = None
+
+    @property
+    def strategy_name(self) -> str:
+        return self.strategy.name
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> ForwardMetadata:
+        """Prepare one forward of ``batch``: chunk metadata and the strategy's indices."""
+        with record_function("init_forward_metadata"):
+            plan = self.strategy.host_plan(batch, self.conv_width) if batch.mode == "extend" else None
+            meta = build_chunk_meta(batch.extend_lens, batch.cu_seqlens.device,
+                                    state_indices=batch.working_slots, **self.strategy.chunk_meta_args(plan))
+            md = ForwardMetadata(batch, self.conv_width, meta, host_plan=plan)
+            if batch.mode == "extend":
+                self.strategy.prepare(md)
+            self.metadata = md
+            return md
+
+    def _metadata_for(self, batch: ForwardBatch) -> ForwardMetadata:
+        if self.metadata is None or self.metadata.batch is not batch:
+            raise ValueError("batch has no forward metadata: call init_forward_metadata(batch) first")
+        return self.metadata
+
+    def forward(self, layer, mixed_qkv, a, b, batch: ForwardBatch) -> torch.Tensor:
+        """One GDN layer: ``mixed_qkv [T, D]``, ``a, b [T, HV]`` → ``o [T, HV, V]``."""
+        if batch.mode == "extend":
+            return self.forward_extend(layer, mixed_qkv, a, b, batch)
+        return self.forward_decode(layer, mixed_qkv, a, b, batch)
+
+    def forward_extend(self, layer, mixed_qkv, a, b, batch: ForwardBatch) -> torch.Tensor:
+        md = self._metadata_for(batch)
+        conv_pool, ssm_pool = self.pool.layer(layer.gdn_index)
+        track = self.strategy.conv_indices(md)
+        if track is not None:
+            self._track_conv(conv_pool, mixed_qkv, track)
+        y = conv1d_prefill(mixed_qkv, layer.conv_weight, layer.conv_bias, conv_pool=conv_pool,
+                           state_indices=md.chunk_meta.state_indices, meta=md.chunk_meta)
+        q, k, v = layer.split_qkv(y)
+        g, beta = gdn_gating(layer.A_log, a, b, layer.dt_bias)
+        o, h = gdn_prefill(q, k, v, g, beta, state_pool=ssm_pool, state_indices=md.chunk_meta.state_indices,
+                           meta=md.chunk_meta, output_checkpoints=self.strategy.needs_checkpoints,
+                           **self.strategy.kernel_track_args(md))
+        track = self.strategy.ssm_indices(md, track)
+        if track is not None:
+            self._track_ssm(ssm_pool, h, track)
+        return o
+
+    @staticmethod
+    def _track_conv(conv_pool: torch.Tensor, mixed_qkv: torch.Tensor, track: TrackIndices) -> None:
+        """The raw inputs before the tracked position are the conv state there: ``[n, D, W-1]``."""
+        with record_function("track.conv"):
+            conv_pool[track.dst] = mixed_qkv[track.conv_positions].transpose(1, 2).to(conv_pool.dtype)
+
+    @staticmethod
+    def _track_ssm(ssm_pool: torch.Tensor, h: torch.Tensor, track: TrackIndices) -> None:
+        """Copy the final state (from the working slot) or checkpoint ``h[row]`` to ``dst``."""
+        with record_function("track.ssm"):
+            final = ssm_pool[track.working]
+            state = torch.where(track.from_final[:, None, None, None], final, h[track.checkpoint].to(final.dtype))
+            ssm_pool[track.dst] = state
+
+    def forward_decode(self, layer, mixed_qkv, a, b, batch: ForwardBatch) -> torch.Tensor:
+        """One decode token per sequence: ``mixed_qkv [N, D]`` → ``o [N, HV, V]``."""
+        md = self._metadata_for(batch)
+        conv_pool, ssm_pool = self.pool.layer(layer.gdn_index)
+        slots = md.chunk_meta.state_indices
+        y = conv1d_decode(mixed_qkv, layer.conv_weight, layer.conv_bias, conv_pool=conv_pool, state_indices=slots)
+        q, k, v = layer.split_qkv(y)
+        return gdn_decode(q, k, v, a, b, layer.A_log, layer.dt_bias, state_pool=ssm_pool, state_indices=slots)
+
+    def track_decode(self, batch: ForwardBatch) -> None:
+        """After a decode step: copy each row's working state to ``batch.decode_track_slots_t``
+        (its track slot when due, the scratch slot otherwise), every layer in one indexing op.
+        The mask is applied on the device by the choice of slot: no host sync."""
+        with record_function("track.decode"):
+            dst, src = batch.decode_track_slots_t, batch.working_slots_t
+            self.pool.conv[:, dst] = self.pool.conv[:, src]
+            self.pool.ssm[:, dst] = self.pool.ssm[:, src]

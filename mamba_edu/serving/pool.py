@@ -1,0 +1,96 @@
+"""The state pool: every GDN layer's conv and SSM state for every slot, stacked.
+
+Layout (``L`` GDN layers, ``S`` slots including the scratch slot)::
+
+    conv: [L, S, D, W-1]    model dtype   the last W-1 raw (pre-conv) inputs of mixed_qkv
+    ssm:  [L, S, HV, K, V]  fp32          the recurrent state
+
+Stacking the layers lets one indexing op (one launch) copy a slot across all layers, which
+a prefix hit and decode tracking do. Slot :data:`SCRATCH_SLOT` is reserved: sync-free code sends
+the writes of rows that are not tracked there instead of skipping them (no mask, no sync).
+"""
+
+from __future__ import annotations
+
+import torch
+
+SCRATCH_SLOT = 0
+
+
+class PoolExhausted(RuntimeError):
+    """Raised when more slots are requested than are free; nothing was changed."""
+
+
+class StatePool:
+    """Fixed-size pool of state slots with allocation bookkeeping on the host.
+
+    Args:
+        n_layers: number of GDN layers ``L``.  capacity: usable slots (the scratch slot is extra).
+        conv_dim: ``D = 2·H·K + HV·V``.  conv_width: ``W``.  value_heads, key_dim, value_dim: HV, K, V.
+        device, conv_dtype: where and in which dtype the conv states live (SSM states are fp32).
+    """
+
+    def __init__(self, n_layers: int, capacity: int, conv_dim: int, conv_width: int, value_heads: int,
+                 key_dim: int, value_dim: int, device="cpu", conv_dtype=torch.float32):
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1; got {capacity}")
+        slots = capacity + 1
+        self.conv = torch.zeros(n_layers, slots, conv_dim, conv_width - 1, device=device, dtype=conv_dtype)
+        self.ssm = torch.zeros(n_layers, slots, value_heads, key_dim, value_dim, device=device,
+                               dtype=torch.float32)
+        self.capacity = capacity
+        self._free = list(range(slots - 1, SCRATCH_SLOT, -1))  # pop() hands out low slots first
+        self._used: set[int] = set()
+
+    @classmethod
+    def for_model(cls, config, capacity: int, device, conv_dtype) -> StatePool:
+        """A pool shaped for a :class:`mamba_edu.model.ModelConfig`."""
+        return cls(len(config.gdn_layers), capacity, config.conv_dim, config.conv_width,
+                   config.gdn_value_heads, config.gdn_key_dim, config.gdn_value_dim, device, conv_dtype)
+
+    @property
+    def n_free(self) -> int:
+        return len(self._free)
+
+    def used_slots(self) -> set[int]:
+        """The slots currently allocated (a copy)."""
+        return set(self._used)
+
+    def alloc(self, n: int) -> list[int]:
+        """Take ``n`` free slots and zero their states (a fresh sequence starts from zeros).
+
+        Raises :class:`PoolExhausted`, changing nothing, when fewer than ``n`` are free.
+        """
+        if n < 0:
+            raise ValueError(f"n must be >= 0; got {n}")
+        if n > len(self._free):
+            raise PoolExhausted(f"state pool exhausted: {n} slots requested, {len(self._free)} free "
+                                f"of capacity {self.capacity}; free requests or cache entries first")
+        slots = [self._free.pop() for _ in range(n)]
+        self._used.update(slots)
+        if slots:
+            idx = torch.tensor(slots, device=self.conv.device)
+            self.conv[:, idx] = 0
+            self.ssm[:, idx] = 0
+        return slots
+
+    def free(self, slots: list[int]) -> None:
+        """Return slots to the pool. Raises ``ValueError`` for a slot that is not allocated."""
+        bad = [s for s in slots if s not in self._used]
+        if bad or len(set(slots)) != len(slots):
+            raise ValueError(f"slots must be distinct allocated slots; got {slots} (not allocated: {bad})")
+        self._used.difference_update(slots)
+        self._free.extend(sorted(slots, reverse=True))
+        self._free.sort(reverse=True)
+
+    def copy_slot(self, src: int, dst: int) -> None:
+        """Copy slot ``src``'s conv and SSM states into ``dst``, all layers at once."""
+        for s, name in ((src, "src"), (dst, "dst")):
+            if s not in self._used:
+                raise ValueError(f"{name} must be an allocated slot; got {s}")
+        self.conv[:, dst] = self.conv[:, src]
+        self.ssm[:, dst] = self.ssm[:, src]
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views ``(conv [S, D, W-1], ssm [S, HV, K, V])`` of one GDN layer (writes go to the pool)."""
+        return self.conv[index], self.ssm[index]

@@ -1,0 +1,204 @@
+"""A radix tree over token ids whose nodes hold recurrent-state snapshots (and attention KV).
+
+A recurrent state cannot be rewound, so a cached prefix is usable only up to a node that holds
+a **snapshot slot**: the (conv, SSM) states of every GDN layer after exactly that many tokens.
+Nodes without one (left behind when an edge is split) are only paths to deeper snapshots.
+
+Every node also keeps the attention layers' KV of its edge tokens (``kv[layer] = (k, v)``,
+``[edge_len, kv_heads, head_dim]`` each), so a hit hands the attention layers their prefix.
+Snapshots in use are locked (reference counts); eviction frees least-recently-used unlocked
+leaves and returns their slots to the pool.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(eq=False)
+class RadixNode:
+    """One edge of the tree: the tokens from the parent's end to this node's end."""
+
+    tokens: tuple[int, ...]
+    parent: RadixNode | None
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    slot: int | None = None
+    refcount: int = 0
+    last_used: int = 0
+    children: dict[int, RadixNode] = field(default_factory=dict)
+
+    @property
+    def depth(self) -> int:
+        """Number of tokens from the root to the end of this node."""
+        n, node = 0, self
+        while node is not None:
+            n, node = n + len(node.tokens), node.parent
+        return n
+
+
+@dataclass
+class PrefixMatch:
+    """The longest usable cached prefix of a request.
+
+    ``length`` tokens (0 = miss); ``node`` holds the snapshot (``slot``), or is the root on a miss;
+    ``kv``: per attention layer ``(k, v)`` ``[length, kv_heads, head_dim]``, or None on a miss.
+    """
+
+    length: int
+    node: RadixNode
+    slot: int | None
+    kv: list[tuple[torch.Tensor, torch.Tensor]] | None
+
+
+class RadixCache:
+    """Prefix cache. ``pool`` is the :class:`StatePool` whose slots the snapshots occupy."""
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.root = RadixNode((), None, [])
+        self._clock = itertools.count(1)
+
+    # ---- lookup -------------------------------------------------------------------------
+    def match(self, token_ids: list[int], max_length: int | None = None) -> PrefixMatch:
+        """Longest prefix of ``token_ids`` (at most ``max_length`` tokens) ending at a snapshot.
+
+        Marks the path as recently used; does not lock (see :meth:`lock`).
+        """
+        limit = len(token_ids) if max_length is None else min(max_length, len(token_ids))
+        node, depth, best, best_depth = self.root, 0, self.root, 0
+        path = []
+        while depth < limit:
+            child = node.children.get(token_ids[depth])
+            if child is None or depth + len(child.tokens) > limit:
+                break
+            if tuple(token_ids[depth:depth + len(child.tokens)]) != child.tokens:
+                break
+            node, depth = child, depth + len(child.tokens)
+            path.append(node)
+            if node.slot is not None:
+                best, best_depth = node, depth
+        now = next(self._clock)
+        for n in path:
+            n.last_used = now
+        if best is self.root:
+            return PrefixMatch(0, self.root, None, None)
+        return PrefixMatch(best_depth, best, best.slot, self._path_kv(best))
+
+    def _path_kv(self, node: RadixNode):
+        chain = []
+        while node.parent is not None:
+            chain.append(node)
+            node = node.parent
+        chain.reverse()
+        n_layers = len(chain[0].kv)
+        return [(torch.cat([n.kv[i][0] for n in chain]), torch.cat([n.kv[i][1] for n in chain]))
+                for i in range(n_layers)]
+
+    def lock(self, node: RadixNode) -> None:
+        """Protect ``node``'s snapshot from eviction while a request uses it."""
+        if node is not self.root:
+            node.refcount += 1
+
+    def unlock(self, node: RadixNode) -> None:
+        if node is self.root:
+            return
+        if node.refcount <= 0:
+            raise ValueError("node is not locked")
+        node.refcount -= 1
+
+    # ---- insertion ----------------------------------------------------------------------
+    def insert(self, token_ids: list[int], slot: int, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+        """Cache the snapshot in ``slot`` as the state after all of ``token_ids``.
+
+        ``kv``: per attention layer ``(k, v)`` for at least ``len(token_ids)`` tokens (extra rows
+        are ignored). Returns True if the cache took ownership of ``slot``; False if that prefix
+        already has a snapshot (the caller keeps, and eventually frees, ``slot``).
+        """
+        if not token_ids:
+            raise ValueError("token_ids must be non-empty")
+        node, depth = self.root, 0
+        while depth < len(token_ids):
+            child = node.children.get(token_ids[depth])
+            if child is None:
+                leaf = RadixNode(tuple(token_ids[depth:]), node, self._slice_kv(kv, depth, len(token_ids)))
+                node.children[token_ids[depth]] = leaf
+                node = leaf
+                break
+            common = 0
+            limit = min(len(child.tokens), len(token_ids) - depth)
+            while common < limit and child.tokens[common] == token_ids[depth + common]:
+                common += 1
+            if common < len(child.tokens):
+                child = self._split(child, common)
+            node, depth = child, depth + len(child.tokens)
+        node.last_used = next(self._clock)
+        if node.slot is not None:
+            return False
+        node.slot = slot
+        return True
+
+    @staticmethod
+    def _slice_kv(kv, start: int, stop: int):
+        return [(k[start:stop], v[start:stop]) for k, v in kv]
+
+    def _split(self, node: RadixNode, at: int) -> RadixNode:
+        """Cut ``node``'s edge after ``at`` tokens; returns the new upper node (no snapshot)."""
+        upper = RadixNode(node.tokens[:at], node.parent, self._slice_kv(node.kv, 0, at),
+                          last_used=node.last_used)
+        upper.parent.children[upper.tokens[0]] = upper
+        node.tokens, node.kv, node.parent = node.tokens[at:], self._slice_kv(node.kv, at, None), upper
+        upper.children[node.tokens[0]] = node
+        return upper
+
+    # ---- eviction -----------------------------------------------------------------------
+    def _leaves(self):
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            if node.children:
+                stack.extend(node.children.values())
+            else:
+                yield node
+
+    def evictable_slots(self) -> int:
+        """How many snapshot slots :meth:`evict` could free (all unlocked snapshots whose
+        subtree holds no locked node)."""
+        def count(node) -> tuple[int, bool]:
+            total, locked = 0, node.refcount > 0
+            for child in node.children.values():
+                n, child_locked = count(child)
+                total, locked = total + n, locked or child_locked
+            if not locked and node.slot is not None:
+                total += 1
+            return total, locked
+        return count(self.root)[0]
+
+    def evict(self, n_slots: int) -> int:
+        """Free at least ``n_slots`` snapshot slots, least recently used leaves first.
+
+        Returns the number freed (fewer if not enough are evictable). Locked nodes stay.
+        """
+        freed = 0
+        while freed < n_slots:
+            candidates = [leaf for leaf in self._leaves() if leaf.refcount == 0]
+            if not candidates:
+                break
+            leaf = min(candidates, key=lambda n: n.last_used)
+            if leaf.slot is not None:
+                self.pool.free([leaf.slot])
+                freed += 1
+            del leaf.parent.children[leaf.tokens[0]]
+        return freed
+
+    def snapshot_slots(self) -> set[int]:
+        """All slots the cache owns."""
+        out, stack = set(), [self.root]
+        while stack:
+            node = stack.pop()
+            if node.slot is not None:
+                out.add(node.slot)
+            stack.extend(node.children.values())
+        return out

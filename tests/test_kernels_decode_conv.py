@@ -1,0 +1,145 @@
+"""Decode step and causal conv1d kernels (interpreter on CPU) vs the references, pools in place."""
+
+import pytest
+import torch
+
+from mamba_edu.gdn import causal_conv1d, causal_conv1d_update, gdn_gating, recurrent_gated_delta_rule
+from mamba_edu.kernels import build_chunk_meta, conv1d_decode, conv1d_prefill, gdn_decode, upload_indices
+from mamba_edu import triton_interpreted
+from mamba_edu.kernels.inputs import random_pool
+from mamba_edu.testing import rel_err
+
+BACKENDS = [pytest.param("triton", marks=pytest.mark.skipif(
+    not triton_interpreted(), reason="Triton on CPU tensors needs TRITON_INTERPRET=1")), "torch"]
+
+
+def _decode_inputs(N, H, HV, K, V, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(N, H, K, generator=gen) for _ in range(2))
+    v = torch.randn(N, HV, V, generator=gen)
+    a, b = (torch.randn(N, HV, generator=gen) for _ in range(2))
+    A_log = torch.empty(HV).uniform_(0, 2.77, generator=gen)
+    dt_bias = torch.randn(HV, generator=gen)
+    return q, k, v, a, b, A_log, dt_bias
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_decode_matches_recurrence(backend):
+    N, H, HV, K, V = 4, 2, 4, 16, 32
+    slots = [5, -1, 0, 3]  # row 1 is padding
+    q, k, v, a, b, A_log, dt_bias = _decode_inputs(N, H, HV, K, V)
+    pool = random_pool(6, HV, K, V)
+    pool0 = pool.clone()
+    o = gdn_decode(q, k, v, a, b, A_log, dt_bias, state_pool=pool,
+                   state_indices=torch.tensor(slots), backend=backend)
+    h0 = torch.stack([pool0[s] if s >= 0 else torch.zeros_like(pool0[0]) for s in slots])
+    g, beta = gdn_gating(A_log, a, b, dt_bias)
+    ref = recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
+                                     cu_seqlens=list(range(N + 1)), use_qk_l2norm=True)
+    assert rel_err(o, ref.o) <= 1e-4
+    live = [n for n, s in enumerate(slots) if s >= 0]
+    assert rel_err(pool[[slots[n] for n in live]], ref.final_state[live]) <= 1e-4
+    assert torch.equal(pool[[1, 2, 4]], pool0[[1, 2, 4]])  # untouched slots, padding wrote nothing
+
+
+def _conv_case(lengths, D=40, W=4, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(sum(lengths), D, generator=gen)
+    weight = torch.randn(D, W, generator=gen)
+    bias = torch.randn(D, generator=gen)
+    return x, weight, bias
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_conv_prefill_matches_reference(backend):
+    lengths = [1, 2, 63, 64, 65, 150]  # includes sequences shorter than W−1
+    slots = [6, 1, 4, 0, 3, 7]
+    x, weight, bias = _conv_case(lengths)
+    pool = torch.randn(9, x.shape[1], 3)
+    pool0 = pool.clone()
+    meta = build_chunk_meta(lengths, "cpu", state_indices=slots)
+    y = conv1d_prefill(x, weight, bias, conv_pool=pool, meta=meta, backend=backend)
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    y_ref, finals = causal_conv1d(x, weight, bias, cu_seqlens=cu, initial_states=pool0[slots])
+    assert rel_err(y, y_ref) <= 1e-5
+    assert torch.equal(pool[slots], finals)
+    assert torch.equal(pool[[2, 5, 8]], pool0[[2, 5, 8]])
+
+
+@pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1")
+def test_conv_prefill_continues_a_prefix():
+    """Run a sequence in two pieces through the pool; equal to running it whole."""
+    x, weight, bias = _conv_case([100], D=24, seed=2)
+    whole, _ = causal_conv1d(x, weight, bias)
+    pool = torch.zeros(2, 24, 3)
+    first = conv1d_prefill(x[:70], weight, bias, conv_pool=pool,
+                           meta=build_chunk_meta([70], "cpu", state_indices=[1]), backend="triton")
+    second = conv1d_prefill(x[70:], weight, bias, conv_pool=pool,
+                            meta=build_chunk_meta([30], "cpu", state_indices=[1]), backend="triton")
+    assert rel_err(torch.cat([first, second]), whole) <= 1e-6
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_conv_decode_matches_reference(backend):
+    x, weight, bias = _conv_case([5], D=40, seed=3)
+    slots = [2, -1, 0, 4, 1]
+    pool = torch.randn(6, 40, 3)
+    pool0 = pool.clone()
+    y = conv1d_decode(x, weight, bias, conv_pool=pool, state_indices=torch.tensor(slots),
+                      backend=backend)
+    state = torch.stack([pool0[s] if s >= 0 else torch.zeros(40, 3) for s in slots])
+    y_ref, new_state = causal_conv1d_update(x, state, weight, bias)
+    assert rel_err(y, y_ref) <= 1e-5
+    live = [n for n, s in enumerate(slots) if s >= 0]
+    assert torch.equal(pool[[slots[n] for n in live]], new_state[live])
+    assert torch.equal(pool[3], pool0[3]) and torch.equal(pool[5], pool0[5])
+
+
+# ---- GPU --------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_decode_gpu_bf16_and_sync_free():
+    N, H, HV, K, V = 64, 16, 32, 128, 128
+    slots = list(range(1, N)) + [-1]
+    args = [t.cuda() for t in _decode_inputs(N, H, HV, K, V)]
+    args[:3] = [t.bfloat16() for t in args[:3]]
+    pool = random_pool(N + 1, HV, K, V, device="cuda")
+    pool0 = pool.clone()
+    idx = upload_indices(slots, "cuda")
+    o = gdn_decode(*args, state_pool=pool, state_indices=idx)
+    torch.cuda.synchronize()
+    ref_pool = pool0.clone()
+    ref = gdn_decode(*[t.float().cpu() for t in args], state_pool=ref_pool.cpu(),
+                     state_indices=torch.tensor(slots), backend="torch")
+    assert rel_err(o, ref) <= 5e-3
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        gdn_decode(*args, state_pool=pool, state_indices=idx)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+def test_conv_gpu_sync_free_and_graph_replay():
+    lengths = [3, 64, 200]
+    x, weight, bias = (t.cuda().bfloat16() for t in _conv_case(lengths, D=512))
+    pool = torch.randn(4, 512, 3, device="cuda", dtype=torch.bfloat16)
+    meta = build_chunk_meta(lengths, "cuda", state_indices=[3, 0, 2])
+    eager_pool = pool.clone()
+    y_eager = conv1d_prefill(x, weight, bias, conv_pool=eager_pool, meta=meta)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        conv1d_prefill(x, weight, bias, conv_pool=pool.clone(), meta=meta)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    work = pool.clone()
+    with torch.cuda.graph(graph):
+        y_graph = conv1d_prefill(x, weight, bias, conv_pool=work, meta=meta)
+    work.copy_(pool)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y_graph, y_eager) and torch.equal(work, eager_pool)

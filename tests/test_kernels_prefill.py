@@ -1,0 +1,145 @@
+"""Triton chunked prefill (interpreter on CPU) and the torch path vs the chunked reference."""
+
+import pytest
+import torch
+
+from mamba_edu.gdn import chunk_gated_delta_rule
+from mamba_edu.kernels import build_chunk_meta, gdn_prefill
+from mamba_edu import triton_interpreted
+from mamba_edu.kernels.inputs import random_pool, random_prefill_inputs
+from mamba_edu.testing import rel_err
+
+LENGTHS = [1, 63, 64, 65, 150]    # single token, chunk edges, and > 2 chunks
+STATE_SLOTS = [3, 0, 7, 5, 10]    # scattered working slots
+TRACK_SLOTS = [1, 2, 4, 6, 8]
+TRACK_CHUNKS = [1, -1, 1, 0, 2]   # final state, none, final state, initial state, checkpoint h[2]
+H, HV, K, V = 2, 4, 16, 32        # grouped value heads: 2 value heads per key head
+SLOTS = 12
+
+# Triton on CPU tensors runs in the interpreter; a GPU machine runs the gpu tests instead.
+interpreted = pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1")
+
+
+def _reference(inputs, pool0, lengths, slots, checkpoints=True):
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    return chunk_gated_delta_rule(**inputs, initial_state=pool0[slots], cu_seqlens=cu,
+                                  use_qk_l2norm=True, output_checkpoints=checkpoints)
+
+
+def _tracked_state(ref, meta, n, chunk):
+    return ref.final_state[n] if chunk == meta.counts[n] else ref.checkpoints[meta.offsets[n] + chunk]
+
+
+@pytest.mark.parametrize("backend", [pytest.param("triton", marks=interpreted), "torch"])
+def test_prefill_matches_reference(backend):
+    inputs = random_prefill_inputs(LENGTHS, H, HV, K, V, seed=0)
+    pool = random_pool(SLOTS, HV, K, V)
+    pool0 = pool.clone()
+    meta = build_chunk_meta(LENGTHS, "cpu", state_indices=STATE_SLOTS, track_slots=TRACK_SLOTS,
+                            track_chunks=TRACK_CHUNKS)
+    o, ckpt = gdn_prefill(**inputs, state_pool=pool, meta=meta, output_checkpoints=True,
+                          backend=backend)
+    ref = _reference(inputs, pool0, LENGTHS, STATE_SLOTS)
+    assert rel_err(o, ref.o) <= 1e-4
+    assert rel_err(ckpt, ref.checkpoints) <= 1e-4
+    assert rel_err(pool[STATE_SLOTS], ref.final_state) <= 1e-4
+    for n, (slot, chunk) in enumerate(zip(TRACK_SLOTS, TRACK_CHUNKS)):
+        expected = pool0[slot] if chunk < 0 else _tracked_state(ref, meta, n, chunk)
+        assert rel_err(pool[slot], expected) <= 1e-4, (n, slot, chunk)
+    untouched = sorted(set(range(SLOTS)) - set(STATE_SLOTS) - set(TRACK_SLOTS))
+    assert torch.equal(pool[untouched], pool0[untouched])
+
+
+@interpreted
+def test_prefill_one_sequence_no_extras_mha():
+    """H == HV, one sequence, no checkpoints, no tracking, plain index tensor on CPU."""
+    lengths = [130]
+    inputs = random_prefill_inputs(lengths, 2, 2, 32, 16, seed=3)
+    pool = random_pool(3, 2, 32, 16)
+    pool0 = pool.clone()
+    meta = build_chunk_meta(lengths, "cpu")
+    o, ckpt = gdn_prefill(**inputs, state_pool=pool, state_indices=torch.tensor([2]), meta=meta,
+                          backend="triton")
+    ref = _reference(inputs, pool0, lengths, [2], checkpoints=False)
+    assert ckpt is None
+    assert rel_err(o, ref.o) <= 1e-4
+    assert rel_err(pool[2], ref.final_state[0]) <= 1e-4
+    assert torch.equal(pool[:2], pool0[:2])
+
+
+@interpreted
+def test_prefill_fp16_inputs_interpreter():
+    inputs = random_prefill_inputs([70, 5], 1, 2, 16, 16, dtype=torch.float16, seed=4)
+    pool = random_pool(2, 2, 16, 16)
+    pool0 = pool.clone()
+    meta = build_chunk_meta([70, 5], "cpu", state_indices=[1, 0])
+    o, _ = gdn_prefill(**inputs, state_pool=pool, meta=meta, backend="triton")
+    ref = _reference(inputs, pool0, [70, 5], [1, 0], checkpoints=False)
+    assert o.dtype == torch.float16
+    assert rel_err(o, ref.o) <= 5e-3
+    assert rel_err(pool[[1, 0]], ref.final_state) <= 5e-3
+
+
+# ---- GPU --------------------------------------------------------------------------------------
+
+GPU_LENGTHS = [1, 63, 64, 65, 700, 1500]
+
+
+def _gpu_case(dtype, seed=0):
+    HVg, Kg = 8, 128
+    inputs = random_prefill_inputs(GPU_LENGTHS, 4, HVg, Kg, Kg, dtype=dtype, device="cuda", seed=seed)
+    pool = random_pool(16, HVg, Kg, Kg, device="cuda")
+    meta = build_chunk_meta(GPU_LENGTHS, "cuda", state_indices=[9, 2, 14, 0, 5, 11],
+                            track_slots=[1, 3, 4, 6, 7, 8], track_chunks=[1, 0, 1, 2, 5, 23])
+    return inputs, pool, meta
+
+
+@pytest.mark.gpu
+def test_prefill_gpu_bf16_close_to_fp32_reference():
+    inputs, pool, meta = _gpu_case(torch.bfloat16)
+    pool0 = pool.clone()
+    o, ckpt = gdn_prefill(**inputs, state_pool=pool, meta=meta, output_checkpoints=True)
+    ref = _reference({n: t.float() for n, t in inputs.items()}, pool0, GPU_LENGTHS,
+                     list(meta.state_indices.cpu().tolist()))
+    assert rel_err(o, ref.o) <= 5e-3
+    assert rel_err(ckpt, ref.checkpoints) <= 5e-3
+    assert rel_err(pool[meta.state_indices.long()], ref.final_state) <= 5e-3
+    for n, (slot, chunk) in enumerate(zip([1, 3, 4, 6, 7, 8], [1, 0, 1, 2, 5, 23])):
+        assert rel_err(pool[slot], _tracked_state(ref, meta, n, chunk)) <= 5e-3
+
+
+@pytest.mark.gpu
+def test_prefill_gpu_is_sync_free():
+    inputs, pool, meta = _gpu_case(torch.bfloat16)
+    gdn_prefill(**inputs, state_pool=pool, meta=meta)  # compile first
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        meta2 = build_chunk_meta(GPU_LENGTHS, "cuda", state_indices=[9, 2, 14, 0, 5, 11],
+                                 track_slots=[1, 3, 4, 6, 7, 8], track_chunks=[1, 0, 1, 2, 5, 23])
+        gdn_prefill(**inputs, state_pool=pool, meta=meta2, output_checkpoints=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+def test_prefill_gpu_graph_replay_equals_eager():
+    inputs, pool, meta = _gpu_case(torch.bfloat16, seed=5)
+    pool_eager = pool.clone()
+    o_eager, _ = gdn_prefill(**inputs, state_pool=pool_eager, meta=meta)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on the capture stream
+        gdn_prefill(**inputs, state_pool=pool.clone(), meta=meta)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_graph, _ = gdn_prefill(**inputs, state_pool=pool, meta=meta)
+    pool.copy_(random_pool(16, 8, 128, 128, device="cuda"))  # the graph reads the pool anew
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(o_graph, o_eager)
+    assert torch.equal(pool, pool_eager)

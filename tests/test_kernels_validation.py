@@ -1,0 +1,153 @@
+"""Chunk metadata on the host, and bad inputs rejected with a ValueError naming the argument."""
+
+import pytest
+import torch
+
+from mamba_edu.kernels import (build_chunk_meta, conv1d_decode, conv1d_prefill, gdn_decode,
+                               gdn_prefill, host_values, upload_indices)
+from mamba_edu import triton_interpreted
+from mamba_edu.kernels.inputs import random_pool, random_prefill_inputs
+
+
+def test_chunk_meta_tables():
+    meta = build_chunk_meta([1, 64, 65], "cpu", state_indices=[2, 0, 1])
+    assert meta.counts == (1, 1, 2) and meta.offsets == (0, 1, 2, 4)
+    assert (meta.N, meta.T, meta.NT, meta.max_len) == (3, 130, 4, 65)
+    assert meta.cu_seqlens.tolist() == [0, 1, 65, 130]
+    assert meta.chunk_indices.tolist() == [[0, 0], [1, 0], [2, 0], [2, 1]]
+    assert meta.chunk_offsets.tolist() == [0, 1, 2, 4]
+    # one buffer, one copy: every table is a view of the same storage
+    base = meta.cu_seqlens.untyped_storage().data_ptr()
+    for t in (meta.chunk_indices, meta.chunk_offsets, meta.state_indices):
+        assert t.untyped_storage().data_ptr() == base
+    assert host_values(meta.state_indices) == (2, 0, 1)
+
+
+def test_uploaded_indices_remember_host_values():
+    t = upload_indices([5, -1, 2], "cpu")
+    assert t.dtype == torch.int32 and t.tolist() == [5, -1, 2]
+    assert host_values(t) == (5, -1, 2)
+
+
+def test_chunk_meta_rejects_bad_lengths():
+    with pytest.raises(ValueError, match="lengths"):
+        build_chunk_meta([3, 0], "cpu")
+    with pytest.raises(ValueError, match="state_indices"):
+        build_chunk_meta([3, 4], "cpu", state_indices=[1])
+
+
+LENGTHS = [5, 70]
+
+
+@pytest.fixture
+def case():
+    inputs = random_prefill_inputs(LENGTHS, 1, 2, 16, 16)
+    pool = random_pool(4, 2, 16, 16)
+    meta = build_chunk_meta(LENGTHS, "cpu", state_indices=[0, 1])
+    return inputs, pool, meta
+
+
+def _call(inputs, pool, meta, **over):
+    return gdn_prefill(**{**inputs, "state_pool": pool, "meta": meta, "backend": "torch", **over})
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("k", torch.zeros(75, 1, 8), "k must have shape"),
+    ("v", torch.zeros(75, 2, 16, dtype=torch.float16), "v must have dtype"),
+    ("g", torch.zeros(75, 3), "g must have shape"),
+    ("beta", torch.zeros(75, 2, dtype=torch.float64), "beta must have dtype"),
+    ("q", torch.zeros(16, 75, 1).transpose(0, 2), "q must be contiguous"),
+    ("state_pool", torch.zeros(4, 2, 16, 16, dtype=torch.float16), "state_pool must have dtype"),
+    ("state_pool", torch.zeros(4, 2, 8, 16), "state_pool must have shape"),
+    ("state_indices", torch.tensor([0, 4]), r"state_indices\[1\]=4 is out of range"),
+    ("state_indices", torch.tensor([-1, 1]), r"state_indices\[0\]=-1 is out of range"),
+    ("state_indices", torch.tensor([1, 1]), "must not repeat"),
+    ("state_indices", torch.tensor([0, 1, 2]), "state_indices must have shape"),
+    ("state_indices", torch.tensor([0.0, 1.0]), "state_indices must have dtype"),
+    ("meta", build_chunk_meta([75], "cpu"), "state_indices must have shape"),
+    ("meta", build_chunk_meta([5, 71], "cpu"), "meta describes T=76"),
+    ("backend", "cuda", "backend must be"),
+    ("scale", torch.tensor(0.5), "scale must be a Python float"),
+])
+def test_prefill_rejects(case, name, value, message):
+    inputs, pool, meta = case
+    over = {name: value}
+    if name == "meta":
+        over["state_indices"] = meta.state_indices
+    with pytest.raises(ValueError, match=message):
+        _call(inputs, pool, **{"meta": meta, **over})
+
+
+@pytest.mark.parametrize("slots, chunks, message", [
+    ([2, 3], [0], "track_chunks must have shape"),
+    ([2, 4], [0, 1], r"track_slots\[1\]=4 is out of range"),
+    ([2, 3], [0, 3], r"track_chunks\[1\]=3 is out of range"),
+    ([2, 2], [0, 1], "must be distinct"),
+    ([2, 1], [0, 1], "differ from every state_indices slot"),
+])
+def test_prefill_rejects_bad_tracking(case, slots, chunks, message):
+    inputs, pool, meta = case
+    with pytest.raises(ValueError, match=message):
+        _call(inputs, pool, meta, track_slots=torch.tensor(slots), track_chunks=torch.tensor(chunks))
+
+
+def test_prefill_track_needs_both(case):
+    inputs, pool, meta = case
+    with pytest.raises(ValueError, match="given together"):
+        _call(inputs, pool, meta, track_slots=torch.tensor([2, 3]))
+
+
+def test_untracked_rows_may_name_no_slot(case):
+    inputs, pool, meta = case
+    _call(inputs, pool, meta, track_slots=torch.tensor([-7, -1]), track_chunks=torch.tensor([-1, -1]))
+    with pytest.raises(ValueError, match=r"track_slots\[1\]=99 is out of range"):
+        _call(inputs, pool, meta, track_slots=torch.tensor([-1, 99]), track_chunks=torch.tensor([-1, -1]))
+
+
+@pytest.mark.skipif(not triton_interpreted(), reason="checks the interpreter path")
+def test_interpreter_rejects_bf16(case):
+    inputs, pool, meta = case
+    bf = {n: t.bfloat16() if n in "qkv" else t for n, t in inputs.items()}
+    with pytest.raises(ValueError, match="bfloat16"):
+        _call(bf, pool, meta, backend="triton")
+
+
+def test_decode_rejects_bad_inputs():
+    q = k = torch.zeros(2, 1, 16)
+    v = torch.zeros(2, 2, 16)
+    a = b = torch.zeros(2, 2)
+    A_log = dt_bias = torch.zeros(2)
+    pool = torch.zeros(3, 2, 16, 16)
+    with pytest.raises(ValueError, match=r"state_indices\[0\]=3 is out of range"):
+        gdn_decode(q, k, v, a, b, A_log, dt_bias, state_pool=pool, state_indices=torch.tensor([3, 0]))
+    with pytest.raises(ValueError, match="A_log must have shape"):
+        gdn_decode(q, k, v, a, b, torch.zeros(3), dt_bias, state_pool=pool,
+                   state_indices=torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="a must have shape"):
+        gdn_decode(q, k, v, torch.zeros(3, 2), b, A_log, dt_bias, state_pool=pool,
+                   state_indices=torch.tensor([0, 1]))
+
+
+def test_conv_rejects_bad_inputs():
+    x = torch.zeros(10, 8)
+    w = torch.zeros(8, 4)
+    meta = build_chunk_meta([10], "cpu", state_indices=[0])
+    with pytest.raises(ValueError, match="conv_pool must have shape"):
+        conv1d_prefill(x, w, conv_pool=torch.zeros(2, 8, 4), meta=meta)
+    with pytest.raises(ValueError, match="weight must have shape"):
+        conv1d_prefill(x, torch.zeros(7, 4), conv_pool=torch.zeros(2, 8, 3), meta=meta)
+    with pytest.raises(ValueError, match="activation"):
+        conv1d_prefill(x, w, conv_pool=torch.zeros(2, 8, 3), meta=meta, activation="relu")
+    with pytest.raises(ValueError, match=r"state_indices\[1\]=2 is out of range"):
+        conv1d_decode(torch.zeros(2, 8), w, conv_pool=torch.zeros(2, 8, 3),
+                      state_indices=torch.tensor([0, 2]))
+
+
+@pytest.mark.gpu
+def test_foreign_cuda_index_tensor_is_refused(case):
+    inputs, _, _ = case
+    cuda = {n: t.cuda() for n, t in inputs.items()}
+    meta = build_chunk_meta(LENGTHS, "cuda")
+    with pytest.raises(ValueError, match="unknown on the host"):
+        gdn_prefill(**cuda, state_pool=random_pool(4, 2, 16, 16, device="cuda"), meta=meta,
+                    state_indices=torch.tensor([0, 1], device="cuda"))

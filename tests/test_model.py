@@ -1,0 +1,76 @@
+"""The hybrid model: preset shapes (DESIGN.md §6), layer layout, seeding, scale, profiler ranges."""
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from mamba_edu.engine import Engine, Request
+from mamba_edu.model import PRESETS, ModelConfig, build_model, get_config
+
+
+def test_presets_match_the_design():
+    nxt, q35, tp8 = PRESETS["qwen3-next"], PRESETS["qwen3.5"], PRESETS["qwen3.5-tp8"]
+    assert (nxt.hidden, nxt.n_layers, len(nxt.gdn_layers), len(nxt.attn_layers)) == (2048, 48, 36, 12)
+    assert (nxt.gdn_key_heads, nxt.gdn_value_heads, nxt.gdn_key_dim, nxt.gdn_value_dim) == (16, 32, 128, 128)
+    assert (nxt.attn_heads, nxt.attn_kv_heads, nxt.attn_head_dim, nxt.conv_width) == (16, 2, 256, 4)
+    assert nxt.conv_dim == 8192 and nxt.attn_layers[:2] == [3, 7]
+    assert (q35.hidden, q35.n_layers, len(q35.gdn_layers), len(q35.attn_layers)) == (4096, 60, 45, 15)
+    assert (q35.gdn_key_heads, q35.gdn_value_heads, q35.attn_heads, q35.attn_kv_heads) == (16, 64, 32, 2)
+    assert (tp8.gdn_key_heads, tp8.gdn_value_heads, tp8.attn_heads, tp8.attn_kv_heads) == (2, 8, 4, 1)
+    assert tp8.mlp_width == q35.mlp_width // 8 and tp8.n_layers == 60 and tp8.hidden == 4096
+    tiny = PRESETS["tiny"]
+    assert (len(tiny.gdn_layers), len(tiny.attn_layers)) == (3, 1)
+
+
+def test_attention_every_k_and_none():
+    assert get_config("tiny", n_layers=6, attn_every=3).attn_layers == [2, 5]
+    assert get_config("tiny", attn_every=0).attn_layers == []
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("attn_every", -1, "attn_every"), ("gdn_value_heads", 3, "gdn_value_heads"),
+    ("attn_kv_heads", 3, "attn_heads"), ("hidden", 0, "hidden"), ("conv_width", 1, "conv_width"),
+])
+def test_bad_config_names_the_field(field, value, needle):
+    with pytest.raises(ValueError, match=needle):
+        get_config("tiny", **{field: value})
+
+
+def test_unknown_preset():
+    with pytest.raises(ValueError, match="preset"):
+        build_model("qwen4", device="cpu")
+
+
+def test_seeded_weights():
+    a, b = build_model("tiny", device="cpu", seed=1), build_model("tiny", device="cpu", seed=1)
+    c = build_model("tiny", device="cpu", seed=2)
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not torch.equal(sa["embed"], sc["embed"])
+
+
+def test_activations_stay_order_one_over_60_layers():
+    cfg = ModelConfig(vocab=64, hidden=32, n_layers=60, attn_every=4, gdn_key_heads=1, gdn_value_heads=2,
+                      gdn_key_dim=8, gdn_value_dim=8, conv_width=4, attn_heads=2, attn_kv_heads=1,
+                      attn_head_dim=8, mlp_width=64)
+    model = build_model(cfg, device="cpu")
+    engine = Engine(model, strategy="sync_free", max_requests=1)
+    batch = engine.prepare_prefill([Request(0, list(range(16)))])
+    engine.backend.init_forward_metadata(batch)
+    batch.reset_kv_out()
+    x = model.embed[batch.input_ids]
+    for layer in model.layers:
+        x = layer(x, batch, engine.backend)
+        rms = x.pow(2).mean().sqrt().item()
+        assert 0.3 < rms < 3.0, f"layer {layer.index}: rms {rms}"
+
+
+def test_profiler_ranges_name_layers_and_tracking():
+    model = build_model("tiny", device="cpu")
+    engine = Engine(model, strategy="precomputed", max_requests=1)
+    batch = engine.prepare_prefill([Request(0, list(range(70)))])
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        engine.forward_prefill(batch)
+    names = {e.name for e in prof.events()}
+    assert {"layer00.gdn", "layer03.attn", "layer02.mlp", "track.conv", "track.ssm",
+            "init_forward_metadata", "lm_head"} <= names

@@ -1,0 +1,90 @@
+"""Radix prefix cache: longest snapshot prefix, edge splits, KV slices, locks, LRU eviction."""
+
+import pytest
+import torch
+
+from mamba_edu.serving import RadixCache, StatePool
+
+
+def _cache(capacity=8):
+    pool = StatePool(n_layers=1, capacity=capacity, conv_dim=2, conv_width=2, value_heads=1, key_dim=1,
+                     value_dim=1)
+    return pool, RadixCache(pool)
+
+
+def _kv(tokens, layers=1):
+    """KV rows that encode their token id, so slices can be checked."""
+    t = torch.tensor(tokens, dtype=torch.float32)[:, None, None]
+    return [(t + 1000 * i, -t) for i in range(layers)]
+
+
+def test_match_longest_snapshot_prefix():
+    pool, cache = _cache()
+    seq = list(range(200))
+    s64, s128 = pool.alloc(2)
+    assert cache.insert(seq[:128], s128, _kv(seq))
+    assert cache.insert(seq[:64], s64, _kv(seq))  # splits the 128-token edge at 64
+    m = cache.match(seq[:150])
+    assert (m.length, m.slot) == (128, s128)
+    assert torch.equal(m.kv[0][0][:, 0, 0], torch.arange(128.0))
+    assert cache.match(seq[:100]).slot == s64
+    assert cache.match(seq[:128], max_length=127).length == 64
+    assert cache.match([5] + seq).length == 0 and cache.match([5]).kv is None
+
+
+def test_branches_and_split_node_without_snapshot():
+    pool, cache = _cache()
+    a = list(range(128))
+    b = list(range(64)) + [999] * 64
+    sa, sb = pool.alloc(2)
+    cache.insert(a, sa, _kv(a, 2))
+    cache.insert(b, sb, _kv(b, 2))
+    assert cache.match(b + [1]).slot == sb
+    assert cache.match(a[:64] + [7] * 10).length == 0, "the split node at 64 has no snapshot"
+    kv = cache.match(b + [1]).kv
+    assert len(kv) == 2 and torch.equal(kv[1][0][:, 0, 0], torch.tensor(b, dtype=torch.float32) + 1000)
+
+
+def test_duplicate_insert_is_refused():
+    pool, cache = _cache()
+    s1, s2 = pool.alloc(2)
+    assert cache.insert(list(range(64)), s1, _kv(range(64)))
+    assert not cache.insert(list(range(64)), s2, _kv(range(64)))
+    assert cache.snapshot_slots() == {s1}
+
+
+def test_lru_eviction_frees_slots_and_respects_locks():
+    pool, cache = _cache()
+    slots = pool.alloc(3)
+    seqs = [[i] * 64 for i in range(3)]
+    for s, seq in zip(slots, seqs):
+        cache.insert(seq, s, _kv(seq))
+    cache.match(seqs[0] + [1])  # 0 is now the most recently used
+    locked = cache.match(seqs[1] + [1])
+    cache.lock(locked.node)
+    assert cache.evictable_slots() == 2
+    assert cache.evict(1) == 1 and cache.snapshot_slots() == {slots[0], slots[1]}
+    assert slots[2] not in pool.used_slots()
+    assert cache.evict(5) == 1, "the locked snapshot stays"
+    assert cache.snapshot_slots() == {slots[1]}
+    cache.unlock(locked.node)
+    assert cache.evict(1) == 1 and cache.snapshot_slots() == set()
+    with pytest.raises(ValueError, match="not locked"):
+        cache.unlock(locked.node)
+
+
+def test_parent_snapshot_is_kept_while_a_child_is_locked():
+    pool, cache = _cache()
+    s64, s128 = pool.alloc(2)
+    seq = list(range(128))
+    cache.insert(seq[:64], s64, _kv(seq))
+    cache.insert(seq, s128, _kv(seq))
+    child = cache.match(seq + [0])
+    cache.lock(child.node)
+    assert cache.evictable_slots() == 0 and cache.evict(2) == 0
+
+
+def test_insert_needs_tokens():
+    _, cache = _cache()
+    with pytest.raises(ValueError, match="token_ids"):
+        cache.insert([], 1, [])

@@ -1,8 +1,18 @@
-"""``python -m mamba_edu demo``: the main job on the default device, as a short readable report."""
+"""``python -m mamba_edu demo``: the main job on the default device, as a short readable report.
+
+1. The math: the chunked (WY) GDN form against the token-by-token recurrence.
+2. The lesson: the four tracking strategies side by side on one prefill — syncs per forward
+   (counted by the sniffer), median time, and the pools they leave (identical).
+3. The picture: the CPU/GPU timeline of one prefill per strategy, recorded live on a GPU or,
+   without one, drawn from the H200 traces committed in ``data/runs/``.
+"""
 
 from __future__ import annotations
 
+import argparse
+import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -10,13 +20,14 @@ from mamba_edu._runtime import default_device
 from mamba_edu.gdn import chunk_gated_delta_rule, gdn_gating, recurrent_gated_delta_rule
 from mamba_edu.testing import rel_err
 
+STRATEGIES = ("naive", "precomputed", "sync_free", "fused")
+H200_RUNS = Path(__file__).resolve().parent.parent / "data" / "runs"
+H200_CASE = "launch_bound_1x512"
+
 
 def reference_report(device: torch.device, seed: int = 0) -> dict:
-    """Run the recurrent and chunked references on one small packed batch and compare them.
-
-    The batch: 4 sequences (1, 63, 64, 200 tokens), H=2 key heads, HV=4 value heads, K=V=32,
-    Qwen3-Next gating, q/k L2 norm, random initial states.
-    """
+    """Recurrent vs chunked GDN on one packed batch: 4 sequences (1, 63, 64, 200 tokens),
+    H=2 key / HV=4 value heads, K=V=32, Qwen3-Next gating, q/k L2 norm, random initial states."""
     gen = torch.Generator().manual_seed(seed)
     lengths = [1, 63, 64, 200]
     T, H, HV, K, V = sum(lengths), 2, 4, 32, 32
@@ -24,32 +35,99 @@ def reference_report(device: torch.device, seed: int = 0) -> dict:
     q, k, v = rand(T, H, K), rand(T, H, K), rand(T, HV, V)
     g, beta = gdn_gating(rand(HV), rand(T, HV), rand(T, HV), rand(HV))
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=device)
-    h0 = rand(len(lengths), HV, K, V) * 0.1
-    kw = dict(cu_seqlens=cu, initial_state=h0, use_qk_l2norm=True, output_checkpoints=True)
-    t0 = time.perf_counter()
+    kw = dict(cu_seqlens=cu, initial_state=rand(len(lengths), HV, K, V) * 0.1,
+              use_qk_l2norm=True, output_checkpoints=True)
     ref = recurrent_gated_delta_rule(q, k, v, g, beta, **kw)
-    t1 = time.perf_counter()
     out = chunk_gated_delta_rule(q, k, v, g, beta, **kw)
-    t2 = time.perf_counter()
-    return {
-        "device": str(device), "lengths": lengths, "heads": (H, HV), "dims": (K, V),
-        "recurrent_ms": 1e3 * (t1 - t0), "chunked_ms": 1e3 * (t2 - t1),
-        "err_o": rel_err(out.o, ref.o), "err_final": rel_err(out.final_state, ref.final_state),
-        "err_checkpoints": rel_err(out.checkpoints, ref.checkpoints),
-        "n_checkpoints": int(out.checkpoints.shape[0]),
-    }
+    return {"lengths": lengths, "err": max(rel_err(out.o, ref.o),
+                                           rel_err(out.final_state, ref.final_state),
+                                           rel_err(out.checkpoints, ref.checkpoints))}
+
+
+def strategy_report(device: torch.device, preset: str, lengths: tuple[int, ...], repeats: int,
+                    trace_dir: Path | None, seed: int = 0) -> list[dict]:
+    """Tracked prefills per strategy: syncs per forward, median forward time, the pools left.
+
+    Every strategy sees the same sequence of fresh batches (no prefix hits), so their pools must
+    end up identical outside the scratch slot 0. With ``trace_dir`` (on a GPU) one forward per
+    strategy is also recorded there.
+    """
+    from mamba_edu.benchmarks.ttft import Prefills, median_ms
+    from mamba_edu.engine import Engine
+    from mamba_edu.model import build_model
+    from mamba_edu.profiling import count_syncs, record_trace
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = build_model(preset, device=device, dtype=dtype, seed=seed)
+    rows, pools = [], []
+    for strategy in STRATEGIES:
+        prefills = Prefills(Engine(model, strategy=strategy, max_requests=len(lengths)), lengths, seed)
+        prefills.forward(prefills.next())  # warm-up: Triton compiles on first use
+        batch = prefills.next()
+        with count_syncs() as syncs:
+            prefills.forward(batch)
+        ms, _ = median_ms(prefills.forward, prefills.next, repeats)
+        if trace_dir is not None:
+            record_trace(prefills.forward, trace_dir, strategy, setup=prefills.next)
+        prefills.close()
+        pool = prefills.engine.pool
+        pools.append([pool.conv[:, 1:].clone(), pool.ssm[:, 1:].clone()])
+        rows.append({"strategy": strategy, "syncs": syncs.count, "ms": ms,
+                     "tracked": sum(batch.track_mask),
+                     "pools_match_naive": all(torch.equal(a, b) for a, b in zip(pools[-1], pools[0]))})
+    return rows
+
+
+def timeline_figure(out: Path, trace_dir: Path | None) -> Path | None:
+    """The per-strategy timeline: from live traces in ``trace_dir``, else the committed H200 ones."""
+    from mamba_edu.profiling import analyze_trace
+    from mamba_edu.profiling.plots import plot_timelines
+
+    live = trace_dir is not None
+    run, pattern = (trace_dir, "{}.json.gz") if live else (H200_RUNS / H200_CASE, "{}*.pt.trace.json.gz")
+    found = {s: sorted(run.glob(pattern.format(s))) for s in STRATEGIES} if run.exists() else {}
+    analyses = [analyze_trace(files[0], label=s) for s, files in found.items() if files]
+    if not analyses:
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "timeline.png"
+    where = "recorded live on this GPU" if live else f"{H200_CASE}, recorded on an H200"
+    plot_timelines(analyses, path, title=f"one prefill per strategy ({where})")
+    return path
 
 
 def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mamba_edu demo",
+                                     description="The main job on the default device.")
+    parser.add_argument("--out", type=Path, default=Path("out/demo"), help="where figures go")
+    parser.add_argument("--repeats", type=int, default=5, help="timed forwards per strategy")
+    args = parser.parse_args(argv)
     device = default_device()
-    r = reference_report(device)
-    print(f"mamba_edu demo on {r['device']}")
-    print(f"  packed batch: lengths {r['lengths']}, heads H={r['heads'][0]} HV={r['heads'][1]}, "
-          f"K=V={r['dims'][0]}")
-    print(f"  recurrent reference: {r['recurrent_ms']:8.1f} ms   (one token at a time)")
-    print(f"  chunked (WY) form:   {r['chunked_ms']:8.1f} ms   (64 tokens at a time)")
-    print(f"  chunked vs recurrent, relative error: output {r['err_o']:.1e}, final state "
-          f"{r['err_final']:.1e}, {r['n_checkpoints']} checkpoints {r['err_checkpoints']:.1e}")
-    ok = max(r["err_o"], r["err_final"], r["err_checkpoints"]) < 1e-5
-    print("  PASS: the chunked form computes the recurrence" if ok else "  FAIL: forms disagree")
+    on_gpu = device.type == "cuda"
+    preset, lengths = ("qwen3.5-tp8", (512,)) if on_gpu else ("tiny", (130, 200, 40))
+
+    print(f"mamba_edu demo on {device}")
+    ref = reference_report(device)
+    print(f"\n1. GDN math: chunked (WY) form vs token-by-token recurrence, lengths {ref['lengths']}: "
+          f"max relative error {ref['err']:.1e} -> {'PASS' if ref['err'] < 1e-5 else 'FAIL'}")
+
+    print(f"\n2. Tracking strategies on preset {preset!r}, prompts {list(lengths)}, "
+          f"median of {args.repeats} forwards:")
+    trace_dir = args.out / "traces" if on_gpu else None
+    rows = strategy_report(device, preset, lengths, args.repeats, trace_dir)
+    print(f"   {'strategy':<12} {'tracked':>7} {'syncs/forward':>13} {'forward ms':>10}  pools == naive's")
+    for r in rows:
+        print(f"   {r['strategy']:<12} {r['tracked']:>7} {r['syncs']:>13} {r['ms']:>10.1f}  "
+              f"{r['pools_match_naive']}")
+    if not on_gpu:
+        print("   On a CPU nothing waits for a GPU: the syncs are counted, their cost needs a GPU.")
+
+    path = timeline_figure(args.out, trace_dir)
+    print("\n3. Timeline figure: " + (str(path) if path else f"no H200 traces in {H200_RUNS}"))
+    by = {r["strategy"]: r for r in rows}
+    ok = (ref["err"] < 1e-5 and all(r["pools_match_naive"] for r in rows)
+          and by["naive"]["syncs"] > by["precomputed"]["syncs"] > 0
+          and by["sync_free"]["syncs"] == by["fused"]["syncs"] == 0)
+    print("\nPASS: same states from every strategy; syncs drop from per layer to none" if ok
+          else "\nFAIL: see the table above")
     return 0 if ok else 1

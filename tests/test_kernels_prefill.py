@@ -2,10 +2,13 @@
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
+from mamba_edu import triton_interpreted
 from mamba_edu.gdn import chunk_gated_delta_rule
 from mamba_edu.kernels import build_chunk_meta, gdn_prefill
-from mamba_edu import triton_interpreted
+from mamba_edu.kernels.prefill import invert_unit_lower
 from mamba_edu.kernels.inputs import random_pool, random_prefill_inputs
 from mamba_edu.testing import rel_err
 
@@ -82,6 +85,31 @@ def test_prefill_fp16_inputs_interpreter():
     assert rel_err(pool[[1, 0]], ref.final_state) <= 5e-3
 
 
+@triton.jit
+def invert_kernel(L_ptr, T_ptr, C: tl.constexpr):
+    r = tl.arange(0, C)
+    offs = r[:, None] * C + r[None, :]
+    tl.store(T_ptr + offs, invert_unit_lower(tl.load(L_ptr + offs), C))
+
+
+def _correlated_inverse_error(C, device):
+    """Relative error of ``invert_unit_lower`` where a power series would blow up: nearly equal
+    keys, β = 0.99 and no decay make L almost all ones below the diagonal."""
+    gen = torch.Generator().manual_seed(2)
+    k = torch.nn.functional.normalize(1.0 + 0.01 * torch.randn(C, 8, generator=gen), dim=-1)
+    L = (0.99 * k @ k.T).tril(-1)
+    T = torch.empty(C, C, device=device)
+    invert_kernel[(1,)](L.to(device), T, C)
+    expected = torch.linalg.inv(torch.eye(C, dtype=torch.float64) + L.double())
+    return rel_err(T, expected)
+
+
+@interpreted
+@pytest.mark.parametrize("C", [16, 64])
+def test_invert_unit_lower_correlated_keys(C):
+    assert _correlated_inverse_error(C, "cpu") <= 1e-5
+
+
 # ---- GPU --------------------------------------------------------------------------------------
 
 GPU_LENGTHS = [1, 63, 64, 65, 700, 1500]
@@ -94,6 +122,11 @@ def _gpu_case(dtype, seed=0):
     meta = build_chunk_meta(GPU_LENGTHS, "cuda", state_indices=[9, 2, 14, 0, 5, 11],
                             track_slots=[1, 3, 4, 6, 7, 8], track_chunks=[1, 0, 1, 2, 5, 23])
     return inputs, pool, meta
+
+
+@pytest.mark.gpu
+def test_invert_unit_lower_gpu_tf32():
+    assert _correlated_inverse_error(64, "cuda") <= 2e-3  # fp32 dots run as tf32 on a GPU
 
 
 @pytest.mark.gpu
@@ -113,7 +146,8 @@ def test_prefill_gpu_bf16_close_to_fp32_reference():
 @pytest.mark.gpu
 def test_prefill_gpu_is_sync_free():
     inputs, pool, meta = _gpu_case(torch.bfloat16)
-    gdn_prefill(**inputs, state_pool=pool, meta=meta)  # compile first
+    for checkpoints in (False, True):  # compile and autotune first (h is fp32 with checkpoints)
+        gdn_prefill(**inputs, state_pool=pool, meta=meta, output_checkpoints=checkpoints)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:

@@ -4,12 +4,12 @@
 K=V=128 (Qwen3-Next), bf16 inputs, T = 2048, 8192, 32768 as one sequence and as 8 equal ones:
 our ``gdn_prefill`` and fla's ``chunk_gated_delta_rule`` (if importable; never a dependency),
 eager and CUDA-graph replay (medians of ``triton.testing.do_bench`` / ``do_bench_cudagraph``, with
-inputs rotated over several copies so that L2 does not flatter us), per-stage times of our two
-kernels, achieved bandwidth against the byte model (docs: gdn_kernels.md §8.2) and our own byte
-count, and a correctness check of every configuration against the torch reference; and the
-decode step for 256 sequences (effective bandwidth on the state traffic, and its byte floor).
-Headline cases run first and a time budget skips the rest; ``kernels.json`` and ``kernels.csv``
-are rewritten after every case.
+inputs rotated over several copies so that L2 does not flatter us), per-stage times of our three
+kernels (prepare, scan, output; graph replay), achieved bandwidth against the byte model (docs:
+gdn_kernels.md §8.2) and our own byte count, and a correctness check of every configuration
+against the torch reference; and the decode step for 256 sequences (effective bandwidth on the
+state traffic, and its byte floor). Headline cases run first and a time budget skips the rest;
+``kernels.json`` and ``kernels.csv`` are rewritten after every case.
 """
 
 from __future__ import annotations
@@ -33,11 +33,16 @@ DEVICE = "cuda"
 
 
 def _our_bytes(T: int, N: int, act: int = 2) -> int:
-    """HBM bytes our two kernels move at minimum (each tensor read or written once)."""
-    qk = 2 * T * H * K * act
-    prepare = T * H * K * act + T * HV * V * act + 2 * T * HV * 4 + T * HV * (4 + (K + V) * act)
-    scan = qk + T * HV * ((K + V) * act + 4) + T * HV * V * act + 2 * N * HV * K * V * 4
-    return prepare + scan
+    """HBM bytes our three kernels move at minimum (each tensor read or written once)."""
+    NT = T // 64 + N  # upper bound on the number of chunks
+    k_or_q = T * H * K * act
+    h = NT * HV * K * V * act
+    prepare = (k_or_q + T * HV * V * act + 2 * T * HV * 4                 # k, v, g, β
+               + T * HV * 4 + k_or_q + T * HV * (K + V) * act)            # Γ, k̂, W, U
+    scan = (k_or_q + T * HV * ((K + V) * act + 4) + 2 * N * HV * K * V * 4  # k̂, W, U, Γ, S
+            + T * HV * V * act + h)                                        # Ṽ, h
+    output = 2 * k_or_q + T * HV * (V * act + 4) + h + T * HV * V * act    # q, k, Ṽ, Γ, h, o
+    return prepare + scan + output
 
 
 def _floor_bytes(T: int, N: int, act: int = 2) -> int:
@@ -126,7 +131,7 @@ def _bench_fla(fla, sets, meta, row):
 
 def bench_prefill(lengths, fla, results, seed=0):
     from mamba_edu.kernels import gdn_prefill
-    from mamba_edu.kernels.prefill import launch_prepare, launch_scan
+    from mamba_edu.kernels.prefill import launch_output, launch_prepare, launch_scan
     sets, pools, meta = _make_prefill_case(lengths, seed)
     T, N = meta.T, meta.N
     row = dict(kind="prefill", T=T, N=N, H=H, HV=HV, K=K, V=V, dtype="bf16")
@@ -137,10 +142,12 @@ def bench_prefill(lengths, fla, results, seed=0):
     x0, p0 = sets[0], pools[0]
     row["ours_prepare_ms"] = _time(lambda: launch_prepare(x0["k"], x0["v"], x0["g"], x0["beta"],
                                                           meta, True), graph=True)
-    gamma, w, u = launch_prepare(x0["k"], x0["v"], x0["g"], x0["beta"], meta, True)
-    row["ours_scan_ms"] = _time(lambda: launch_scan(x0["q"], x0["k"], w, u, gamma, p0,
-                                                    meta.state_indices, meta, K ** -0.5, True),
-                                graph=True)
+    gamma, k_hat, w, u = launch_prepare(x0["k"], x0["v"], x0["g"], x0["beta"], meta, True)
+    row["ours_scan_ms"] = _time(lambda: launch_scan(k_hat, w, u, gamma, p0, meta.state_indices,
+                                                    meta), graph=True)
+    v_new, h = launch_scan(k_hat, w, u, gamma, p0, meta.state_indices, meta)
+    row["ours_output_ms"] = _time(lambda: launch_output(x0["q"], x0["k"], v_new, h, gamma, meta,
+                                                        K ** -0.5, True), graph=True)
 
     def ours_out(x, h0):
         pool = torch.cat([torch.zeros_like(h0[:1]), h0])
@@ -216,7 +223,8 @@ def _summary(results) -> str:
     columns = [("ours graph", "ours_graph_ms", ".3f"), ("fla graph", "fla_graph_ms", ".3f"),
                ("ratio", "ratio_graph", ".2f"), ("ours eager", "ours_eager_ms", ".3f"),
                ("fla eager", "fla_eager_ms", ".3f"), ("prepare", "ours_prepare_ms", ".3f"),
-               ("scan", "ours_scan_ms", ".3f"), ("TB/s", "TBps", ".2f"), ("o err", "ours_o_err", ".1e")]
+               ("scan", "ours_scan_ms", ".3f"), ("output", "ours_output_ms", ".3f"),
+               ("TB/s", "TBps", ".2f"), ("o err", "ours_o_err", ".1e")]
     lines = ["case".ljust(18) + "".join(name.rjust(11) for name, _, _ in columns)]
     for r in results:
         r = dict(r, TBps=r.get("ours_TBps", r.get("ours_TBps_vs_fla_model")))

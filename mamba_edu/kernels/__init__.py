@@ -5,7 +5,8 @@ All of them work on **pools** of per-sequence states (``[slots, HV, K, V]`` fp32
 synchronise with the host: the batch metadata is built once on the CPU (:func:`build_chunk_meta`).
 
 - :mod:`.metadata`   host-built chunk tables, index tensors that remember their host values
-- :mod:`.prefill`    the two prefill kernels (prepare: Γ, (I+L)⁻¹, W, U; scan: state pass + output)
+- :mod:`.prefill`    the three prefill kernels (prepare: Γ, k̂, (I+L)⁻¹, W, U; scan: the serial
+                     state pass, h and Ṽ; output: all chunks in parallel)
 - :mod:`.decode`     the one-token recurrent step
 - :mod:`.conv`       causal conv1d prefill and update
 - :mod:`.api`        the entry points: validation, then Triton or the torch reference path

@@ -1,20 +1,33 @@
-"""The chunked GDN prefill in two Triton kernels (DESIGN.md §3, chunk C = 64).
+"""The chunked GDN prefill in three Triton kernels (DESIGN.md §3, chunk C = 64).
 
 1. :func:`chunk_prepare_kernel`, grid ``(NT, HV)``, one program per (chunk, value head), all in
-   parallel: the chunk-local cumsum Γ of g, the L2 norm of k, ``L = strict_lower(β (k kᵀ) e^{Γs−Γj})``,
-   the inverse ``T = (I+L)⁻¹`` and ``W = T(β e^Γ K)``, ``U = T(β V)``. Writes Γ, W, U.
+   parallel: the chunk-local cumsum Γ of g, the L2 norm k̂ of k, ``L = strict_lower(β (k̂ k̂ᵀ)
+   e^{Γs−Γj})``, the inverse ``T = (I+L)⁻¹`` and ``W = T(β e^Γ K̂)``, ``U = T(β V)``.
+   Writes Γ, k̂, W, U.
 2. :func:`chunk_scan_kernel`, grid ``(⌈V/BV⌉, N, HV)``, one program per (V-tile, sequence, value
-   head), looping over the sequence's chunks: ``Ṽ = U − W S``, the output
-   ``O = scale·[(Q e^Γ) S + (Q Kᵀ ⊙ e^{Γr−Γs} ⊙ [s≤r]) Ṽ]``, then ``S ← e^{Γ_C} S + (K e^{Γ_C−Γ})ᵀ Ṽ``.
-   It reads S₀ from the pool slot, writes the final state back in place, and optionally writes
-   checkpoints (state at every chunk start) and the ``fused`` tracking copy.
+   head), looping over the sequence's chunks. Only what the next chunk needs is on this serial
+   path: it writes the chunk's start state ``h[c] = S``, then ``Ṽ = U − W S`` (written too) and
+   ``S ← e^{Γ_C} S + K̂ᵀ (e^{Γ_C−Γ} ⊙ Ṽ)``. It reads S₀ from the pool slot, writes the final state
+   back in place, and optionally writes the ``fused`` tracking copy.
+3. :func:`chunk_output_kernel`, grid ``(NT, HV, ⌈V/BV⌉)``, one program per (chunk, value head,
+   V-tile), all in parallel again: ``O = scale·[(Q̂ e^Γ) h[c] + (Q̂ K̂ᵀ ⊙ e^{Γr−Γs} ⊙ [s≤r]) Ṽ]``.
 
-fla uses five kernels and materialises the per-chunk states ``h`` and ``Ṽ`` in HBM; computing
-the output inside the sequential pass avoids both (the state never leaves registers).
+Why three: a chunk's output needs that chunk's start state, but nothing later needs the output.
+Computing it inside the serial pass makes every chunk step longer and leaves only
+``(V/BV)·N·HV`` programs for all of that work, so one long sequence keeps most of the GPU idle.
+Writing ``h`` and ``Ṽ`` to memory costs bandwidth but lets the output run over every
+(chunk, head, tile) at once. ``h`` is stored in the input dtype (bf16 on a GPU), or in fp32 when
+checkpoints are requested: then the checkpoints *are* ``h``.
 
-The inverse works on four 16×16 sub-blocks: the diagonal blocks by forward substitution, the
-others by ``T_ij = −T_ii Σ_{j≤m<i} L_im T_mj``. Every quantity there is an entry of L or T, so it
-stays bounded (a power series in L would not: its terms can reach 1e13 for correlated keys).
+The inverse is a block doubling on the whole 64×64 tile (:func:`invert_unit_lower`): every
+intermediate is an entry of T or of L, so it stays bounded (a power series in L would not: its
+terms can reach 1e13 for correlated keys), and all of it runs on tensor cores.
+
+Precision on a GPU: ``tl.dot`` on fp32 operands uses tf32 tensor cores; that is what the
+products of q̂, k̂ in fp32 and the inverse use, where bf16 would cost accuracy. W, U, k̂, Ṽ, h
+are stored in the input dtype (bf16) and the dots that read them (W, U themselves and both dots
+of the scan) take operands in that dtype with fp32 accumulation, like fla. The state S stays
+fp32 in registers. Under the interpreter dots are plain fp32 (or fp16) matmuls.
 """
 
 import torch
@@ -25,133 +38,98 @@ from mamba_edu.kernels.tiles import as_vector, l2norm_rows, load_rows, store_row
 
 
 @triton.jit
-def _sub_block(k_ptr, v_ptr, g_ptr, beta_ptr, gamma_ptr, t0, eos, hv, gamma_start,
-               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-               BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr):
-    """Load 16 tokens of one chunk; store their Γ. Returns (k̂ [16,BK], βv [16,BV], β, Γ, Γ_end)."""
-    rows = t0 + tl.arange(0, 16)
-    valid = rows < eos
-    k = l2norm_rows(load_rows(k_ptr, t0, eos, H * K, 0, K, 16, BK), USE_L2NORM)
-    v = load_rows(v_ptr, t0, eos, HV * V, 0, V, 16, BV)
-    g = tl.load(g_ptr + rows * HV + hv, mask=valid, other=0.0).to(tl.float32)
-    beta = tl.load(beta_ptr + rows * HV + hv, mask=valid, other=0.0).to(tl.float32)
-    gamma = gamma_start + tl.cumsum(g, 0)
-    tl.store(gamma_ptr + rows * HV + hv, gamma, mask=valid)
-    return k, v * beta[:, None], beta, gamma, gamma_start + tl.sum(g, 0)
+def _merge_blocks(X, L, r, SIZE: tl.constexpr):
+    """One doubling step of :func:`invert_unit_lower`: from the inverses of the SIZE-blocks on
+    the diagonal (in ``X``) to those of the 2·SIZE-blocks."""
+    same_pair = (r[:, None] // (2 * SIZE)) == (r[None, :] // (2 * SIZE))
+    other_block = (r[:, None] // SIZE) != (r[None, :] // SIZE)
+    B = tl.where(same_pair & other_block, L, 0.0)
+    return X - tl.dot(X, tl.dot(B, X))
 
 
 @triton.jit
-def _gram_block(ka, kb, beta_a, gamma_a, gamma_b, DIAGONAL: tl.constexpr):
-    """Block (a, b) of L: ``β_a (k_a k_bᵀ) e^{Γ_a − Γ_b}``, strictly lower on a diagonal block."""
-    diff = gamma_a[:, None] - gamma_b[None, :]
-    if DIAGONAL:
-        r = tl.arange(0, 16)
-        diff = tl.where(r[:, None] > r[None, :], diff, float("-inf"))  # mask before exp
-    return beta_a[:, None] * tl.dot(ka, tl.trans(kb)) * tl.exp(diff)
+def invert_unit_lower(L, C: tl.constexpr):
+    """``(I + L)⁻¹`` of a strictly lower ``[C, C]`` fp32 tile (C = 16, 32 or 64) by doubling.
+
+    A diagonal block of size 2s is ``[[A, 0], [B, D]]``; knowing the inverses of A and D, its
+    inverse is ``[[A⁻¹, 0], [−D⁻¹ B A⁻¹, D⁻¹]]``. With X holding the inverses of all s-blocks on
+    the diagonal, that is ``X ← X − X (B X)`` for all blocks at once, B = the entries of L inside
+    a 2s-block but outside both of its s-blocks (:func:`_merge_blocks`). The 2×2 blocks need no
+    product: ``[[1, 0], [l, 1]]⁻¹ = [[1, 0], [−l, 1]]``. Then log₂ C − 1 doubling steps.
+    """
+    r = tl.arange(0, C)
+    diagonal = r[:, None] == r[None, :]
+    same_pair = (r[:, None] // 2) == (r[None, :] // 2)
+    X = tl.where(diagonal, 1.0, tl.where(same_pair, -L, 0.0))
+    X = _merge_blocks(X, L, r, 2)
+    X = _merge_blocks(X, L, r, 4)
+    X = _merge_blocks(X, L, r, 8)
+    if C > 16:
+        X = _merge_blocks(X, L, r, 16)
+    if C > 32:
+        X = _merge_blocks(X, L, r, 32)
+    return X
 
 
+@triton.autotune(tuning_configs((4, 2), (8, 2)), key=["K", "V"])
 @triton.jit
-def invert_unit_lower16(L):
-    """``(I + L)⁻¹`` of a strictly lower 16×16 tile, by forward substitution row by row:
-    row i of the inverse is ``e_i − Σ_{j<i} L[i,j]·(row j)``."""
-    r = tl.arange(0, 16)
-    inv = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    for i in range(1, 16):
-        l_i = tl.sum(tl.where(r[:, None] == i, L, 0.0), 0)       # row i of L, indexed by j
-        row = -tl.sum(l_i[:, None] * inv, 0)                       # rows j ≥ i of L are 0 here
-        inv = tl.where(r[:, None] == i, inv + row[None, :], inv)
-    return inv
-
-
-@triton.jit
-def _store_wy_rows(ptr, t0, eos, row_stride, n_cols, t_0, t_1, t_2, t_3, x_0, x_1, x_2, x_3,
-                   NB: tl.constexpr, COLS: tl.constexpr):
-    """Store 16 rows of ``T X``: the sum of the first NB products ``T_b,m X_m`` (lower blocks)."""
-    acc = tl.dot(t_0, x_0)
-    if NB > 1:
-        acc += tl.dot(t_1, x_1)
-    if NB > 2:
-        acc += tl.dot(t_2, x_2)
-    if NB > 3:
-        acc += tl.dot(t_3, x_3)
-    store_rows(ptr, acc, t0, eos, row_stride, 0, n_cols, 16, COLS)
-
-
-@triton.autotune(tuning_configs((4, 2), (8, 2), (4, 3), (8, 3)), key=["K", "V"])
-@triton.jit
-def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, gamma_ptr, w_ptr, u_ptr,
+def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, gamma_ptr, k_hat_ptr, w_ptr, u_ptr,
                          cu_ptr, chunk_idx_ptr,
                          H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                          BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr):
-    """One (chunk, value head): Γ ``[T, HV]``, W ``[T, HV, K]``, U ``[T, HV, V]`` for its 64 rows."""
+    """One (chunk, value head): Γ ``[T, HV]``, W ``[T, HV, K]``, U ``[T, HV, V]`` for its 64 rows,
+    and the normalised keys k̂ ``[T, H, K]`` (written by the first value head of each group)."""
     i_chunk = tl.program_id(0)
     hv = tl.program_id(1)
     seq = tl.load(chunk_idx_ptr + 2 * i_chunk)
     bos = tl.load(cu_ptr + seq) + 64 * tl.load(chunk_idx_ptr + 2 * i_chunk + 1)
     eos = tl.load(cu_ptr + seq + 1)
-    k_ptr += (hv // (HV // H)) * K  # value head hv reads key head hv // group
-    v_ptr += hv * V
+    r = tl.arange(0, 64)
+    rows = bos + r
+    valid = rows < eos
 
-    k0, bv0, b0, gam0, end0 = _sub_block(k_ptr, v_ptr, g_ptr, beta_ptr, gamma_ptr, bos, eos, hv,
-                                         0.0, H, HV, K, V, BK, BV, USE_L2NORM)
-    k1, bv1, b1, gam1, end1 = _sub_block(k_ptr, v_ptr, g_ptr, beta_ptr, gamma_ptr, bos + 16, eos,
-                                         hv, end0, H, HV, K, V, BK, BV, USE_L2NORM)
-    k2, bv2, b2, gam2, end2 = _sub_block(k_ptr, v_ptr, g_ptr, beta_ptr, gamma_ptr, bos + 32, eos,
-                                         hv, end1, H, HV, K, V, BK, BV, USE_L2NORM)
-    k3, bv3, b3, gam3, end3 = _sub_block(k_ptr, v_ptr, g_ptr, beta_ptr, gamma_ptr, bos + 48, eos,
-                                         hv, end2, H, HV, K, V, BK, BV, USE_L2NORM)
+    # Padded rows have g = β = 0: Γ stays flat there and their rows of L, W, U are zero.
+    g = tl.load(g_ptr + rows * HV + hv, mask=valid, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + rows * HV + hv, mask=valid, other=0.0).to(tl.float32)
+    gamma = tl.cumsum(g, 0)
+    tl.store(gamma_ptr + rows * HV + hv, gamma, mask=valid)
 
-    # Diagonal blocks of T by substitution, then the lower blocks from the ones above them.
-    t00 = invert_unit_lower16(_gram_block(k0, k0, b0, gam0, gam0, True))
-    t11 = invert_unit_lower16(_gram_block(k1, k1, b1, gam1, gam1, True))
-    t22 = invert_unit_lower16(_gram_block(k2, k2, b2, gam2, gam2, True))
-    t33 = invert_unit_lower16(_gram_block(k3, k3, b3, gam3, gam3, True))
-    l10 = _gram_block(k1, k0, b1, gam1, gam0, False)
-    l20 = _gram_block(k2, k0, b2, gam2, gam0, False)
-    l21 = _gram_block(k2, k1, b2, gam2, gam1, False)
-    l30 = _gram_block(k3, k0, b3, gam3, gam0, False)
-    l31 = _gram_block(k3, k1, b3, gam3, gam1, False)
-    l32 = _gram_block(k3, k2, b3, gam3, gam2, False)
-    t10 = -tl.dot(t11, tl.dot(l10, t00))
-    t21 = -tl.dot(t22, tl.dot(l21, t11))
-    t32 = -tl.dot(t33, tl.dot(l32, t22))
-    t20 = -tl.dot(t22, tl.dot(l20, t00) + tl.dot(l21, t10))
-    t31 = -tl.dot(t33, tl.dot(l31, t11) + tl.dot(l32, t21))
-    t30 = -tl.dot(t33, tl.dot(l30, t00) + tl.dot(l31, t10) + tl.dot(l32, t20))
+    hk = hv // (HV // H)  # value head hv reads key head hv // group
+    k = l2norm_rows(load_rows(k_ptr + hk * K, bos, eos, H * K, 0, K, 64, BK).to(tl.float32),
+                    USE_L2NORM)
+    # Rows below bos do not exist: the other value heads of the group store nothing.
+    k_hat_end = tl.where(hv % (HV // H) == 0, eos, bos)
+    store_rows(k_hat_ptr + hk * K, k, bos, k_hat_end, H * K, 0, K, 64, BK)
+    diff = tl.where(r[:, None] > r[None, :], gamma[:, None] - gamma[None, :], float("-inf"))
+    L = beta[:, None] * tl.dot(k, tl.trans(k)) * tl.exp(diff)  # masked before exp
+    T = invert_unit_lower(L, 64)
 
-    # W = T (β e^Γ K), U = T (β V), 16 rows at a time.
-    bk0 = k0 * (b0 * tl.exp(gam0))[:, None]
-    bk1 = k1 * (b1 * tl.exp(gam1))[:, None]
-    bk2 = k2 * (b2 * tl.exp(gam2))[:, None]
-    bk3 = k3 * (b3 * tl.exp(gam3))[:, None]
-    w_ptr += hv * K
-    u_ptr += hv * V
-    _store_wy_rows(w_ptr, bos, eos, HV * K, K, t00, t00, t00, t00, bk0, bk0, bk0, bk0, 1, BK)
-    _store_wy_rows(w_ptr, bos + 16, eos, HV * K, K, t10, t11, t11, t11, bk0, bk1, bk1, bk1, 2, BK)
-    _store_wy_rows(w_ptr, bos + 32, eos, HV * K, K, t20, t21, t22, t22, bk0, bk1, bk2, bk2, 3, BK)
-    _store_wy_rows(w_ptr, bos + 48, eos, HV * K, K, t30, t31, t32, t33, bk0, bk1, bk2, bk3, 4, BK)
-    _store_wy_rows(u_ptr, bos, eos, HV * V, V, t00, t00, t00, t00, bv0, bv0, bv0, bv0, 1, BV)
-    _store_wy_rows(u_ptr, bos + 16, eos, HV * V, V, t10, t11, t11, t11, bv0, bv1, bv1, bv1, 2, BV)
-    _store_wy_rows(u_ptr, bos + 32, eos, HV * V, V, t20, t21, t22, t22, bv0, bv1, bv2, bv2, 3, BV)
-    _store_wy_rows(u_ptr, bos + 48, eos, HV * V, V, t30, t31, t32, t33, bv0, bv1, bv2, bv3, 4, BV)
+    # W = T (β e^Γ K), U = T (β V): operands in the storage dtype, fp32 accumulation.
+    work = w_ptr.dtype.element_ty
+    T = T.to(work)
+    w = tl.dot(T, (k * (beta * tl.exp(gamma))[:, None]).to(work))
+    store_rows(w_ptr + hv * K, w, bos, eos, HV * K, 0, K, 64, BK)
+    v = load_rows(v_ptr + hv * V, bos, eos, HV * V, 0, V, 64, BV).to(tl.float32)
+    u = tl.dot(T, (v * beta[:, None]).to(work))
+    store_rows(u_ptr + hv * V, u, bos, eos, HV * V, 0, V, 64, BV)
 
 
 # The pool is read and written in place: autotuning must restore it after each trial run.
-@triton.autotune(tuning_configs((4, 2), (8, 2), (4, 3), (8, 3)), key=["K", "V", "BV"],
+@triton.autotune(tuning_configs((4, 2), (4, 3), (4, 4), (8, 3)), key=["K", "V", "BV"],
                  restore_value=["pool_ptr"])
 @triton.jit
-def chunk_scan_kernel(q_ptr, k_ptr, w_ptr, u_ptr, gamma_ptr, o_ptr, pool_ptr, ckpt_ptr,
-                      cu_ptr, chunk_off_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr, scale,
+def chunk_scan_kernel(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool_ptr,
+                      cu_ptr, chunk_off_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr,
                       H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
-                      WRITE_CKPT: tl.constexpr, TRACK: tl.constexpr):
-    """One (V-tile, sequence, value head): the sequential pass over the sequence's chunks."""
+                      BK: tl.constexpr, BV: tl.constexpr, TRACK: tl.constexpr):
+    """One (V-tile, sequence, value head): the sequential state pass over the sequence's chunks.
+    Writes ``h [NT, HV, K, V]`` (start state of every chunk) and ``Ṽ [T, HV, V]``."""
     i_v = tl.program_id(0)
     seq = tl.program_id(1)
     hv = tl.program_id(2)
     bos = tl.load(cu_ptr + seq)
     eos = tl.load(cu_ptr + seq + 1)
-    first_ckpt = tl.load(chunk_off_ptr + seq).to(tl.int64)
+    first_chunk = tl.load(chunk_off_ptr + seq).to(tl.int64)
     n_chunks = tl.load(chunk_off_ptr + seq + 1) - tl.load(chunk_off_ptr + seq)
     hk = hv // (HV // H)
     v0 = i_v * BV
@@ -170,90 +148,146 @@ def chunk_scan_kernel(q_ptr, k_ptr, w_ptr, u_ptr, gamma_ptr, o_ptr, pool_ptr, ck
         track_slot = tl.maximum(tl.load(track_slot_ptr + seq).to(tl.int64), 0)
         track_ptr = pool_ptr + (track_slot * HV + hv) * HEAD + slab
 
+    work = w_ptr.dtype.element_ty
     r = tl.arange(0, 64)
-    causal = r[:, None] >= r[None, :]
     for c in range(0, n_chunks):
-        if WRITE_CKPT:
-            tl.store(ckpt_ptr + ((first_ckpt + c) * HV + hv) * HEAD + slab, S, mask=slab_mask)
+        tl.store(h_ptr + ((first_chunk + c) * HV + hv) * HEAD + slab,
+                 S.to(h_ptr.dtype.element_ty), mask=slab_mask)
         if TRACK:
             tl.store(track_ptr, S, mask=slab_mask & (as_vector(track_chunk, rk) == c)[:, None])
         t0 = bos + 64 * c
-        rows = t0 + r
-        valid = rows < eos
-        q = l2norm_rows(load_rows(q_ptr + hk * K, t0, eos, H * K, 0, K, 64, BK), USE_L2NORM)
-        k = l2norm_rows(load_rows(k_ptr + hk * K, t0, eos, H * K, 0, K, 64, BK), USE_L2NORM)
+        valid = t0 + r < eos
+        k = load_rows(k_hat_ptr + hk * K, t0, eos, H * K, 0, K, 64, BK)
         w = load_rows(w_ptr + hv * K, t0, eos, HV * K, 0, K, 64, BK)
-        u = load_rows(u_ptr + hv * V, t0, eos, HV * V, v0, V, 64, BV)
-        gamma = tl.load(gamma_ptr + rows * HV + hv, mask=valid, other=0.0)
+        u = load_rows(u_ptr + hv * V, t0, eos, HV * V, v0, V, 64, BV).to(tl.float32)
+        gamma = tl.load(gamma_ptr + (t0 + r) * HV + hv, mask=valid, other=0.0)
         gamma_last = tl.load(gamma_ptr + (tl.minimum(t0 + 64, eos) - 1) * HV + hv)
 
-        v_new = u - tl.dot(w, S)
-        # Masks before exp: padded rows would otherwise give 0·inf.
-        decay = tl.exp(tl.where(causal & valid[:, None], gamma[:, None] - gamma[None, :],
-                                float("-inf")))
-        attn = tl.dot(q, tl.trans(k)) * decay
-        o = scale * (tl.dot(q * tl.exp(gamma)[:, None], S) + tl.dot(attn, v_new))
-        store_rows(o_ptr + hv * V, o, t0, eos, HV * V, v0, V, 64, BV)
-
-        k_to_end = k * tl.exp(tl.where(valid, gamma_last - gamma, float("-inf")))[:, None]
-        S = S * tl.exp(gamma_last) + tl.dot(tl.trans(k_to_end), v_new)
+        v_new = u - tl.dot(w, S.to(work))
+        store_rows(v_new_ptr + hv * V, v_new, t0, eos, HV * V, v0, V, 64, BV)
+        # Row s of Ṽ reaches the chunk end decayed by e^{Γ_C − Γ_s}; mask before exp (padded
+        # rows would otherwise give 0·inf).
+        to_end = tl.exp(tl.where(valid, gamma_last - gamma, float("-inf")))
+        S = S * tl.exp(gamma_last) + tl.dot(tl.trans(k), (v_new * to_end[:, None]).to(work))
 
     if TRACK:
         tl.store(track_ptr, S, mask=slab_mask & (as_vector(track_chunk, rk) == n_chunks)[:, None])
     tl.store(state_ptr, S, mask=slab_mask)
 
 
+@triton.autotune(tuning_configs((4, 2), (8, 2)), key=["K", "V", "BV"])
+@triton.jit
+def chunk_output_kernel(q_ptr, k_ptr, v_new_ptr, h_ptr, gamma_ptr, o_ptr, cu_ptr, chunk_idx_ptr,
+                        scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                        V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                        USE_L2NORM: tl.constexpr):
+    """One (chunk, value head, V-tile): its 64 rows of ``o [T, HV, V]`` from ``h`` and ``Ṽ``."""
+    i_chunk = tl.program_id(0)
+    hv = tl.program_id(1)
+    v0 = tl.program_id(2) * BV
+    seq = tl.load(chunk_idx_ptr + 2 * i_chunk)
+    bos = tl.load(cu_ptr + seq) + 64 * tl.load(chunk_idx_ptr + 2 * i_chunk + 1)
+    eos = tl.load(cu_ptr + seq + 1)
+    hk = hv // (HV // H)
+    r = tl.arange(0, 64)
+    valid = bos + r < eos
+
+    # q̂ and k̂ in fp32 (tf32 dots): Q̂K̂ᵀ from the stored bf16 k̂ would cost accuracy.
+    q = l2norm_rows(load_rows(q_ptr + hk * K, bos, eos, H * K, 0, K, 64, BK).to(tl.float32),
+                    USE_L2NORM)
+    k = l2norm_rows(load_rows(k_ptr + hk * K, bos, eos, H * K, 0, K, 64, BK).to(tl.float32),
+                    USE_L2NORM)
+    v_new = load_rows(v_new_ptr + hv * V, bos, eos, HV * V, v0, V, 64, BV).to(tl.float32)
+    gamma = tl.load(gamma_ptr + (bos + r) * HV + hv, mask=valid, other=0.0)
+    # Row i_chunk of h is this chunk's start state (chunks are numbered like the checkpoints).
+    rk = tl.arange(0, BK)
+    cv = v0 + tl.arange(0, BV)
+    h_offs = (i_chunk.to(tl.int64) * HV + hv) * (K * V) + rk[:, None] * V + cv[None, :]
+    h = tl.load(h_ptr + h_offs, mask=(rk < K)[:, None] & (cv < V)[None, :], other=0.0)
+
+    # Masks before exp: padded rows would otherwise give 0·inf.
+    causal = (r[:, None] >= r[None, :]) & valid[:, None]
+    decay = tl.exp(tl.where(causal, gamma[:, None] - gamma[None, :], float("-inf")))
+    attn = tl.dot(q, tl.trans(k)) * decay
+    o = tl.dot(q * tl.exp(gamma)[:, None], h.to(tl.float32)) + tl.dot(attn, v_new)
+    store_rows(o_ptr + hv * V, scale * o, bos, eos, HV * V, v0, V, 64, BV)
+
+
+def _block(d: int) -> int:
+    """A whole head dim as one power-of-two tile (``tl.dot`` needs ≥ 16)."""
+    return max(16, triton.next_power_of_2(d))
+
+
 def _scan_block_v(n_programs_per_tile: int, V: int) -> int:
     """V-tile of the sequential pass: 64 wide, or 32 when that leaves fewer programs than an
     H200 has SMs (132): few long sequences are latency-bound, more programs help them."""
-    bv = min(64, max(16, triton.next_power_of_2(V)))
+    bv = min(64, _block(V))
     while bv > 32 and n_programs_per_tile * triton.cdiv(V, bv) < 132:
         bv //= 2
     return bv
 
 
+def work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Storage dtype of the intermediates W, U, Ṽ (and of h without checkpoints)."""
+    return dtype if dtype in (torch.float16, torch.bfloat16) else torch.float32
+
+
 def launch_prepare(k, v, g, beta, meta, use_qk_l2norm):
-    """Kernel 1 on validated inputs: returns ``(gamma [T, HV] fp32, w [T, HV, K], u [T, HV, V])``
-    (w, u in v's dtype on GPU, fp32 for fp32 inputs)."""
+    """Kernel 1 on validated inputs: returns ``(gamma [T, HV] fp32, k_hat [T, H, K],
+    w [T, HV, K], u [T, HV, V])`` (all but gamma in :func:`work_dtype`)."""
     T, H, K = k.shape
     HV, V = v.shape[1:]
-    work = v.dtype if v.dtype in (torch.float16, torch.bfloat16) else torch.float32
     gamma = torch.empty(T, HV, device=k.device, dtype=torch.float32)
-    w = torch.empty(T, HV, K, device=k.device, dtype=work)
-    u = torch.empty(T, HV, V, device=k.device, dtype=work)
+    k_hat = torch.empty(T, H, K, device=k.device, dtype=work_dtype(v.dtype))
+    w = torch.empty(T, HV, K, device=k.device, dtype=k_hat.dtype)
+    u = torch.empty(T, HV, V, device=k.device, dtype=k_hat.dtype)
     chunk_prepare_kernel[(meta.NT, HV)](
-        k, v, g, beta, gamma, w, u, meta.cu_seqlens, meta.chunk_indices, H, HV, K, V,
-        max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V)), use_qk_l2norm)
-    return gamma, w, u
+        k, v, g, beta, gamma, k_hat, w, u, meta.cu_seqlens, meta.chunk_indices, H, HV, K, V,
+        _block(K), _block(V), use_qk_l2norm)
+    return gamma, k_hat, w, u
 
 
-def launch_scan(q, k, w, u, gamma, state_pool, state_indices, meta, scale, use_qk_l2norm,
-                checkpoints=None, track_slots=None, track_chunks=None):
-    """Kernel 2: the sequential pass. Returns ``o [T, HV, V]`` in q's dtype; updates the pool,
-    fills ``checkpoints [NT, HV, K, V]`` if given, writes the tracked states if asked."""
-    T, H, K = q.shape
+def launch_scan(k_hat, w, u, gamma, state_pool, state_indices, meta, h=None,
+                track_slots=None, track_chunks=None):
+    """Kernel 2, the sequential pass: returns ``(v_new [T, HV, V], h [NT, HV, K, V])``; updates
+    the pool and writes the tracked states if asked. ``h`` may be given (the fp32 checkpoints);
+    else it is allocated in :func:`work_dtype`, like ``v_new``."""
+    T, H, K = k_hat.shape
     HV, V = u.shape[1:]
-    o = torch.empty(T, HV, V, device=q.device, dtype=q.dtype)
+    v_new = torch.empty_like(u)
+    if h is None:
+        h = torch.empty(meta.NT, HV, K, V, device=u.device, dtype=u.dtype)
     track = track_slots is not None
     BV = _scan_block_v(meta.N * HV, V)
     chunk_scan_kernel[(triton.cdiv(V, BV), meta.N, HV)](
-        q, k, w, u, gamma, o, state_pool, state_pool if checkpoints is None else checkpoints,
-        meta.cu_seqlens, meta.chunk_offsets, state_indices,
-        track_slots if track else state_indices, track_chunks if track else state_indices,
-        scale, H, HV, K, V, max(16, triton.next_power_of_2(K)), BV, use_qk_l2norm,
-        checkpoints is not None, track)
+        k_hat, w, u, gamma, v_new, h, state_pool, meta.cu_seqlens, meta.chunk_offsets,
+        state_indices, track_slots if track else state_indices,
+        track_chunks if track else state_indices, H, HV, K, V, _block(K), BV, track)
+    return v_new, h
+
+
+def launch_output(q, k, v_new, h, gamma, meta, scale, use_qk_l2norm):
+    """Kernel 3, fully parallel: returns ``o [T, HV, V]`` in q's dtype."""
+    T, H, K = q.shape
+    HV, V = v_new.shape[1:]
+    o = torch.empty(T, HV, V, device=q.device, dtype=q.dtype)
+    BV = min(64, _block(V))
+    chunk_output_kernel[(meta.NT, HV, triton.cdiv(V, BV))](
+        q, k, v_new, h, gamma, o, meta.cu_seqlens, meta.chunk_indices, scale,
+        H, HV, K, V, _block(K), BV, use_qk_l2norm)
     return o
 
 
 def prefill_triton(q, k, v, g, beta, state_pool, state_indices, meta, scale, use_qk_l2norm,
                    output_checkpoints, track_slots, track_chunks):
-    """Both kernels on validated inputs (see :func:`mamba_edu.kernels.gdn_prefill`); returns
-    ``(o, checkpoints or None)``."""
+    """The three kernels on validated inputs (see :func:`mamba_edu.kernels.gdn_prefill`);
+    returns ``(o, checkpoints or None)``."""
     T, H, K = q.shape
     HV, V = v.shape[1:]
-    gamma, w, u = launch_prepare(k, v, g, beta, meta, use_qk_l2norm)
+    gamma, k_hat, w, u = launch_prepare(k, v, g, beta, meta, use_qk_l2norm)
     ckpt = (torch.empty(meta.NT, HV, K, V, device=q.device, dtype=torch.float32)
             if output_checkpoints else None)
-    o = launch_scan(q, k, w, u, gamma, state_pool, state_indices, meta, scale, use_qk_l2norm,
-                    ckpt, track_slots, track_chunks)
+    v_new, h = launch_scan(k_hat, w, u, gamma, state_pool, state_indices, meta, ckpt,
+                           track_slots, track_chunks)
+    o = launch_output(q, k, v_new, h, gamma, meta, scale, use_qk_l2norm)
     return o, ckpt

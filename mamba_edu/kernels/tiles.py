@@ -14,13 +14,13 @@ from mamba_edu._runtime import triton_interpreted
 def load_rows(ptr, t0, t_end, row_stride, col0, n_cols,
               ROWS: tl.constexpr, COLS: tl.constexpr):
     """Load rows ``t0 .. t0+ROWS`` (only those ``< t_end``) and columns ``col0 .. col0+COLS``
-    (only those ``< n_cols``) of a row-major matrix as an fp32 ``[ROWS, COLS]`` tile, zeros
-    outside. ``ptr`` already points at the head's first column."""
+    (only those ``< n_cols``) of a row-major matrix as a ``[ROWS, COLS]`` tile in the stored
+    dtype, zeros outside. ``ptr`` already points at the head's first column."""
     rows = t0 + tl.arange(0, ROWS)
     cols = col0 + tl.arange(0, COLS)
     mask = (rows < t_end)[:, None] & (cols < n_cols)[None, :]
     offs = rows.to(tl.int64)[:, None] * row_stride + cols[None, :]
-    return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    return tl.load(ptr + offs, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -37,7 +37,7 @@ def store_rows(ptr, value, t0, t_end, row_stride, col0, n_cols,
 
 @triton.jit
 def l2norm_rows(x, USE_L2NORM: tl.constexpr):
-    """``x / sqrt(Σx² + 1e-6)`` along the last axis of a ``[ROWS, COLS]`` tile (eps inside)."""
+    """``x / sqrt(Σx² + 1e-6)`` along the last axis of a ``[ROWS, COLS]`` fp32 tile (eps inside)."""
     if USE_L2NORM:
         x = x * tl.rsqrt(tl.sum(x * x, 1) + 1e-6)[:, None]
     return x

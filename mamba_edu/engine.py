@@ -9,7 +9,8 @@
 
 ``prefill`` is ``prepare_prefill`` (host work) + ``forward_prefill`` (the timed forward:
 metadata, layers, tracking) + ``finish_prefill`` (cache insert, bookkeeping); benchmarks call
-the three parts themselves, and ``capture_prefill`` puts the forward into a CUDA graph.
+the three parts themselves (``abort_prefill`` gives back a batch they do not finish), and
+``capture_prefill`` puts the forward into a CUDA graph.
 """
 
 from __future__ import annotations
@@ -234,6 +235,16 @@ class Engine:
             self.stats.prefix_hits += plan.prefix_len > 0
             self.stats.cached_tokens += plan.prefix_len
             self.stats.computed_tokens += plan.extend_len
+
+    def abort_prefill(self, batch: ForwardBatch) -> None:
+        """Give back a prepared batch that will not be finished (never run, or its forward
+        failed): free its working and track slots and unlock its prefix matches. Nothing is
+        cached and no request starts running. Call it at most once, instead of ``finish_prefill``."""
+        if any(r.rid in self.running for r in batch.requests):
+            raise ValueError("batch was finished: its requests are running; use release(rids)")
+        self.pool.free(batch.working_slots + [s for slots in batch.track_slot_lists for s in slots])
+        for m in batch.matches:
+            self.cache.unlock(m.node)
 
     def prefill(self, requests: list[Request]) -> PrefillResult:
         """Prefill new requests; they keep running (for :meth:`decode`) until :meth:`release`."""

@@ -139,6 +139,24 @@ def test_exhaustion_leaves_everything_untouched(hybrid):
     assert engine.prefill(both[:1]).prefix_lens == [64], "locks were released"
 
 
+def test_abort_prefill_gives_slots_and_locks_back(hybrid):
+    engine = Engine(hybrid, strategy="sync_free", max_requests=2)
+    engine.prefill([Request("seed", SEQ[:130])])  # caches the state after 128 tokens
+    engine.release(["seed"])
+    used = engine.pool.used_slots()
+    batch = engine.prepare_prefill([Request("a", SEQ[:200]), Request("b", SEQ[300:340])])
+    assert batch.prefix_lens == [128, 0] and engine.cache.evictable_slots() == 0, "the hit is locked"
+    engine.abort_prefill(batch)
+    assert engine.pool.used_slots() == used and not engine.running
+    assert engine.cache.evictable_slots() == 1, "the lock was released"
+    with pytest.raises(ValueError, match="slots"):
+        engine.abort_prefill(batch)  # its slots are free already
+    done = engine.prepare_prefill([Request("c", SEQ[:10])])
+    engine.finish_prefill(done, engine.forward_prefill(done))
+    with pytest.raises(ValueError, match="running"):
+        engine.abort_prefill(done)
+
+
 @pytest.mark.parametrize("kwargs, needle", [
     (dict(strategy="nope"), "strategy"), (dict(cache_chunk=100), "cache_chunk"),
     (dict(max_requests=0), "max_requests"), (dict(track_interval=0), "track_interval"),
@@ -223,6 +241,9 @@ def test_decode_on_gpu_matches_recompute():
     first = engine.prefill([Request("a", SEQ[:60]), Request("b", SEQ[100:130])])
     dec = engine.decode(6)
     fed = SEQ[:60] + [first.next_tokens[0]] + dec.tokens["a"][:-1]
-    expected = Engine(model, strategy="naive", max_requests=1).prefill([Request("x", fed)]).logits[0]
-    torch.testing.assert_close(dec.logits[-1, 0], expected, rtol=1e-3, atol=1e-3)
-    assert engine.prefill([Request("c", engine.running["a"].tokens[:64] + [1])]).prefix_lens == [64]
+    torch.testing.assert_close(dec.logits[-1, 0], recompute(model, fed), rtol=1e-3, atol=1e-3)
+    tokens = engine.running["a"].tokens[:64] + [1]
+    engine.release(["a", "b"])  # max_requests=2: make room; the decode-tracked snapshot stays cached
+    hit = engine.prefill([Request("c", tokens)])
+    assert hit.prefix_lens == [64]
+    torch.testing.assert_close(hit.logits[0], recompute(model, tokens), rtol=1e-3, atol=1e-3)

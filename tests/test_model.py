@@ -6,6 +6,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from mamba_edu.engine import Engine, Request
 from mamba_edu.model import PRESETS, ModelConfig, build_model, get_config
+from mamba_edu.model.layers import rope_tables
 
 
 def test_presets_match_the_design():
@@ -59,10 +60,22 @@ def test_activations_stay_order_one_over_60_layers():
     engine.backend.init_forward_metadata(batch)
     batch.reset_kv_out()
     x = model.embed[batch.input_ids]
+    rotary = rope_tables(batch.positions, cfg.attn_head_dim, cfg.rope_theta)
     for layer in model.layers:
-        x = layer(x, batch, engine.backend)
+        x = layer(x, batch, engine.backend, rotary)
         rms = x.pow(2).mean().sqrt().item()
         assert 0.3 < rms < 3.0, f"layer {layer.index}: rms {rms}"
+
+
+def test_equal_fresh_prompts_attend_in_one_call_like_one_by_one():
+    model = build_model("tiny", device="cpu")
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 128, (100,), generator=gen).tolist() for _ in range(3)]
+    batched = Engine(model, strategy="sync_free", max_requests=3).prefill(
+        [Request(i, p) for i, p in enumerate(prompts)])
+    for i, p in enumerate(prompts):
+        alone = Engine(model, strategy="sync_free", max_requests=1).prefill([Request(i, p)])
+        torch.testing.assert_close(batched.logits[i], alone.logits[0], rtol=1e-5, atol=1e-5)
 
 
 def test_profiler_ranges_name_layers_and_tracking():

@@ -5,7 +5,8 @@ one machine:
 
 * **TTFT** — median wall time of one synchronized prefill forward
   (``engine.forward_prefill``), each repeat on a freshly prepared batch, so it starts from the
-  same pool state;
+  same pool state; and **host time**, the median time until the call returned (the launches,
+  before the synchronize): when it is close to TTFT, the forward is launch-bound;
 * **syncs per forward** — counted by the sniffer (:func:`mamba_edu.profiling.count_syncs`), and on
   a GPU also read from the trace (``cudaStreamSynchronize`` and friends);
 * **GPU busy time and bubble fraction** — from one forward recorded with ``torch.profiler``;
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import json
 import statistics
 import tempfile
@@ -138,6 +140,7 @@ class Result:
     gpu_busy_ms: float | None = None
     bubble_fraction: float | None = None
     speedup: float | None = None     # naive eager TTFT / this TTFT, same case
+    host_ms: float | None = None     # median time until the call returned (launches, no sync)
     error: str | None = None         # why this measurement failed
 
     @property
@@ -179,25 +182,45 @@ class Prefills:
         return self.logits
 
     def close(self) -> None:
-        """Finish and release the current batch. One whose forward failed is left as it is:
-        :func:`measure` then drops the whole engine."""
+        """Finish and release the current batch; one that has no logits (never run, or its
+        forward failed) is aborted instead, so no slot leaks and no lock stays."""
         if self.batch is not None and self.logits is not None:
             self.engine.finish_prefill(self.batch, self.logits)
             self.engine.release(self.batch.rids)
+        elif self.batch is not None:
+            self.engine.abort_prefill(self.batch)
         self.batch, self.logits = None, None
+
+
+def timed_calls(fn: Callable[..., object], setup: Callable[[], object],
+                repeats: int) -> tuple[list[float], list[float]]:
+    """``repeats`` synchronized calls ``fn(setup())``: their wall times and their host times (until
+    ``fn`` returned, before the synchronize), in milliseconds.
+
+    Python's garbage collector is paused while ``fn`` runs (as :mod:`timeit` does): a full
+    collection of a process holding torch, Triton and matplotlib takes tens of milliseconds, and
+    one landing inside a timed forward would be noise as large as the effects measured here.
+    """
+    times, host = [], []
+    for _ in range(repeats):
+        arg = setup()
+        synchronize()
+        gc.disable()
+        try:
+            t0 = time.perf_counter()
+            fn(arg)
+            host.append((time.perf_counter() - t0) * 1e3)
+            synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
+        finally:
+            gc.enable()
+    return times, host
 
 
 def median_ms(fn: Callable[..., object], setup: Callable[[], object],
               repeats: int) -> tuple[float, float]:
     """Median and minimum of ``repeats`` synchronized calls ``fn(setup())``, in milliseconds."""
-    times = []
-    for _ in range(repeats):
-        arg = setup()
-        synchronize()
-        t0 = time.perf_counter()
-        fn(arg)
-        synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
+    times, _ = timed_calls(fn, setup, repeats)
     return statistics.median(times), min(times)
 
 
@@ -236,7 +259,9 @@ def measure(bench: ModelBench, case: Case, preset: str, strategy: str, mode: str
             forward, setup = (lambda _: captured.replay()), (lambda: None)
         for _ in range(args.warmup):
             forward(setup())
-        row.ttft_ms, row.ttft_min_ms = median_ms(forward, setup, args.repeats)
+        times, host = timed_calls(forward, setup, args.repeats)
+        row.ttft_ms, row.ttft_min_ms = statistics.median(times), min(times)
+        row.host_ms = statistics.median(host)
         arg = setup()
         with count_syncs() as sniffed:
             forward(arg)
@@ -252,7 +277,7 @@ def measure(bench: ModelBench, case: Case, preset: str, strategy: str, mode: str
     except Exception as err:  # one failing strategy must not lose the rest of a GPU run
         row.error = f"{type(err).__name__}: {err}"
         tqdm.write(f"{case.name} {row.label}: {row.error}")
-        bench.engines.pop((strategy, case.cache_chunk))  # its pool may hold a half-done batch
+        bench.engines.pop((strategy, case.cache_chunk))  # the next measurement gets a fresh engine
     finally:
         prefills.close()
     return row
@@ -363,12 +388,12 @@ def format_table(rows: list[Result]) -> str:
         return f"{'-' if value is None else format(value, fmt):>{width}}"
 
     lines = [f"{'case':<22}{'strategy':<18}{'TTFT ms':>9}{'busy ms':>9}{'idle %':>8}"
-             f"{'syncs':>7}{'trace':>7}{'speedup':>9}"]
+             f"{'syncs':>7}{'trace':>7}{'speedup':>9}{'host ms':>9}"]
     for r in rows:
         idle = None if r.bubble_fraction is None else 100 * r.bubble_fraction
         line = (f"{r.case:<22}{r.label:<18}{cell(r.ttft_ms, '.2f', 9)}{cell(r.gpu_busy_ms, '.2f', 9)}"
                 f"{cell(idle, '.1f', 8)}{cell(r.syncs, 'd', 7)}{cell(r.trace_syncs, 'd', 7)}"
-                f"{cell(r.speedup, '.2f', 9)}")
+                f"{cell(r.speedup, '.2f', 9)}{cell(r.host_ms, '.2f', 9)}")
         lines.append(line + (f"  FAILED {r.error[:60]}" if r.error else ""))
     return "\n".join(lines)
 

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.profiler import record_function
 
 from mamba_edu.model.config import ModelConfig, get_config
-from mamba_edu.model.layers import MLP, Attention, GDNMixer, RMSNorm, init_param
+from mamba_edu.model.layers import MLP, Attention, GDNMixer, RMSNorm, init_param, rope_tables
+from mamba_edu.profiling.ranges import profile_range
 
 
 class HybridLayer(nn.Module):
-    """``x += mixer(norm(x)); x += mlp(norm(x))``; the mixer is a GDN layer or full attention."""
+    """``x += mixer(norm(x)); x += mlp(norm(x))``; the mixer is a GDN layer or full attention.
+
+    ``rotary``: the forward's rotary tables (:func:`~mamba_edu.model.layers.rope_tables`), used by
+    attention layers only.
+    """
 
     def __init__(self, cfg: ModelConfig, index: int, mixer: nn.Module, gen, device, dtype, out_std):
         super().__init__()
@@ -21,12 +25,13 @@ class HybridLayer(nn.Module):
         self.mixer = mixer
         self.mlp_norm = RMSNorm(cfg.hidden, cfg.norm_eps, device, dtype)
         self.mlp = MLP(cfg, gen, device, dtype, out_std)
+        self._mixer_range, self._mlp_range = f"layer{index:02d}.{self.kind}", f"layer{index:02d}.mlp"
 
-    def forward(self, x, batch, backend):
-        with record_function(f"layer{self.index:02d}.{self.kind}"):
+    def forward(self, x, batch, backend, rotary):
+        with profile_range(self._mixer_range):
             h = self.mixer_norm(x)
-            x = x + (self.mixer(h, batch, backend) if self.kind == "gdn" else self.mixer(h, batch))
-        with record_function(f"layer{self.index:02d}.mlp"):
+            x = x + (self.mixer(h, batch, backend) if self.kind == "gdn" else self.mixer(h, batch, rotary))
+        with profile_range(self._mlp_range):
             return x + self.mlp(self.mlp_norm(x))
 
 
@@ -55,6 +60,7 @@ class HybridModel(nn.Module):
             layers.append(HybridLayer(cfg, i, mixer, gen, device, dtype, out_std))
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(cfg.hidden, cfg.norm_eps, device, dtype)
+        self.has_attention = n_attn > 0
         self.lm_head = init_param(gen, (cfg.vocab, cfg.hidden), cfg.hidden ** -0.5, device, dtype)
 
     @property
@@ -67,11 +73,14 @@ class HybridModel(nn.Module):
 
     @torch.no_grad()
     def forward(self, batch, backend) -> torch.Tensor:
-        with record_function("embed"):
+        cfg = self.config
+        with profile_range("embed"):
             x = self.embed[batch.input_ids]
+            rotary = (rope_tables(batch.positions, cfg.attn_head_dim, cfg.rope_theta)
+                      if self.has_attention else None)
         for layer in self.layers:
-            x = layer(x, batch, backend)
-        with record_function("lm_head"):
+            x = layer(x, batch, backend, rotary)
+        with profile_range("lm_head"):
             last = self.norm(x[batch.last_token_index])
             return torch.nn.functional.linear(last, self.lm_head).float()
 

@@ -3,8 +3,8 @@
 The model calls :meth:`LinearAttentionBackend.forward` from each GDN layer with that layer's
 projections; the backend owns the slots, the kernels and the tracking strategy. Per forward:
 
-1. ``init_forward_metadata(batch)`` — once: the kernels' chunk metadata (host-built) and whatever
-   the strategy precomputes;
+1. ``init_forward_metadata(batch)`` — once: the kernels' chunk metadata (host-built), whatever
+   the strategy precomputes, and every other argument that is the same in all layers;
 2. per GDN layer, extend: [track.conv] → conv1d (working slots) → split q/k/v → gating →
    GDN core (working slots; checkpoints ``h`` unless fused) → [track.ssm];
 3. per GDN layer, decode: conv1d step → GDN step; after the model, :meth:`track_decode` copies
@@ -14,10 +14,10 @@ projections; the backend owns the slots, the kernels and the tracking strategy. 
 from __future__ import annotations
 
 import torch
-from torch.profiler import record_function
 
 from mamba_edu.gdn import gdn_gating
 from mamba_edu.kernels import build_chunk_meta, conv1d_decode, conv1d_prefill, gdn_decode, gdn_prefill
+from mamba_edu.profiling.ranges import profile_range
 from mamba_edu.serving.batch import ForwardBatch
 from mamba_edu.serving.pool import StatePool
 from mamba_edu.serving.tracking import ForwardMetadata, TrackIndices, get_strategy
@@ -44,13 +44,16 @@ class LinearAttentionBackend:
 
     def init_forward_metadata(self, batch: ForwardBatch) -> ForwardMetadata:
         """Prepare one forward of ``batch``: chunk metadata and the strategy's indices."""
-        with record_function("init_forward_metadata"):
+        with profile_range("init_forward_metadata"):
             plan = self.strategy.host_plan(batch, self.conv_width) if batch.mode == "extend" else None
             meta = build_chunk_meta(batch.extend_lens, batch.cu_seqlens.device,
                                     state_indices=batch.working_slots, **self.strategy.chunk_meta_args(plan))
             md = ForwardMetadata(batch, self.conv_width, meta, host_plan=plan)
             if batch.mode == "extend":
                 self.strategy.prepare(md)
+                md.prefill_args = dict(meta=meta, state_indices=meta.state_indices,
+                                       output_checkpoints=self.strategy.needs_checkpoints,
+                                       **self.strategy.kernel_track_args(md))
             self.metadata = md
             return md
 
@@ -75,9 +78,7 @@ class LinearAttentionBackend:
                            state_indices=md.chunk_meta.state_indices, meta=md.chunk_meta)
         q, k, v = layer.split_qkv(y)
         g, beta = gdn_gating(layer.A_log, a, b, layer.dt_bias)
-        o, h = gdn_prefill(q, k, v, g, beta, state_pool=ssm_pool, state_indices=md.chunk_meta.state_indices,
-                           meta=md.chunk_meta, output_checkpoints=self.strategy.needs_checkpoints,
-                           **self.strategy.kernel_track_args(md))
+        o, h = gdn_prefill(q, k, v, g, beta, state_pool=ssm_pool, **md.prefill_args)
         track = self.strategy.ssm_indices(md, track)
         if track is not None:
             self._track_ssm(ssm_pool, h, track)
@@ -86,13 +87,13 @@ class LinearAttentionBackend:
     @staticmethod
     def _track_conv(conv_pool: torch.Tensor, mixed_qkv: torch.Tensor, track: TrackIndices) -> None:
         """The raw inputs before the tracked position are the conv state there: ``[n, D, W-1]``."""
-        with record_function("track.conv"):
+        with profile_range("track.conv"):
             conv_pool[track.dst] = mixed_qkv[track.conv_positions].transpose(1, 2).to(conv_pool.dtype)
 
     @staticmethod
     def _track_ssm(ssm_pool: torch.Tensor, h: torch.Tensor, track: TrackIndices) -> None:
         """Copy the final state (from the working slot) or checkpoint ``h[row]`` to ``dst``."""
-        with record_function("track.ssm"):
+        with profile_range("track.ssm"):
             final = ssm_pool[track.working]
             state = torch.where(track.from_final[:, None, None, None], final, h[track.checkpoint].to(final.dtype))
             ssm_pool[track.dst] = state
@@ -104,13 +105,15 @@ class LinearAttentionBackend:
         slots = md.chunk_meta.state_indices
         y = conv1d_decode(mixed_qkv, layer.conv_weight, layer.conv_bias, conv_pool=conv_pool, state_indices=slots)
         q, k, v = layer.split_qkv(y)
-        return gdn_decode(q, k, v, a, b, layer.A_log, layer.dt_bias, state_pool=ssm_pool, state_indices=slots)
+        # The decode kernel reads a and b (column slices of the in-projection) as contiguous rows.
+        return gdn_decode(q, k, v, a.contiguous(), b.contiguous(), layer.A_log, layer.dt_bias,
+                          state_pool=ssm_pool, state_indices=slots)
 
     def track_decode(self, batch: ForwardBatch) -> None:
         """After a decode step: copy each row's working state to ``batch.decode_track_slots_t``
         (its track slot when due, the scratch slot otherwise), every layer in one indexing op.
         The mask is applied on the device by the choice of slot: no host sync."""
-        with record_function("track.decode"):
+        with profile_range("track.decode"):
             dst, src = batch.decode_track_slots_t, batch.working_slots_t
             self.pool.conv[:, dst] = self.pool.conv[:, src]
             self.pool.ssm[:, dst] = self.pool.ssm[:, src]

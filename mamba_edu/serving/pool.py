@@ -39,6 +39,7 @@ class StatePool:
         self.ssm = torch.zeros(n_layers, slots, value_heads, key_dim, value_dim, device=device,
                                dtype=torch.float32)
         self.capacity = capacity
+        self._layers = list(zip(self.conv, self.ssm))  # per-layer views, made once (see layer())
         self._free = list(range(slots - 1, SCRATCH_SLOT, -1))  # pop() hands out low slots first
         self._used: set[int] = set()
 
@@ -93,4 +94,4 @@ class StatePool:
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views ``(conv [S, D, W-1], ssm [S, HV, K, V])`` of one GDN layer (writes go to the pool)."""
-        return self.conv[index], self.ssm[index]
+        return self._layers[index]

@@ -24,7 +24,7 @@ fused      as sync_free for the conv; the GDN kernel itself writes     0
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -115,7 +115,8 @@ class ForwardMetadata:
 
     ``chunk_meta`` is the kernels' host-built batch layout (its ``state_indices`` are the
     working slots); ``track`` the strategy's precomputed indices (None if it has none);
-    ``host_plan`` the host lists of sync_free/fused.
+    ``host_plan`` the host lists of sync_free/fused; ``prefill_args`` the keyword arguments every
+    layer passes to ``gdn_prefill`` (the same for all layers of the forward, so built once).
     """
 
     batch: ForwardBatch
@@ -123,6 +124,7 @@ class ForwardMetadata:
     chunk_meta: object
     track: TrackIndices | None = None
     host_plan: HostTrackPlan | None = None
+    prefill_args: dict = field(default_factory=dict)
 
 
 class TrackingStrategy:

@@ -314,6 +314,12 @@ def run_case(bench: ModelBench, case: Case, preset: str, args, bar: tqdm) -> lis
     naive = next((r.ttft_ms for r in rows if r.label == "naive"), None)
     for r in rows:
         r.speedup = naive / r.ttft_ms if naive and r.ttft_ms else None
+    # Each engine owns a state pool and each capture a graph memory pool: keeping them across
+    # cases ran the H200 out of memory in the sweeps, so every case starts from a clean device.
+    bench.engines.clear()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return rows
 
 

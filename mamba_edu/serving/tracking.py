@@ -18,7 +18,7 @@ precomputed once in ``init_forward_metadata``: ``bool(mask.any())``,  1, or 2 wh
 sync_free  built on the host from the scheduler's lists, one pinned   0
            copy; fixed size N, untracked rows write the scratch slot
 fused      as sync_free for the conv; the GDN kernel itself writes     0
-           the tracked SSM state (no checkpoint tensor, no copy)
+           the tracked SSM state (no fp32 h returned, no copy)
 ========== ======================================================== ======================
 """
 

@@ -84,9 +84,13 @@ def timeline_figure(out: Path, trace_dir: Path | None) -> Path | None:
     from mamba_edu.profiling.plots import plot_timelines
 
     live = trace_dir is not None
-    run, pattern = (trace_dir, "{}.json.gz") if live else (H200_RUNS / H200_CASE, "{}*.pt.trace.json.gz")
-    found = {s: sorted(run.glob(pattern.format(s))) for s in STRATEGIES} if run.exists() else {}
-    analyses = [analyze_trace(files[0], label=s) for s, files in found.items() if files]
+    if live:
+        files = {s: trace_dir / f"{s}.json.gz" for s in STRATEGIES}
+    else:  # the bench also recorded the graph-replayed sync-free strategies
+        names = ["naive", "precomputed", "sync_free", "sync_free_graph", "fused", "fused_graph"]
+        files = {n.replace("_graph", "+graph"): H200_RUNS / H200_CASE / f"{n}.pt.trace.json.gz"
+                 for n in names}
+    analyses = [analyze_trace(f, label=label) for label, f in files.items() if f.exists()]
     if not analyses:
         return None
     out.mkdir(parents=True, exist_ok=True)

@@ -10,8 +10,6 @@
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -49,7 +47,9 @@ def strategy_report(device: torch.device, preset: str, lengths: tuple[int, ...],
     """Tracked prefills per strategy: syncs per forward, median forward time, the pools left.
 
     Every strategy sees the same sequence of fresh batches (no prefix hits), so their pools must
-    end up identical outside the scratch slot 0. With ``trace_dir`` (on a GPU) one forward per
+    end up the same outside the scratch slot 0: bit-identical, except ``fused`` on a GPU, whose
+    output kernel reads the chunk states in bf16 instead of fp32 checkpoints (last-bit changes,
+    so it is compared with a bf16 tolerance). With ``trace_dir`` (on a GPU) one forward per
     strategy is also recorded there.
     """
     from mamba_edu.benchmarks.ttft import Prefills, median_ms
@@ -74,8 +74,15 @@ def strategy_report(device: torch.device, preset: str, lengths: tuple[int, ...],
         pools.append([pool.conv[:, 1:].clone(), pool.ssm[:, 1:].clone()])
         rows.append({"strategy": strategy, "syncs": syncs.count, "ms": ms,
                      "tracked": sum(batch.track_mask),
-                     "pools_match_naive": all(torch.equal(a, b) for a, b in zip(pools[-1], pools[0]))})
+                     "pools_match_naive": all(same_states(a, b, exact=strategy != "fused" or
+                                                          device.type == "cpu")
+                                              for a, b in zip(pools[-1], pools[0]))})
     return rows
+
+
+def same_states(a: torch.Tensor, b: torch.Tensor, exact: bool) -> bool:
+    """Bit-identical, or (``exact=False``) within bf16 rounding: relative error ≤ 1e-2."""
+    return torch.equal(a, b) if exact else rel_err(a, b) <= 1e-2
 
 
 def timeline_figure(out: Path, trace_dir: Path | None) -> Path | None:

@@ -136,6 +136,7 @@ class Engine:
         self.backend = LinearAttentionBackend(self.pool, strategy, self.config.conv_width)
         self.n_attn_layers = len(self.config.attn_layers)
         self.running: dict[Hashable, RunningRequest] = {}
+        self.pending: set[Hashable] = set()  # rids of prepared batches not yet finished/aborted
         self.stats = EngineStats()
 
     @property
@@ -150,16 +151,18 @@ class Engine:
         for r in requests:
             if not isinstance(r, Request):
                 raise ValueError(f"requests must hold Request objects; got {type(r).__name__}")
-            if r.rid in seen or r.rid in self.running:
-                raise ValueError(f"request ids must be unique and not running; got duplicate rid {r.rid!r}")
+            if r.rid in seen or r.rid in self.running or r.rid in self.pending:
+                raise ValueError(f"request ids must be unique, not running and not pending; "
+                                 f"got duplicate rid {r.rid!r}")
             seen.add(r.rid)
             ids = r.token_ids
             if (not isinstance(ids, (list, tuple)) or not ids
                     or not all(isinstance(t, int) and 0 <= t < self.config.vocab for t in ids)):
                 raise ValueError(f"token_ids of request {r.rid!r} must be a non-empty list of ints in "
                                  f"[0, vocab={self.config.vocab})")
-        if len(self.running) + len(requests) > self.max_requests:
-            raise ValueError(f"requests: {len(requests)} new + {len(self.running)} running exceeds "
+        active = len(self.running) + len(self.pending)
+        if active + len(requests) > self.max_requests:
+            raise ValueError(f"requests: {len(requests)} new + {active} running or prepared exceeds "
                              f"max_requests={self.max_requests}")
         return list(requests)
 
@@ -191,15 +194,24 @@ class Engine:
                 self.cache.unlock(m.node)
             raise
         working = slots[::per_request]
-        plans, extends = [], []
-        for i, (r, m) in enumerate(zip(requests, matches)):
-            if m.slot is not None:
-                self.pool.copy_slot(m.slot, working[i])
-            extends.append(list(r.token_ids[m.length:]))
-            plans.append(plan_tracking(m.length, len(extends[-1]), self.cache_chunk, slots[i * per_request + 1]))
-        batch = build_batch("extend", [r.rid for r in requests], extends, [m.length for m in matches],
-                            working, plans, [m.kv for m in matches], self.n_attn_layers, self.model.device)
+        try:
+            plans, extends = [], []
+            for i, (r, m) in enumerate(zip(requests, matches)):
+                if m.slot is not None:
+                    self.pool.copy_slot(m.slot, working[i])
+                extends.append(list(r.token_ids[m.length:]))
+                plans.append(plan_tracking(m.length, len(extends[-1]), self.cache_chunk,
+                                           slots[i * per_request + 1]))
+            batch = build_batch("extend", [r.rid for r in requests], extends, [m.length for m in matches],
+                                working, plans, [m.kv for m in matches], self.n_attn_layers,
+                                self.model.device)
+        except BaseException:  # e.g. out of device memory: give everything back before raising
+            self.pool.free(slots)
+            for m in matches:
+                self.cache.unlock(m.node)
+            raise
         batch.requests, batch.matches = requests, matches
+        self.pending.update(batch.rids)
         batch.track_slot_lists = [slots[i * per_request + 1:(i + 1) * per_request] for i in range(len(requests))]
         return batch
 
@@ -214,14 +226,23 @@ class Engine:
 
     def _donate(self, req: RunningRequest, slot_index: int, length: int) -> None:
         """Offer the snapshot in ``req.track_slots[slot_index]`` (state after ``length`` tokens)
-        to the cache; if taken, give the request a fresh track slot."""
+        to the cache; if taken, give the request a fresh track slot. The fresh slot is allocated
+        first: with none to be had the snapshot is simply not cached, and the request never
+        writes a slot the cache owns."""
+        try:
+            fresh = self._alloc(1)[0]
+        except PoolExhausted:
+            return
         kv = [(k[:length], v[:length]) for k, v in req.kv]
         if self.cache.insert(req.tokens[:length], req.track_slots[slot_index], kv):
-            req.track_slots[slot_index] = self._alloc(1)[0]
+            req.track_slots[slot_index] = fresh
+        else:
+            self.pool.free([fresh])
 
     def finish_prefill(self, batch: ForwardBatch, logits: torch.Tensor) -> None:
         """After the forward: register the requests, insert tracked snapshots into the cache."""
         next_tokens = logits.argmax(-1)
+        self.pending.difference_update(batch.rids)
         for m in batch.matches:
             self.cache.unlock(m.node)
         for i, (r, plan) in enumerate(zip(batch.requests, batch.plans)):
@@ -245,6 +266,7 @@ class Engine:
         self.pool.free(batch.working_slots + [s for slots in batch.track_slot_lists for s in slots])
         for m in batch.matches:
             self.cache.unlock(m.node)
+        self.pending.difference_update(batch.rids)
 
     def prefill(self, requests: list[Request]) -> PrefillResult:
         """Prefill new requests; they keep running (for :meth:`decode`) until :meth:`release`."""

@@ -247,3 +247,16 @@ def test_decode_on_gpu_matches_recompute():
     hit = engine.prefill([Request("c", tokens)])
     assert hit.prefix_lens == [64]
     torch.testing.assert_close(hit.logits[0], recompute(model, tokens), rtol=1e-3, atol=1e-3)
+
+
+def test_prepared_batches_count_as_active(hybrid):
+    engine = Engine(hybrid, strategy="sync_free", max_requests=2)
+    batch = engine.prepare_prefill([Request("a", SEQ[:70])])
+    with pytest.raises(ValueError, match="pending"):
+        engine.prepare_prefill([Request("a", SEQ[:30])])  # same rid, not finished yet
+    second = engine.prepare_prefill([Request("b", SEQ[:30])])
+    with pytest.raises(ValueError, match="max_requests=2"):
+        engine.prepare_prefill([Request("c", SEQ[:30])])  # two prepared batches fill the engine
+    engine.abort_prefill(second)
+    engine.finish_prefill(batch, engine.forward_prefill(batch))
+    assert not engine.pending and list(engine.running) == ["a"]

@@ -24,8 +24,8 @@ intermediate is an entry of T or of L, so it stays bounded (a power series in L 
 terms can reach 1e13 for correlated keys), and all of it runs on tensor cores.
 
 Precision on a GPU: ``tl.dot`` on fp32 operands uses tf32 tensor cores; that is what the
-products of q̂, k̂ in fp32 and the inverse use, where bf16 would cost accuracy. W, U, k̂, Ṽ, h
-are stored in the input dtype (bf16) and the dots that read them (W, U themselves and both dots
+products of q̂, k̂ in fp32 and the inverse use, where bf16 would cost accuracy. W, U, k̂, Ṽ and h
+(unless checkpoints are requested) are stored in the input dtype (bf16) and the dots that read them (W, U themselves and both dots
 of the scan) take operands in that dtype with fp32 accumulation, like fla. The state S stays
 fp32 in registers. Under the interpreter dots are plain fp32 (or fp16) matmuls.
 """
@@ -123,7 +123,9 @@ def chunk_scan_kernel(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool
                       H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, TRACK: tl.constexpr):
     """One (V-tile, sequence, value head): the sequential state pass over the sequence's chunks.
-    Writes ``h [NT, HV, K, V]`` (start state of every chunk) and ``Ṽ [T, HV, V]``."""
+    Reads the initial state from the pool slot, writes ``h [NT, HV, K, V]`` (start state of every
+    chunk) and ``Ṽ [T, HV, V]``, the final state back into the slot and, with ``TRACK``, the
+    tracked state into its track slot."""
     i_v = tl.program_id(0)
     seq = tl.program_id(1)
     hv = tl.program_id(2)

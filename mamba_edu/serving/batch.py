@@ -46,7 +46,7 @@ class ForwardBatch:
             step: its track slot at a tracking step, the scratch slot otherwise.
 
     Attention: ``prefix_kv[i]`` = per attention layer ``(k, v)`` of the cached prefix (or of the
-    tokens so far, in decode), or None; ``attn_masks[i]`` ``[E, P+E]`` bool or None (see all);
+    tokens so far, in decode), or None; ``attn_masks[i]`` ``[E, P+E]`` bool or None;
     ``kv_out[i][layer]`` is filled by the forward with the full KV of sequence i.
     """
 
@@ -82,10 +82,6 @@ class ForwardBatch:
     @property
     def size(self) -> int:
         return len(self.rids)
-
-    @property
-    def n_tokens(self) -> int:
-        return self.token_ranges[-1][1]
 
     def reset_kv_out(self) -> None:
         """Fresh per-forward output slots for the attention KV."""

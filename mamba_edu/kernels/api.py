@@ -38,6 +38,20 @@ def _check_activation(activation):
     return activation == "silu"
 
 
+def _check_qkv(q, k, v):
+    """q, k ``[rows, H, K]`` and v ``[rows, HV, V]`` on one device, one dtype, ``HV % H == 0``.
+    Returns ``(device, (rows, H, K, HV, V))``."""
+    dev = device_of("q", q)
+    check_tensor("q", q, (None, None, None), device=dev)
+    rows, H, K = q.shape
+    check_tensor("k", k, (rows, H, K), device=dev, dtypes=(q.dtype,))
+    check_tensor("v", v, (rows, None, None), device=dev, dtypes=(q.dtype,))
+    HV, V = v.shape[1:]
+    if HV % H != 0:
+        raise ValueError(f"v's heads HV={HV} must be a multiple of q's heads H={H}")
+    return dev, (rows, H, K, HV, V)
+
+
 def gdn_prefill(q, k, v, g, beta, *, state_pool, state_indices=None, meta, scale=None,
                 use_qk_l2norm=True, output_checkpoints=False, track_slots=None, track_chunks=None,
                 backend="auto"):
@@ -61,14 +75,7 @@ def gdn_prefill(q, k, v, g, beta, *, state_pool, state_indices=None, meta, scale
         state_indices = getattr(meta, "state_indices", None)
     if track_slots is None and track_chunks is None and meta is not None:
         track_slots, track_chunks = getattr(meta, "track_slots", None), getattr(meta, "track_chunks", None)
-    dev = device_of("q", q)
-    check_tensor("q", q, (None, None, None), device=dev)
-    T, H, K = q.shape
-    check_tensor("k", k, (T, H, K), device=dev, dtypes=(q.dtype,))
-    check_tensor("v", v, (T, None, None), device=dev, dtypes=(q.dtype,))
-    HV, V = v.shape[1:]
-    if HV % H != 0:
-        raise ValueError(f"v's heads HV={HV} must be a multiple of q's heads H={H}")
+    dev, (T, H, K, HV, V) = _check_qkv(q, k, v)
     for name, t in (("g", g), ("beta", beta)):
         check_tensor(name, t, (T, HV), device=dev, dtypes=(torch.float32, v.dtype))
     backend = resolve_backend(backend, dev, q.dtype)
@@ -99,14 +106,7 @@ def gdn_decode(q, k, v, a, b, A_log, dt_bias, *, state_pool, state_indices, scal
     Returns:
         ``o [N, HV, V]`` in q's dtype.
     """
-    dev = device_of("q", q)
-    check_tensor("q", q, (None, None, None), device=dev)
-    N, H, K = q.shape
-    check_tensor("k", k, (N, H, K), device=dev, dtypes=(q.dtype,))
-    check_tensor("v", v, (N, None, None), device=dev, dtypes=(q.dtype,))
-    HV, V = v.shape[1:]
-    if HV % H != 0:
-        raise ValueError(f"v's heads HV={HV} must be a multiple of q's heads H={H}")
+    dev, (N, H, K, HV, V) = _check_qkv(q, k, v)
     for name, t in (("a", a), ("b", b)):
         check_tensor(name, t, (N, HV), device=dev)
     for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):

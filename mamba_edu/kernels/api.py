@@ -3,6 +3,10 @@
 ``backend="auto"`` runs Triton on CUDA tensors and the torch reference path elsewhere;
 ``"triton"`` forces the kernels (the interpreter on CPU: fp32/fp16 inputs, tiny shapes);
 ``"torch"`` forces the reference path. Both backends have the same signature and results.
+
+Activations (q, k, v, the gates, the conv input) may be *row-strided*: column slices of one
+wider matrix, each row contiguous, as a model's fused projection produces them. The kernels read
+them with their row stride, so the serving path copies nothing out.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import torch
 from mamba_edu.kernels.conv import conv1d_prefill_triton, conv1d_update_triton
 from mamba_edu.kernels.decode import decode_triton
 from mamba_edu.kernels.prefill import prefill_triton
+from mamba_edu.gdn import gdn_gating
 from mamba_edu.kernels.torch_path import (conv1d_decode_torch, conv1d_prefill_torch,
                                           decode_torch, prefill_torch)
 from mamba_edu.kernels.validation import (FLOATS, check_head_dims, check_meta, check_tensor,
@@ -39,27 +44,57 @@ def _check_activation(activation):
 
 
 def _check_qkv(q, k, v):
-    """q, k ``[rows, H, K]`` and v ``[rows, HV, V]`` on one device, one dtype, ``HV % H == 0``.
-    Returns ``(device, (rows, H, K, HV, V))``."""
+    """q, k ``[rows, H, K]`` and v ``[rows, HV, V]`` (row-strided allowed) on one device, one
+    dtype, ``HV % H == 0``. Returns ``(device, (rows, H, K, HV, V))``."""
     dev = device_of("q", q)
-    check_tensor("q", q, (None, None, None), device=dev)
+    check_tensor("q", q, (None, None, None), device=dev, rows=True)
     rows, H, K = q.shape
-    check_tensor("k", k, (rows, H, K), device=dev, dtypes=(q.dtype,))
-    check_tensor("v", v, (rows, None, None), device=dev, dtypes=(q.dtype,))
+    check_tensor("k", k, (rows, H, K), device=dev, dtypes=(q.dtype,), rows=True)
+    check_tensor("v", v, (rows, None, None), device=dev, dtypes=(q.dtype,), rows=True)
     HV, V = v.shape[1:]
     if HV % H != 0:
         raise ValueError(f"v's heads HV={HV} must be a multiple of q's heads H={H}")
     return dev, (rows, H, K, HV, V)
 
 
-def gdn_prefill(q, k, v, g, beta, *, state_pool, state_indices=None, meta, scale=None,
-                use_qk_l2norm=True, output_checkpoints=False, track_slots=None, track_chunks=None,
-                backend="auto"):
+def _check_raw_gates(a, b, A_log, dt_bias, rows, HV, dev):
+    """The gating inputs: projections ``a, b [rows, HV]`` (row-strided allowed) and the learned
+    ``A_log, dt_bias [HV]``."""
+    for name, t in (("a", a), ("b", b)):
+        check_tensor(name, t, (rows, HV), device=dev, rows=True)
+    for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
+        check_tensor(name, t, (HV,), device=dev)
+
+
+def _check_gates(g, beta, raw, T, HV, dev, dtype):
+    """Either ``g, beta [T, HV]`` or ``raw = (a, b, A_log, dt_bias)``, never both; returns
+    ``gating`` = ``(A_log, dt_bias)`` when raw projections were given, else None."""
+    given = [name for name, t in zip(("a", "b", "A_log", "dt_bias"), raw) if t is not None]
+    if given and (g is not None or beta is not None):
+        raise ValueError("give either g and beta, or a, b, A_log and dt_bias (not both)")
+    if given:
+        if len(given) < 4:
+            missing = sorted({"a", "b", "A_log", "dt_bias"} - set(given))
+            raise ValueError(f"the raw gating needs a, b, A_log and dt_bias; missing {missing}")
+        _check_raw_gates(*raw, T, HV, dev)
+        return raw[2:]
+    if g is None or beta is None:
+        raise ValueError("g and beta are required (or a, b, A_log and dt_bias)")
+    for name, t in (("g", g), ("beta", beta)):
+        check_tensor(name, t, (T, HV), device=dev, dtypes=(torch.float32, dtype), rows=True)
+    return None
+
+
+def gdn_prefill(q, k, v, g=None, beta=None, *, a=None, b=None, A_log=None, dt_bias=None,
+                state_pool, state_indices=None, meta, scale=None, use_qk_l2norm=True,
+                output_checkpoints=False, track_slots=None, track_chunks=None, backend="auto"):
     """Chunked GDN over a packed batch whose states live in a pool (updated in place).
 
     Args:
         q, k: ``[T, H, K]``; v: ``[T, HV, V]`` (one dtype: fp32, fp16 or bf16);
-        g, beta: ``[T, HV]`` (log-decay and write strength, fp32 or v's dtype).
+        g, beta: ``[T, HV]`` (log-decay and write strength, fp32 or v's dtype); or instead
+        a, b: ``[T, HV]`` raw gate projections with A_log, dt_bias ``[HV]``: the gating of
+            :func:`~mamba_edu.gdn.gdn_gating` is then computed inside the first kernel.
         state_pool: ``[slots, HV, K, V]`` fp32. Sequence n starts from
             ``state_pool[state_indices[n]]`` and its final state is written back there.
         state_indices: ``[N]`` int, distinct, in ``[0, slots)``; ``None`` = ``meta.state_indices``.
@@ -76,8 +111,7 @@ def gdn_prefill(q, k, v, g, beta, *, state_pool, state_indices=None, meta, scale
     if track_slots is None and track_chunks is None and meta is not None:
         track_slots, track_chunks = getattr(meta, "track_slots", None), getattr(meta, "track_chunks", None)
     dev, (T, H, K, HV, V) = _check_qkv(q, k, v)
-    for name, t in (("g", g), ("beta", beta)):
-        check_tensor(name, t, (T, HV), device=dev, dtypes=(torch.float32, v.dtype))
+    gating = _check_gates(g, beta, (a, b, A_log, dt_bias), T, HV, dev, v.dtype)
     backend = resolve_backend(backend, dev, q.dtype)
     check_meta(meta, T, dev)
     slots = _check_pool("state_pool", state_pool, (HV, K, V), dev)
@@ -88,11 +122,15 @@ def gdn_prefill(q, k, v, g, beta, *, state_pool, state_indices=None, meta, scale
     targets = track_targets(track_slots, track_chunks, meta, slots, state_slots, dev)
     scale = _check_scale(scale, K)
     if backend == "torch":
+        if gating is not None:
+            g, beta = gdn_gating(A_log, a, b, dt_bias)
         return prefill_torch(q, k, v, g, beta, state_pool, state_slots, meta, scale,
                              use_qk_l2norm, output_checkpoints, targets)
     check_head_dims(K, V)
+    if gating is not None:
+        g, beta = a, b
     return prefill_triton(q, k, v, g, beta, state_pool, state_indices, meta, scale,
-                          use_qk_l2norm, output_checkpoints, track_slots, track_chunks)
+                          use_qk_l2norm, output_checkpoints, track_slots, track_chunks, gating)
 
 
 def gdn_decode(q, k, v, a, b, A_log, dt_bias, *, state_pool, state_indices, scale=None,
@@ -107,10 +145,7 @@ def gdn_decode(q, k, v, a, b, A_log, dt_bias, *, state_pool, state_indices, scal
         ``o [N, HV, V]`` in q's dtype.
     """
     dev, (N, H, K, HV, V) = _check_qkv(q, k, v)
-    for name, t in (("a", a), ("b", b)):
-        check_tensor(name, t, (N, HV), device=dev)
-    for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
-        check_tensor(name, t, (HV,), device=dev)
+    _check_raw_gates(a, b, A_log, dt_bias, N, HV, dev)
     backend = resolve_backend(backend, dev, q.dtype)
     slots = _check_pool("state_pool", state_pool, (HV, K, V), dev)
     state_slots = slot_indices("state_indices", state_indices, N, slots, dev, allow_padding=True)
@@ -124,7 +159,7 @@ def gdn_decode(q, k, v, a, b, A_log, dt_bias, *, state_pool, state_indices, scal
 
 
 def _check_conv(x, weight, bias, conv_pool):
-    check_tensor("x", x, (None, None), device=device_of("x", x))
+    check_tensor("x", x, (None, None), device=device_of("x", x), rows=True)
     D = x.shape[1]
     check_tensor("weight", weight, (D, None), device=x.device)
     if weight.shape[1] < 2:
@@ -139,7 +174,7 @@ def conv1d_prefill(x, weight, bias=None, *, conv_pool, state_indices=None, meta,
     """Causal depthwise conv1d over a packed batch, conv states in a pool (updated in place).
 
     Args:
-        x: ``[T, D]`` raw inputs; weight: ``[D, W]``; bias: ``[D]`` or None.
+        x: ``[T, D]`` raw inputs (row-strided allowed); weight: ``[D, W]``; bias: ``[D]`` or None.
         conv_pool: ``[slots, D, W−1]``; sequence n reads its previous inputs from
             ``conv_pool[state_indices[n]]`` (zeros for a fresh slot) and leaves its last ``W−1``.
         state_indices: ``[N]`` int, distinct, in ``[0, slots)``; ``None`` = ``meta.state_indices``.

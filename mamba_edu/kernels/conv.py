@@ -18,7 +18,7 @@ from mamba_edu.kernels.tiles import as_vector
 
 @triton.jit
 def conv1d_prefill_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr,
-                          cu_ptr, chunk_idx_ptr, D,
+                          cu_ptr, chunk_idx_ptr, D, stride_x,
                           W: tl.constexpr, BD: tl.constexpr, HAS_BIAS: tl.constexpr,
                           SILU: tl.constexpr):
     i_chunk = tl.program_id(0)
@@ -39,7 +39,7 @@ def conv1d_prefill_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr
         src = rows - (W - 1) + j                 # token that tap j multiplies
         in_x = (src >= bos) & (rows < eos)
         in_state = (src < bos) & (rows < eos) & (as_vector(slot, src) >= 0)
-        xj = tl.load(x_ptr + tl.maximum(src, 0).to(tl.int64)[:, None] * D + cols[None, :],
+        xj = tl.load(x_ptr + tl.maximum(src, 0).to(tl.int64)[:, None] * stride_x + cols[None, :],
                      mask=in_x[:, None] & d_mask[None, :], other=0.0)
         sj = tl.load(state_ptr[None, :] + tl.maximum(src - bos + (W - 1), 0)[:, None],
                      mask=in_state[:, None] & d_mask[None, :], other=0.0)
@@ -57,7 +57,7 @@ def conv1d_prefill_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr
     for p in tl.static_range(W - 1):
         rel = length - (W - 1) + p               # position in x̃ relative to the first token
         from_x = writes & (rel >= 0)
-        xp = tl.load(x_ptr + (bos + tl.maximum(rel, 0)).to(tl.int64) * D + cols,
+        xp = tl.load(x_ptr + (bos + tl.maximum(rel, 0)).to(tl.int64) * stride_x + cols,
                      mask=from_x, other=0.0)
         sp = tl.load(state_ptr + tl.maximum(rel + (W - 1), 0), mask=writes & (rel < 0), other=0.0)
         tl.store(state_ptr + p, (xp.to(tl.float32) + sp.to(tl.float32)).to(
@@ -65,7 +65,7 @@ def conv1d_prefill_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr
 
 
 @triton.jit
-def conv1d_update_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr, D,
+def conv1d_update_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr, D, stride_x,
                          W: tl.constexpr, BD: tl.constexpr, HAS_BIAS: tl.constexpr,
                          SILU: tl.constexpr):
     """One token per sequence: window = [state, x]; the new state drops the oldest column.
@@ -83,7 +83,7 @@ def conv1d_update_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr,
         if j < W - 1:
             xj = tl.load(state_ptr + j, mask=live, other=0.0).to(tl.float32)
         else:
-            xj = tl.load(x_ptr + n * D + cols, mask=d_mask, other=0.0).to(tl.float32)
+            xj = tl.load(x_ptr + n * stride_x + cols, mask=d_mask, other=0.0).to(tl.float32)
         acc += xj * tl.load(w_ptr + cols * W + j, mask=d_mask, other=0.0).to(tl.float32)
         if j > 0:  # column j of the window becomes column j−1 of the new state
             tl.store(state_ptr + (j - 1), xj.to(pool_ptr.dtype.element_ty), mask=live)
@@ -96,21 +96,22 @@ _BD = 128  # channels per program
 
 
 def conv1d_prefill_triton(x, weight, bias, conv_pool, state_indices, meta, silu):
-    """Launch the prefill conv on validated inputs; returns ``y [T, D]``, updates the pool."""
+    """Launch the prefill conv on validated inputs (``x`` may be a row-strided column slice);
+    returns a contiguous ``y [T, D]``, updates the pool."""
     T, D = x.shape
-    y = torch.empty_like(x)
+    y = torch.empty(T, D, device=x.device, dtype=x.dtype)
     conv1d_prefill_kernel[(meta.NT, triton.cdiv(D, _BD))](
         x, weight, weight if bias is None else bias, y, conv_pool, state_indices,
-        meta.cu_seqlens, meta.chunk_indices, D, weight.shape[1], _BD, bias is not None, silu,
+        meta.cu_seqlens, meta.chunk_indices, D, x.stride(0), weight.shape[1], _BD, bias is not None, silu,
         num_warps=4)
     return y
 
 
 def conv1d_update_triton(x, weight, bias, conv_pool, state_indices, silu):
-    """Launch the decode conv update on validated inputs; returns ``y [N, D]``."""
+    """Launch the decode conv update on validated inputs; returns a contiguous ``y [N, D]``."""
     N, D = x.shape
-    y = torch.empty_like(x)
+    y = torch.empty(N, D, device=x.device, dtype=x.dtype)
     conv1d_update_kernel[(N, triton.cdiv(D, _BD))](
-        x, weight, weight if bias is None else bias, y, conv_pool, state_indices, D,
+        x, weight, weight if bias is None else bias, y, conv_pool, state_indices, D, x.stride(0),
         weight.shape[1], _BD, bias is not None, silu, num_warps=4)
     return y

@@ -11,15 +11,15 @@ import torch
 import triton
 import triton.language as tl
 
-from mamba_edu.kernels.tiles import as_vector, tuning_configs
+from mamba_edu.kernels.tiles import as_vector, gate_values, tuning_configs
 
 
 @triton.autotune(tuning_configs((1, 1), (2, 1), (4, 1)), key=["K", "V", "BV"],
                  restore_value=["pool_ptr"])
 @triton.jit
 def gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, o_ptr,
-                      pool_ptr, state_idx_ptr, scale,
-                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      pool_ptr, state_idx_ptr, scale, stride_q, stride_k, stride_v, stride_a,
+                      stride_b, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr):
     i_v = tl.program_id(0)
     n = tl.program_id(1)
@@ -30,17 +30,14 @@ def gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
     k_mask = rk < K
     v_mask = cv < V
 
-    q = tl.load(q_ptr + (n * H + hk) * K + rk, mask=k_mask, other=0.0).to(tl.float32)
-    k = tl.load(k_ptr + (n * H + hk) * K + rk, mask=k_mask, other=0.0).to(tl.float32)
+    q = tl.load(q_ptr + n * stride_q + hk * K + rk, mask=k_mask, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + n * stride_k + hk * K + rk, mask=k_mask, other=0.0).to(tl.float32)
     if USE_L2NORM:
         q = q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6)
         k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
-    v = tl.load(v_ptr + (n * HV + hv) * V + cv, mask=v_mask, other=0.0).to(tl.float32)
-
-    x = tl.load(a_ptr + n * HV + hv).to(tl.float32) + tl.load(dt_bias_ptr + hv).to(tl.float32)
-    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
-    g = -tl.exp(tl.load(A_log_ptr + hv).to(tl.float32)) * softplus
-    beta = tl.sigmoid(tl.load(b_ptr + n * HV + hv).to(tl.float32))
+    v = tl.load(v_ptr + n * stride_v + hv * V + cv, mask=v_mask, other=0.0).to(tl.float32)
+    g, beta = gate_values(tl.load(a_ptr + n * stride_a + hv), tl.load(b_ptr + n * stride_b + hv),
+                          tl.load(A_log_ptr + hv), tl.load(dt_bias_ptr + hv))
 
     slot = tl.load(state_idx_ptr + n).to(tl.int64)
     live = (as_vector(slot, rk) >= 0)[:, None] & (rk < K)[:, None] & v_mask[None, :]
@@ -54,12 +51,13 @@ def gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
 
 
 def decode_triton(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm):
-    """Launch the decode kernel on validated inputs; returns ``o [N, HV, V]`` in q's dtype."""
+    """Launch the decode kernel on validated inputs (q, k, v, a, b may be row-strided column
+    slices); returns ``o [N, HV, V]`` in q's dtype."""
     N, H, K = q.shape
     HV, V = v.shape[1:]
     o = torch.empty(N, HV, V, device=q.device, dtype=q.dtype)
     BV = min(32, max(16, triton.next_power_of_2(V)))
     gdn_decode_kernel[(triton.cdiv(V, BV), N, HV)](
         q, k, v, a, b, A_log, dt_bias, o, state_pool, state_indices, scale,
-        H, HV, K, V, max(16, triton.next_power_of_2(K)), BV, use_qk_l2norm)
+        q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), H, HV, K, V, max(16, triton.next_power_of_2(K)), BV, use_qk_l2norm)
     return o

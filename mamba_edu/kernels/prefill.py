@@ -1,9 +1,9 @@
 """The chunked GDN prefill in three Triton kernels (DESIGN.md §3, chunk C = 64).
 
 1. :func:`chunk_prepare_kernel`, grid ``(NT, HV)``, one program per (chunk, value head), all in
-   parallel: the chunk-local cumsum Γ of g, the L2 norm k̂ of k, ``L = strict_lower(β (k̂ k̂ᵀ)
-   e^{Γs−Γj})``, the inverse ``T = (I+L)⁻¹`` and ``W = T(β e^Γ K̂)``, ``U = T(β V)``.
-   Writes Γ, k̂, W, U.
+   parallel: the gating (when given the raw projections a, b), the chunk-local cumsum Γ of g,
+   the L2 norm k̂ of k, ``L = strict_lower(β (k̂ k̂ᵀ) e^{Γs−Γj})``, the inverse
+   ``T = (I+L)⁻¹`` and ``W = T(β e^Γ K̂)``, ``U = T(β V)``. Writes Γ, k̂, W, U.
 2. :func:`chunk_scan_kernel`, grid ``(⌈V/BV⌉, N, HV)``, one program per (V-tile, sequence, value
    head), looping over the sequence's chunks. Only what the next chunk needs is on this serial
    path: it writes the chunk's start state ``h[c] = S``, then ``Ṽ = U − W S`` (written too) and
@@ -34,7 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
-from mamba_edu.kernels.tiles import as_vector, l2norm_rows, load_rows, store_rows, tuning_configs
+from mamba_edu.kernels.tiles import (as_vector, gate_values, l2norm_rows, load_rows, store_rows,
+                                     tuning_configs)
 
 
 @triton.jit
@@ -73,12 +74,16 @@ def invert_unit_lower(L, C: tl.constexpr):
 
 @triton.autotune(tuning_configs((4, 2), (8, 2)), key=["K", "V"])
 @triton.jit
-def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, gamma_ptr, k_hat_ptr, w_ptr, u_ptr,
-                         cu_ptr, chunk_idx_ptr,
+def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
+                         gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr,
+                         stride_k, stride_v, stride_g, stride_beta,
                          H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                         BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr):
+                         BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
+                         GATED: tl.constexpr):
     """One (chunk, value head): Γ ``[T, HV]``, W ``[T, HV, K]``, U ``[T, HV, V]`` for its 64 rows,
-    and the normalised keys k̂ ``[T, H, K]`` (written by the first value head of each group)."""
+    and the normalised keys k̂ ``[T, H, K]`` (written by the first value head of each group).
+    With ``GATED``, ``g_ptr``/``beta_ptr`` hold the raw projections a, b and the gating is
+    computed here (with ``A_log``, ``dt_bias``). Inputs are read with their row strides."""
     i_chunk = tl.program_id(0)
     hv = tl.program_id(1)
     seq = tl.load(chunk_idx_ptr + 2 * i_chunk)
@@ -88,14 +93,18 @@ def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, gamma_ptr, k_hat_ptr, w_
     rows = bos + r
     valid = rows < eos
 
+    g = tl.load(g_ptr + rows * stride_g + hv, mask=valid, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + rows * stride_beta + hv, mask=valid, other=0.0).to(tl.float32)
+    if GATED:
+        g, beta = gate_values(g, beta, tl.load(A_log_ptr + hv), tl.load(dt_bias_ptr + hv))
     # Padded rows have g = β = 0: Γ stays flat there and their rows of L, W, U are zero.
-    g = tl.load(g_ptr + rows * HV + hv, mask=valid, other=0.0).to(tl.float32)
-    beta = tl.load(beta_ptr + rows * HV + hv, mask=valid, other=0.0).to(tl.float32)
+    g = tl.where(valid, g, 0.0)
+    beta = tl.where(valid, beta, 0.0)
     gamma = tl.cumsum(g, 0)
     tl.store(gamma_ptr + rows * HV + hv, gamma, mask=valid)
 
     hk = hv // (HV // H)  # value head hv reads key head hv // group
-    k = l2norm_rows(load_rows(k_ptr + hk * K, bos, eos, H * K, 0, K, 64, BK).to(tl.float32),
+    k = l2norm_rows(load_rows(k_ptr + hk * K, bos, eos, stride_k, 0, K, 64, BK).to(tl.float32),
                     USE_L2NORM)
     # Rows below bos do not exist: the other value heads of the group store nothing.
     k_hat_end = tl.where(hv % (HV // H) == 0, eos, bos)
@@ -109,7 +118,7 @@ def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, gamma_ptr, k_hat_ptr, w_
     T = T.to(work)
     w = tl.dot(T, (k * (beta * tl.exp(gamma))[:, None]).to(work))
     store_rows(w_ptr + hv * K, w, bos, eos, HV * K, 0, K, 64, BK)
-    v = load_rows(v_ptr + hv * V, bos, eos, HV * V, 0, V, 64, BV).to(tl.float32)
+    v = load_rows(v_ptr + hv * V, bos, eos, stride_v, 0, V, 64, BV).to(tl.float32)
     u = tl.dot(T, (v * beta[:, None]).to(work))
     store_rows(u_ptr + hv * V, u, bos, eos, HV * V, 0, V, 64, BV)
 
@@ -180,7 +189,7 @@ def chunk_scan_kernel(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool
 @triton.autotune(tuning_configs((4, 2), (8, 2)), key=["K", "V", "BV"])
 @triton.jit
 def chunk_output_kernel(q_ptr, k_ptr, v_new_ptr, h_ptr, gamma_ptr, o_ptr, cu_ptr, chunk_idx_ptr,
-                        scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                        scale, stride_q, stride_k, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                         V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                         USE_L2NORM: tl.constexpr):
     """One (chunk, value head, V-tile): its 64 rows of ``o [T, HV, V]`` from ``h`` and ``Ṽ``."""
@@ -195,9 +204,9 @@ def chunk_output_kernel(q_ptr, k_ptr, v_new_ptr, h_ptr, gamma_ptr, o_ptr, cu_ptr
     valid = bos + r < eos
 
     # q̂ and k̂ in fp32 (tf32 dots): Q̂K̂ᵀ from the stored bf16 k̂ would cost accuracy.
-    q = l2norm_rows(load_rows(q_ptr + hk * K, bos, eos, H * K, 0, K, 64, BK).to(tl.float32),
+    q = l2norm_rows(load_rows(q_ptr + hk * K, bos, eos, stride_q, 0, K, 64, BK).to(tl.float32),
                     USE_L2NORM)
-    k = l2norm_rows(load_rows(k_ptr + hk * K, bos, eos, H * K, 0, K, 64, BK).to(tl.float32),
+    k = l2norm_rows(load_rows(k_ptr + hk * K, bos, eos, stride_k, 0, K, 64, BK).to(tl.float32),
                     USE_L2NORM)
     v_new = load_rows(v_new_ptr + hv * V, bos, eos, HV * V, v0, V, 64, BV).to(tl.float32)
     gamma = tl.load(gamma_ptr + (bos + r) * HV + hv, mask=valid, other=0.0)
@@ -234,18 +243,21 @@ def work_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in (torch.float16, torch.bfloat16) else torch.float32
 
 
-def launch_prepare(k, v, g, beta, meta, use_qk_l2norm):
+def launch_prepare(k, v, g, beta, meta, use_qk_l2norm, gating=None):
     """Kernel 1 on validated inputs: returns ``(gamma [T, HV] fp32, k_hat [T, H, K],
-    w [T, HV, K], u [T, HV, V])`` (all but gamma in :func:`work_dtype`)."""
+    w [T, HV, K], u [T, HV, V])`` (all but gamma in :func:`work_dtype`). ``gating``:
+    ``(A_log, dt_bias)`` when ``g, beta`` are the raw projections ``a, b``."""
     T, H, K = k.shape
     HV, V = v.shape[1:]
     gamma = torch.empty(T, HV, device=k.device, dtype=torch.float32)
     k_hat = torch.empty(T, H, K, device=k.device, dtype=work_dtype(v.dtype))
     w = torch.empty(T, HV, K, device=k.device, dtype=k_hat.dtype)
     u = torch.empty(T, HV, V, device=k.device, dtype=k_hat.dtype)
+    A_log, dt_bias = gating or (g, g)  # unread without gating
     chunk_prepare_kernel[(meta.NT, HV)](
-        k, v, g, beta, gamma, k_hat, w, u, meta.cu_seqlens, meta.chunk_indices, H, HV, K, V,
-        _block(K), _block(V), use_qk_l2norm)
+        k, v, g, beta, A_log, dt_bias, gamma, k_hat, w, u, meta.cu_seqlens, meta.chunk_indices,
+        k.stride(0), v.stride(0), g.stride(0), beta.stride(0), H, HV, K, V,
+        _block(K), _block(V), use_qk_l2norm, gating is not None)
     return gamma, k_hat, w, u
 
 
@@ -276,17 +288,17 @@ def launch_output(q, k, v_new, h, gamma, meta, scale, use_qk_l2norm):
     BV = min(64, _block(V))
     chunk_output_kernel[(meta.NT, HV, triton.cdiv(V, BV))](
         q, k, v_new, h, gamma, o, meta.cu_seqlens, meta.chunk_indices, scale,
-        H, HV, K, V, _block(K), BV, use_qk_l2norm)
+        q.stride(0), k.stride(0), H, HV, K, V, _block(K), BV, use_qk_l2norm)
     return o
 
 
 def prefill_triton(q, k, v, g, beta, state_pool, state_indices, meta, scale, use_qk_l2norm,
-                   output_checkpoints, track_slots, track_chunks):
+                   output_checkpoints, track_slots, track_chunks, gating=None):
     """The three kernels on validated inputs (see :func:`mamba_edu.kernels.gdn_prefill`);
     returns ``(o, checkpoints or None)``."""
     T, H, K = q.shape
     HV, V = v.shape[1:]
-    gamma, k_hat, w, u = launch_prepare(k, v, g, beta, meta, use_qk_l2norm)
+    gamma, k_hat, w, u = launch_prepare(k, v, g, beta, meta, use_qk_l2norm, gating)
     ckpt = (torch.empty(meta.NT, HV, K, V, device=q.device, dtype=torch.float32)
             if output_checkpoints else None)
     v_new, h = launch_scan(k_hat, w, u, gamma, state_pool, state_indices, meta, ckpt,

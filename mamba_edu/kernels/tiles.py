@@ -1,4 +1,5 @@
-"""Small Triton helpers shared by the kernels: masked tile loads, the fused q/k L2 norm, configs.
+"""Small Triton helpers shared by the kernels: masked tile loads, the fused q/k L2 norm, the
+Qwen3-Next gating, configs.
 
 Everything is plain pointer arithmetic with masks (no block pointers, DESIGN.md §5), and every
 load is masked, because the Triton interpreter does not check bounds.
@@ -41,6 +42,15 @@ def l2norm_rows(x, USE_L2NORM: tl.constexpr):
     if USE_L2NORM:
         x = x * tl.rsqrt(tl.sum(x * x, 1) + 1e-6)[:, None]
     return x
+
+
+@triton.jit
+def gate_values(a, b, A_log, dt_bias):
+    """Log-decay ``g = −e^{A_log}·softplus(a + dt_bias)`` (softplus threshold 20) and write
+    strength ``β = sigmoid(b)`` from the raw projections, in fp32 (any matching shapes)."""
+    x = a.to(tl.float32) + dt_bias.to(tl.float32)
+    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+    return -tl.exp(A_log.to(tl.float32)) * softplus, tl.sigmoid(b.to(tl.float32))
 
 
 @triton.jit

@@ -20,8 +20,11 @@ INTS = (torch.int32, torch.int64)
 MAX_HEAD_DIM = 256  # K and V are held whole in registers by the Triton kernels
 
 
-def check_tensor(name: str, t, shape: tuple, *, device: torch.device, dtypes=FLOATS) -> None:
-    """``t`` is a contiguous tensor of exactly ``shape`` (``None`` = any size) on ``device``."""
+def check_tensor(name: str, t, shape: tuple, *, device: torch.device, dtypes=FLOATS,
+                 rows: bool = False) -> None:
+    """``t`` is a contiguous tensor of exactly ``shape`` (``None`` = any size) on ``device``.
+    With ``rows``, only each row (``t[i]``) must be contiguous: a column slice of a wider matrix,
+    which the kernels read with its row stride instead of copying it out."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
     if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
@@ -31,7 +34,12 @@ def check_tensor(name: str, t, shape: tuple, *, device: torch.device, dtypes=FLO
         raise ValueError(f"{name} must have dtype in {[str(d) for d in dtypes]}; got {t.dtype}")
     if t.device != device:
         raise ValueError(f"{name} must be on {device} like the other inputs; got {t.device}")
-    if not t.is_contiguous():
+    if rows and t.dim() > 1:
+        n, row = t.shape[0], t[0] if t.shape[0] else None
+        if n and not (row.is_contiguous() and (n == 1 or t.stride(0) >= row.numel())):
+            raise ValueError(f"{name} must be contiguous within each row (any row stride >= "
+                             f"{row.numel()}); got strides {t.stride()}; call .contiguous() first")
+    elif not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous; call .contiguous() first")
 
 

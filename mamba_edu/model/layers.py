@@ -107,7 +107,7 @@ class Attention(nn.Module):
         for i, (start, stop) in enumerate(batch.token_ranges):
             batch.kv_out[i][self.attn_index] = (k[start:stop], v[start:stop])
         q, k, v = (t.unflatten(0, (batch.size, -1)).transpose(1, 2) for t in (q, k, v))
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=batch.attn_masks[0], enable_gqa=True)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         return o.transpose(1, 2).flatten(0, 1)
 
     def _attend_each(self, q, k, v, batch) -> torch.Tensor:
@@ -120,10 +120,12 @@ class Attention(nn.Module):
                 k_i = torch.cat([prefix[self.attn_index][0], k_i])
                 v_i = torch.cat([prefix[self.attn_index][1], v_i])
             batch.kv_out[i][self.attn_index] = (k_i, v_i)
-            # SDPA wants [heads, tokens, D]; the mask lets new token t see prefix + tokens <= t.
+            # SDPA wants [heads, tokens, D]. After a prefix the mask lets new token t see the
+            # prefix + tokens <= t; a fresh prompt is plain causal; a decode token sees all.
+            mask = batch.attn_masks[i]
             o = F.scaled_dot_product_attention(
                 q[start:stop].transpose(0, 1), k_i.transpose(0, 1), v_i.transpose(0, 1),
-                attn_mask=batch.attn_masks[i], enable_gqa=True)
+                attn_mask=mask, is_causal=batch.mode == "extend" and mask is None, enable_gqa=True)
             outs.append(o.transpose(0, 1))
         return torch.cat(outs)
 
@@ -165,21 +167,19 @@ class GDNMixer(nn.Module):
         self.out = init_param(gen, (cfg.hidden, HV * V), out_std * (HV * V) ** -0.5, device, dtype)
 
     def split_qkv(self, y: torch.Tensor):
-        """``y [T, D]`` (after the conv) → contiguous ``q, k [T, H, K]``, ``v [T, HV, V]``, copied
-        out of y's columns by one op (one kernel on a GPU instead of three)."""
+        """``y [T, D]`` (after the conv) → ``q, k [T, H, K]``, ``v [T, HV, V]``: views of y's
+        columns, no copy (the kernels read rows with y's row stride)."""
         T, H, HV, K, V = y.shape[0], self.key_heads, self.value_heads, self.key_dim, self.value_dim
-        q, k, v = y.new_empty(T, H, K), y.new_empty(T, H, K), y.new_empty(T, HV, V)
-        torch.split_with_sizes_copy(y, [H * K, H * K, HV * V], dim=-1,
-                                    out=[q.view(T, -1), k.view(T, -1), v.view(T, -1)])
-        return q, k, v
+        q, k, v = y.split([H * K, H * K, HV * V], dim=-1)
+        return q.view(T, H, K), k.view(T, H, K), v.view(T, HV, V)
 
     def forward(self, x: torch.Tensor, batch, backend) -> torch.Tensor:
         T = x.shape[0]
         HV, V = self.value_heads, self.value_dim
         mixed_qkv, z, b, a = F.linear(x, self.in_proj).split([self.conv_dim, HV * V, HV, HV], -1)
-        # The conv kernel takes contiguous rows; mixed_qkv is a column slice of the projection.
-        # a and b (also slices) only feed elementwise gating, which reads any strides.
-        o = backend.forward(self, mixed_qkv.contiguous(), a, b, batch)
+        # mixed_qkv, a and b are column slices of the projection: the kernels read their rows
+        # with its row stride, so nothing is copied out.
+        o = backend.forward(self, mixed_qkv, a, b, batch)
         # Gated RMSNorm; silu in z's dtype computes in fp32 internally, like silu(z.float()).
         o = rms_norm(o, self.norm_weight, self.eps) * F.silu(z.view(T, HV, V))
         return F.linear(o.view(T, -1), self.out)

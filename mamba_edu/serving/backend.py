@@ -5,8 +5,8 @@ projections; the backend owns the slots, the kernels and the tracking strategy. 
 
 1. ``init_forward_metadata(batch)`` — once: the kernels' chunk metadata (host-built), whatever
    the strategy precomputes, and every other argument that is the same in all layers;
-2. per GDN layer, extend: [track.conv] → conv1d (working slots) → split q/k/v → gating →
-   GDN core (working slots; checkpoints ``h`` unless fused) → [track.ssm];
+2. per GDN layer, extend: [track.conv] → conv1d (working slots) → split q/k/v (views) →
+   GDN core with the gating inside (working slots; checkpoints ``h`` unless fused) → [track.ssm];
 3. per GDN layer, decode: conv1d step → GDN step; after the model, :meth:`track_decode` copies
    the rows due for tracking into their track slots, all layers in one op.
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 
-from mamba_edu.gdn import gdn_gating
 from mamba_edu.kernels import build_chunk_meta, conv1d_decode, conv1d_prefill, gdn_decode, gdn_prefill
 from mamba_edu.profiling.ranges import profile_range
 from mamba_edu.serving.batch import ForwardBatch
@@ -77,8 +76,8 @@ class LinearAttentionBackend:
         y = conv1d_prefill(mixed_qkv, layer.conv_weight, layer.conv_bias, conv_pool=conv_pool,
                            state_indices=md.chunk_meta.state_indices, meta=md.chunk_meta)
         q, k, v = layer.split_qkv(y)
-        g, beta = gdn_gating(layer.A_log, a, b, layer.dt_bias)
-        o, h = gdn_prefill(q, k, v, g, beta, state_pool=ssm_pool, **md.prefill_args)
+        o, h = gdn_prefill(q, k, v, a=a, b=b, A_log=layer.A_log, dt_bias=layer.dt_bias,
+                           state_pool=ssm_pool, **md.prefill_args)
         track = self.strategy.ssm_indices(md, track)
         if track is not None:
             self._track_ssm(ssm_pool, h, track)
@@ -105,9 +104,8 @@ class LinearAttentionBackend:
         slots = md.chunk_meta.state_indices
         y = conv1d_decode(mixed_qkv, layer.conv_weight, layer.conv_bias, conv_pool=conv_pool, state_indices=slots)
         q, k, v = layer.split_qkv(y)
-        # The decode kernel reads a and b (column slices of the in-projection) as contiguous rows.
-        return gdn_decode(q, k, v, a.contiguous(), b.contiguous(), layer.A_log, layer.dt_bias,
-                          state_pool=ssm_pool, state_indices=slots)
+        return gdn_decode(q, k, v, a, b, layer.A_log, layer.dt_bias, state_pool=ssm_pool,
+                          state_indices=slots)
 
     def track_decode(self, batch: ForwardBatch) -> None:
         """After a decode step: copy each row's working state to ``batch.decode_track_slots_t``

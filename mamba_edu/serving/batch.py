@@ -46,7 +46,9 @@ class ForwardBatch:
             step: its track slot at a tracking step, the scratch slot otherwise.
 
     Attention: ``prefix_kv[i]`` = per attention layer ``(k, v)`` of the cached prefix (or of the
-    tokens so far, in decode), or None; ``attn_masks[i]`` ``[E, P+E]`` bool or None;
+    tokens so far, in decode), or None; ``attn_masks[i]`` ``[E, P+E]`` bool for a
+    sequence after a cached prefix, None otherwise (a fresh prompt is plain causal: SDPA's
+    ``is_causal``, which takes the flash kernel on a GPU where a mask would force the slow path);
     ``kv_out[i][layer]`` is filled by the forward with the full KV of sequence i.
     """
 
@@ -123,7 +125,7 @@ def build_batch(mode: str, rids: list, token_ids: list[list[int]] | None, prefix
      decode_dst) = upload_host_lists(parts, device)
     attn_masks = [None] * len(rids)
     if mode == "extend" and n_attn_layers:
-        attn_masks = [torch.ones(e, p + e, dtype=torch.bool, device=device).tril(p)
+        attn_masks = [torch.ones(e, p + e, dtype=torch.bool, device=device).tril(p) if p else None
                       for p, e in zip(prefix_lens, extend_lens)]
     batch = ForwardBatch(
         mode=mode, rids=list(rids), prefix_lens=list(prefix_lens), extend_lens=extend_lens,

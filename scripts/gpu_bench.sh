@@ -11,7 +11,8 @@
 #   results.json, results.csv                  every measurement
 #   timeline_*.png, bars_*.png (2 cases each)  the headline figures
 #   bench.log                                  the full output
-#   bench_artifacts.tar.gz                     runs/ (trimmed traces, TensorBoard layout) and all figures
+#   bench_artifacts.tar.gz                     runs/ (trimmed traces, TensorBoard layout), all figures,
+#                                              gpu_clocks.csv (SM clock, power, temperature over the run)
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -29,9 +30,14 @@ print("torch", torch.__version__, "triton", triton.__version__,
       "gpu", torch.cuda.get_device_name() if torch.cuda.is_available() else None)
 assert torch.cuda.is_available(), "this script is for a GPU machine"' 2>&1 | tee "$LOG" || exit 1
 
+# SM clock, power and temperature every 200 ms: a replay that runs slower than eager shows here.
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv \
+    -lms 200 > "$WORK/gpu_clocks.csv" 2>/dev/null &
+CLOCKS=$!
 timeout "$BENCH_TIMEOUT" "$PY" -m mamba_edu bench --out "$WORK" --cases all \
     --repeats 7 --warmup 2 --max-minutes "$BENCH_MINUTES" ${BENCH_ARGS:-} 2>&1 | tee -a "$LOG"
 status=${PIPESTATUS[0]}
+kill "$CLOCKS" 2>/dev/null
 if [ ! -f "$WORK/results.json" ]; then
     echo "bench exited with $status before finishing a single case; see $LOG" | tee -a "$LOG"
     exit 1
@@ -45,7 +51,7 @@ cp "$WORK"/results.json "$WORK"/results.csv "$OUT"/ 2>/dev/null
 for case in gpu_bound_8x1024 launch_bound_1x512; do
     cp "$WORK/timeline_$case.png" "$WORK/bars_$case.png" "$OUT"/ 2>/dev/null
 done
-tar czf "$OUT/bench_artifacts.tar.gz" -C "$WORK" $(cd "$WORK" && ls -d runs *.png 2>/dev/null)
+tar czf "$OUT/bench_artifacts.tar.gz" -C "$WORK" $(cd "$WORK" && ls -d runs *.png gpu_clocks.csv 2>/dev/null)
 echo "--- trace sizes (trimmed, gzipped) ---" | tee -a "$LOG"
 (cd "$WORK" && du -ch runs/*/*.pt.trace.json.gz 2>/dev/null | tail -n 1) | tee -a "$LOG"
 ls -la "$OUT" | tee -a "$LOG"

@@ -142,6 +142,7 @@ class Result:
     speedup: float | None = None     # naive eager TTFT / this TTFT, same case
     host_ms: float | None = None     # median time until the call returned (launches, no sync)
     error: str | None = None         # why this measurement failed
+    started_utc: str | None = None   # when its timing began (to match GPU clock logs)
 
     @property
     def label(self) -> str:
@@ -259,6 +260,7 @@ def measure(bench: ModelBench, case: Case, preset: str, strategy: str, mode: str
             forward, setup = (lambda _: captured.replay()), (lambda: None)
         for _ in range(args.warmup):
             forward(setup())
+        row.started_utc = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
         times, host = timed_calls(forward, setup, args.repeats)
         row.ttft_ms, row.ttft_min_ms = statistics.median(times), min(times)
         row.host_ms = statistics.median(host)

@@ -120,13 +120,15 @@ class Attention(nn.Module):
                 k_i = torch.cat([prefix[self.attn_index][0], k_i])
                 v_i = torch.cat([prefix[self.attn_index][1], v_i])
             batch.kv_out[i][self.attn_index] = (k_i, v_i)
-            # SDPA wants [heads, tokens, D]. After a prefix the mask lets new token t see the
-            # prefix + tokens <= t; a fresh prompt is plain causal; a decode token sees all.
+            # SDPA wants [1, heads, tokens, D] (4-D: its flash kernel takes no other). After a
+            # prefix the mask lets new token t see the prefix + tokens <= t; a fresh prompt is
+            # plain causal; a decode token sees all.
             mask = batch.attn_masks[i]
+            q_i, k_i, v_i = (t.transpose(0, 1).unsqueeze(0) for t in (q[start:stop], k_i, v_i))
             o = F.scaled_dot_product_attention(
-                q[start:stop].transpose(0, 1), k_i.transpose(0, 1), v_i.transpose(0, 1),
-                attn_mask=mask, is_causal=batch.mode == "extend" and mask is None, enable_gqa=True)
-            outs.append(o.transpose(0, 1))
+                q_i, k_i, v_i, attn_mask=mask, is_causal=batch.mode == "extend" and mask is None,
+                enable_gqa=True)
+            outs.append(o[0].transpose(0, 1))
         return torch.cat(outs)
 
 

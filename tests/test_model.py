@@ -61,9 +61,10 @@ def test_activations_stay_order_one_over_60_layers():
     batch.reset_kv_out()
     x = model.embed[batch.input_ids]
     rotary = rope_tables(batch.positions, cfg.attn_head_dim, cfg.rope_theta)
+    pending = None
     for layer in model.layers:
-        x = layer(x, batch, engine.backend, rotary)
-        rms = x.pow(2).mean().sqrt().item()
+        x, pending = layer(x, pending, batch, engine.backend, rotary)
+        rms = (x + pending).pow(2).mean().sqrt().item()
         assert 0.3 < rms < 3.0, f"layer {layer.index}: rms {rms}"
 
 

@@ -13,6 +13,8 @@ from mamba_edu.profiling.ranges import profile_range
 class HybridLayer(nn.Module):
     """``x += mixer(norm(x)); x += mlp(norm(x))``; the mixer is a GDN layer or full attention.
 
+    Each residual add is fused with the norm that follows it (:meth:`RMSNorm.add`), so the MLP's
+    output is handed on *unadded* (``pending``) and the next layer's first norm adds it.
     ``rotary``: the forward's rotary tables (:func:`~mamba_edu.model.layers.rope_tables`), used by
     attention layers only.
     """
@@ -27,12 +29,15 @@ class HybridLayer(nn.Module):
         self.mlp = MLP(cfg, gen, device, dtype, out_std)
         self._mixer_range, self._mlp_range = f"layer{index:02d}.{self.kind}", f"layer{index:02d}.mlp"
 
-    def forward(self, x, batch, backend, rotary):
+    def forward(self, x, pending, batch, backend, rotary):
+        """``x [T, hidden]`` the residual stream, ``pending`` the previous layer's MLP output (None
+        in the first layer); returns ``(x, pending)`` for the next layer."""
         with profile_range(self._mixer_range):
-            h = self.mixer_norm(x)
-            x = x + (self.mixer(h, batch, backend) if self.kind == "gdn" else self.mixer(h, batch, rotary))
+            x, h = self.mixer_norm.add(x, pending)
+            delta = self.mixer(h, batch, backend) if self.kind == "gdn" else self.mixer(h, batch, rotary)
         with profile_range(self._mlp_range):
-            return x + self.mlp(self.mlp_norm(x))
+            x, h = self.mlp_norm.add(x, delta)
+            return x, self.mlp(h)
 
 
 class HybridModel(nn.Module):
@@ -78,10 +83,12 @@ class HybridModel(nn.Module):
             x = self.embed[batch.input_ids]
             rotary = (rope_tables(batch.positions, cfg.attn_head_dim, cfg.rope_theta)
                       if self.has_attention else None)
+        pending = None
         for layer in self.layers:
-            x = layer(x, batch, backend, rotary)
+            x, pending = layer(x, pending, batch, backend, rotary)
         with profile_range("lm_head"):
-            last = self.norm(x[batch.last_token_index])
+            rows = batch.last_token_index  # only the last tokens need the final add and norm
+            _, last = self.norm.add(x[rows], pending[rows])
             return torch.nn.functional.linear(last, self.lm_head).float()
 
 

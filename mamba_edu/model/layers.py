@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mamba_edu.kernels.fused_ops import add_rms_norm, gated_rms_norm, rms_norm, rope, silu_mul
 from mamba_edu.model.config import ModelConfig
 
 
@@ -23,13 +24,10 @@ def init_param(gen: torch.Generator, shape, std: float, device, dtype) -> nn.Par
     return nn.Parameter(t.to(dtype), requires_grad=False)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x / rms(x) · weight`` over the last dim, computed in fp32 (one fused kernel on a GPU,
-    instead of the ~9 small ones the written-out expression would launch in bf16)."""
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)
-
-
 class RMSNorm(nn.Module):
+    """``x / rms(x) · weight`` over the last dim (``F.rms_norm`` on CPU, one Triton kernel on a
+    GPU: :mod:`mamba_edu.kernels.fused_ops`, like every small op of the forward)."""
+
     def __init__(self, dim: int, eps: float, device, dtype):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype), requires_grad=False)
@@ -37,6 +35,13 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         return rms_norm(x, self.weight, self.eps)
+
+    def add(self, x: torch.Tensor, delta: torch.Tensor | None):
+        """The pre-norm residual step ``x += delta; h = norm(x)``, one kernel on a GPU; returns
+        ``(x, h)``. ``delta = None``: nothing to add."""
+        if delta is None:
+            return x, self(x)
+        return add_rms_norm(x, delta, self.weight, self.eps)
 
 
 class MLP(nn.Module):
@@ -50,8 +55,7 @@ class MLP(nn.Module):
                                device, dtype)
 
     def forward(self, x):
-        gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down)
+        return F.linear(silu_mul(F.linear(x, self.gate_up)), self.down)
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float):
@@ -61,12 +65,6 @@ def rope_tables(positions: torch.Tensor, head_dim: int, theta: float):
     inv_freq = theta ** (-torch.arange(0, D, 2, device=positions.device, dtype=torch.float32) / D)
     angles = positions.float()[:, None] * inv_freq  # [T, D/2]
     return angles.cos()[:, None, :], angles.sin()[:, None, :]
-
-
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding (rotate-half form). ``x: [T, heads, D]``; tables from :func:`rope_tables`."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -182,6 +180,5 @@ class GDNMixer(nn.Module):
         # mixed_qkv, a and b are column slices of the projection: the kernels read their rows
         # with its row stride, so nothing is copied out.
         o = backend.forward(self, mixed_qkv, a, b, batch)
-        # Gated RMSNorm; silu in z's dtype computes in fp32 internally, like silu(z.float()).
-        o = rms_norm(o, self.norm_weight, self.eps) * F.silu(z.view(T, HV, V))
+        o = gated_rms_norm(o, z, self.norm_weight, self.eps)  # rms(o)·w·silu(z) per head
         return F.linear(o.view(T, -1), self.out)

@@ -20,9 +20,10 @@ BACKENDS = [pytest.param("triton", marks=pytest.mark.skipif(
 H, HV, K, V = 2, 4, 16, 32
 
 
-def _projection(T, seed, device="cpu", dtype=torch.float32):
+def _projection(T, seed, device="cpu", dtype=torch.float32, dims=(H, HV, K, V)):
     """``[T, 2HK + HV·V + 2HV + 3]`` (3 spare columns, so no slice is at the row's end) and its
     column views ``q, k [T, H, K]``, ``v [T, HV, V]``, ``a, b [T, HV]``, plus ``A_log, dt_bias``."""
+    H, HV, K, V = dims
     gen = torch.Generator().manual_seed(seed)
     widths = [H * K, H * K, HV * V, HV, HV, 3]
     proj = torch.randn(T, sum(widths), generator=gen)
@@ -131,16 +132,21 @@ def test_rows_must_be_contiguous_inside():
 
 
 @pytest.mark.gpu
-def test_prefill_on_views_gpu_bf16():
-    """The serving call on the GPU: bf16 views of one projection, gating inside the kernel, against
-    the fp32 torch path on contiguous copies (bf16 tolerance, DESIGN.md)."""
+@pytest.mark.parametrize("gating_inside", [True, False])
+@pytest.mark.parametrize("dims", [(2, 4, 16, 32), (2, 4, 128, 128)])
+def test_prefill_on_views_gpu_bf16(dims, gating_inside):
+    """The serving call on the GPU: bf16 views of one projection, the gating inside the kernel or
+    done first, against the fp32 torch path on contiguous copies (bf16 tolerance, DESIGN.md)."""
     lengths, slots = [100, 1, 300], [1, 2, 0]
-    views, A_log, dt_bias = _projection(sum(lengths), seed=5, device="cuda", dtype=torch.bfloat16)
-    pool = random_pool(4, HV, K, V, device="cuda")
+    views, A_log, dt_bias = _projection(sum(lengths), seed=5, device="cuda", dtype=torch.bfloat16,
+                                        dims=dims)
+    pool = random_pool(4, *dims[1:], device="cuda")
     pool_ref = pool.clone()
-    o, _ = gdn_prefill(**views, A_log=A_log, dt_bias=dt_bias, state_pool=pool,
-                       meta=build_chunk_meta(lengths, "cuda", state_indices=slots))
     g, beta = gdn_gating(A_log, views["a"], views["b"], dt_bias)
+    gates = dict(a=views["a"], b=views["b"], A_log=A_log, dt_bias=dt_bias) if gating_inside else \
+        dict(g=g, beta=beta)
+    o, _ = gdn_prefill(views["q"], views["k"], views["v"], **gates, state_pool=pool,
+                       meta=build_chunk_meta(lengths, "cuda", state_indices=slots))
     o_ref, _ = gdn_prefill(**{n: views[n].float().contiguous() for n in "qkv"}, g=g, beta=beta,
                            state_pool=pool_ref, backend="torch",
                            meta=build_chunk_meta(lengths, "cuda", state_indices=slots))

@@ -47,10 +47,12 @@ def strategy_report(device: torch.device, preset: str, lengths: tuple[int, ...],
     """Tracked prefills per strategy: syncs per forward, median forward time, the pools left.
 
     Every strategy sees the same sequence of fresh batches (no prefix hits), so their pools must
-    end up the same outside the scratch slot 0: bit-identical, except ``fused`` on a GPU, whose
-    output kernel reads the chunk states in bf16 instead of fp32 checkpoints (last-bit changes,
-    so it is compared with a bf16 tolerance). With ``trace_dir`` (on a GPU) one forward per
-    strategy is also recorded there.
+    end up the same outside the scratch slot 0: bit-identical, except ``fused`` on a GPU. Its
+    output kernel reads the chunk states in bf16 instead of fp32 checkpoints, so each GDN layer's
+    output differs in the last bits and the difference grows layer by layer: on the H200 the SSM
+    states differed by 4e-3 (relative) after the second GDN layer and 1.9e-2 over all 45 (logits
+    1.8e-2); it is compared with :data:`FUSED_GPU_TOL`. With ``trace_dir`` (on a GPU) one forward
+    per strategy is also recorded there.
     """
     from mamba_edu.benchmarks.ttft import Prefills, median_ms
     from mamba_edu.engine import Engine
@@ -72,17 +74,15 @@ def strategy_report(device: torch.device, preset: str, lengths: tuple[int, ...],
         prefills.close()
         pool = prefills.engine.pool
         pools.append([pool.conv[:, 1:].clone(), pool.ssm[:, 1:].clone()])
+        err = max(rel_err(a, b) for a, b in zip(pools[-1], pools[0]))
+        exact = strategy != "fused" or device.type == "cpu"
         rows.append({"strategy": strategy, "syncs": syncs.count, "ms": ms,
-                     "tracked": sum(batch.track_mask),
-                     "pools_match_naive": all(same_states(a, b, exact=strategy != "fused" or
-                                                          device.type == "cpu")
-                                              for a, b in zip(pools[-1], pools[0]))})
+                     "tracked": sum(batch.track_mask), "err": err,
+                     "pools_match_naive": err == 0 if exact else err <= FUSED_GPU_TOL})
     return rows
 
 
-def same_states(a: torch.Tensor, b: torch.Tensor, exact: bool) -> bool:
-    """Bit-identical, or (``exact=False``) within bf16 rounding: relative error ≤ 1e-2."""
-    return torch.equal(a, b) if exact else rel_err(a, b) <= 1e-2
+FUSED_GPU_TOL = 5e-2  # bf16 chunk states in the output kernel, compounded over 45 GDN layers
 
 
 def timeline_figure(out: Path, trace_dir: Path | None) -> Path | None:
@@ -126,10 +126,11 @@ def main(argv=None) -> int:
           f"median of {args.repeats} forwards:")
     trace_dir = args.out / "traces" if on_gpu else None
     rows = strategy_report(device, preset, lengths, args.repeats, trace_dir)
-    print(f"   {'strategy':<12} {'tracked':>7} {'syncs/forward':>13} {'forward ms':>10}  pools == naive's")
+    print(f"   {'strategy':<12} {'tracked':>7} {'syncs/forward':>13} {'forward ms':>10}  "
+          "pools vs naive's (max relative error)")
     for r in rows:
         print(f"   {r['strategy']:<12} {r['tracked']:>7} {r['syncs']:>13} {r['ms']:>10.1f}  "
-              f"{r['pools_match_naive']}")
+              f"{'same' if r['pools_match_naive'] else 'DIFFERENT'} ({r['err']:.1e})")
     if not on_gpu:
         print("   On a CPU nothing waits for a GPU: the syncs are counted, their cost needs a GPU.")
 

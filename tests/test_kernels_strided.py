@@ -145,11 +145,28 @@ def test_prefill_on_views_gpu_bf16(dims, gating_inside):
     g, beta = gdn_gating(A_log, views["a"], views["b"], dt_bias)
     gates = dict(a=views["a"], b=views["b"], A_log=A_log, dt_bias=dt_bias) if gating_inside else \
         dict(g=g, beta=beta)
-    o, _ = gdn_prefill(views["q"], views["k"], views["v"], **gates, state_pool=pool,
-                       meta=build_chunk_meta(lengths, "cuda", state_indices=slots))
+    call = lambda: gdn_prefill(views["q"], views["k"], views["v"], **gates, state_pool=pool,
+                               meta=build_chunk_meta(lengths, "cuda", state_indices=slots))
+    if dims[2] < 64:  # measured NaNs / illegal accesses there: refused before any launch
+        with pytest.raises(ValueError, match="head dim K=16 with torch.bfloat16"):
+            call()
+        assert torch.equal(pool, pool_ref)
+        return
+    o, _ = call()
     o_ref, _ = gdn_prefill(**{n: views[n].float().contiguous() for n in "qkv"}, g=g, beta=beta,
                            state_pool=pool_ref, backend="torch",
                            meta=build_chunk_meta(lengths, "cuda", state_indices=slots))
     assert rel_err(o.float(), o_ref) <= 5e-3
     assert rel_err(pool[slots], pool_ref[slots]) <= 5e-3
     assert torch.equal(pool[3], pool_ref[3])
+
+
+def test_compiled_prefill_refuses_small_16bit_head_dims():
+    from mamba_edu.kernels.validation import check_prefill_head_dims
+    with pytest.raises(ValueError, match=r"head dim V=32 with torch.float16 .* \(expected >= 64\)"):
+        check_prefill_head_dims(64, 32, torch.float16, interpreted=False)
+    check_prefill_head_dims(16, 32, torch.float32, interpreted=False)   # fp32: fine
+    check_prefill_head_dims(16, 32, torch.float16, interpreted=True)    # the interpreter: fine
+    check_prefill_head_dims(64, 128, torch.bfloat16, interpreted=False)
+    with pytest.raises(ValueError, match="K=512 is too large"):
+        check_prefill_head_dims(512, 128, torch.float32, interpreted=True)

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import torch
 
+from mamba_edu._runtime import triton_interpreted
+from mamba_edu.gdn import gdn_gating
 from mamba_edu.kernels.conv import conv1d_prefill_triton, conv1d_update_triton
 from mamba_edu.kernels.decode import decode_triton
 from mamba_edu.kernels.prefill import prefill_triton
-from mamba_edu.gdn import gdn_gating
 from mamba_edu.kernels.torch_path import (conv1d_decode_torch, conv1d_prefill_torch,
                                           decode_torch, prefill_torch)
-from mamba_edu.kernels.validation import (FLOATS, check_head_dims, check_meta, check_tensor,
+from mamba_edu.kernels.validation import (FLOATS, check_head_dims, check_meta,
+                                          check_prefill_head_dims, check_tensor,
                                           device_of, resolve_backend, slot_indices, track_targets)
 
 
@@ -126,7 +128,7 @@ def gdn_prefill(q, k, v, g=None, beta=None, *, a=None, b=None, A_log=None, dt_bi
             g, beta = gdn_gating(A_log, a, b, dt_bias)
         return prefill_torch(q, k, v, g, beta, state_pool, state_slots, meta, scale,
                              use_qk_l2norm, output_checkpoints, targets)
-    check_head_dims(K, V)
+    check_prefill_head_dims(K, V, q.dtype, triton_interpreted())
     if gating is not None:
         g, beta = a, b
     return prefill_triton(q, k, v, g, beta, state_pool, state_indices, meta, scale,

@@ -123,7 +123,10 @@ class RadixCache:
         while depth < len(token_ids):
             child = node.children.get(token_ids[depth])
             if child is None:
-                leaf = RadixNode(tuple(token_ids[depth:]), node, self._slice_kv(kv, depth, len(token_ids)))
+                # Compact copies: a slice of the forward's KV would keep its whole batch-wide
+                # projection alive (the H200 sweeps ran out of memory that way).
+                leaf_kv = [(k.clone(), v.clone()) for k, v in self._slice_kv(kv, depth, len(token_ids))]
+                leaf = RadixNode(tuple(token_ids[depth:]), node, leaf_kv)
                 node.children[token_ids[depth]] = leaf
                 node = leaf
                 break

@@ -88,3 +88,17 @@ def test_insert_needs_tokens():
     _, cache = _cache()
     with pytest.raises(ValueError, match="token_ids"):
         cache.insert([], 1, [])
+
+
+def test_cached_kv_does_not_pin_the_forward_tensors():
+    """The cache copies the rows it keeps: a slice would keep the batch's whole KV alive."""
+    pool, cache = _cache()
+    wide = torch.randn(300, 5, 4)                     # a forward's projection: 300 tokens, 5 heads
+    k, v = wide[:, 1:2], wide[:, 2:3]                 # one kv head each: strided views of it
+    (slot,) = pool.alloc(1)
+    assert cache.insert(list(range(100)), slot, [(k, v)])
+    cached_k, cached_v = cache.match(list(range(100))).kv[0]
+    for cached, view in ((cached_k, k), (cached_v, v)):
+        assert torch.equal(cached, view[:100])
+        assert cached.untyped_storage().data_ptr() != wide.untyped_storage().data_ptr()
+        assert cached.untyped_storage().nbytes() == cached.numel() * cached.element_size()

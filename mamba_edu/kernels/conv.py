@@ -102,8 +102,8 @@ def conv1d_prefill_triton(x, weight, bias, conv_pool, state_indices, meta, silu)
     y = torch.empty(T, D, device=x.device, dtype=x.dtype)
     conv1d_prefill_kernel[(meta.NT, triton.cdiv(D, _BD))](
         x, weight, weight if bias is None else bias, y, conv_pool, state_indices,
-        meta.cu_seqlens, meta.chunk_indices, D, x.stride(0), weight.shape[1], _BD, bias is not None, silu,
-        num_warps=4)
+        meta.cu_seqlens, meta.chunk_indices, D, x.stride(0), weight.shape[1], _BD,
+        bias is not None, silu, num_warps=4)
     return y
 
 

@@ -59,5 +59,6 @@ def decode_triton(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scal
     BV = min(32, max(16, triton.next_power_of_2(V)))
     gdn_decode_kernel[(triton.cdiv(V, BV), N, HV)](
         q, k, v, a, b, A_log, dt_bias, o, state_pool, state_indices, scale,
-        q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), H, HV, K, V, max(16, triton.next_power_of_2(K)), BV, use_qk_l2norm)
+        q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0),
+        H, HV, K, V, max(16, triton.next_power_of_2(K)), BV, use_qk_l2norm)
     return o

@@ -189,9 +189,9 @@ def chunk_scan_kernel(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool
 @triton.autotune(tuning_configs((4, 2), (8, 2)), key=["K", "V", "BV"])
 @triton.jit
 def chunk_output_kernel(q_ptr, k_ptr, v_new_ptr, h_ptr, gamma_ptr, o_ptr, cu_ptr, chunk_idx_ptr,
-                        scale, stride_q, stride_k, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-                        V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                        USE_L2NORM: tl.constexpr):
+                        scale, stride_q, stride_k,
+                        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                        BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr):
     """One (chunk, value head, V-tile): its 64 rows of ``o [T, HV, V]`` from ``h`` and ``Ṽ``."""
     i_chunk = tl.program_id(0)
     hv = tl.program_id(1)

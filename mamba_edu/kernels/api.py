@@ -187,7 +187,7 @@ def conv1d_prefill(x, weight, bias=None, *, conv_pool, state_indices=None, meta,
         state_indices = getattr(meta, "state_indices", None)
     slots = _check_conv(x, weight, bias, conv_pool)
     silu = _check_activation(activation)
-    backend = resolve_backend(backend, x.device, x.dtype)
+    backend = resolve_backend(backend, x.device, x.dtype, "x")
     check_meta(meta, x.shape[0], x.device)
     if state_indices is None:
         raise ValueError("state_indices is required (or build meta with state_indices=...)")
@@ -204,7 +204,7 @@ def conv1d_decode(x, weight, bias=None, *, conv_pool, state_indices, activation=
     ``state_indices [N]``: negative = padded row (zeros, no write)."""
     slots = _check_conv(x, weight, bias, conv_pool)
     silu = _check_activation(activation)
-    backend = resolve_backend(backend, x.device, x.dtype)
+    backend = resolve_backend(backend, x.device, x.dtype, "x")
     state_slots = slot_indices("state_indices", state_indices, x.shape[0], slots, x.device,
                                allow_padding=True)
     if backend == "torch":

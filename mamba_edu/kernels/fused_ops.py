@@ -118,10 +118,7 @@ def _launch_rms(x, delta, z, weight, eps, heads, stride_x, want_sum):
 
 
 def _backend(backend: str, name: str, x: torch.Tensor) -> str:
-    if backend == "triton" and x.device.type != "cuda" and x.dtype == torch.bfloat16:
-        raise ValueError(f"{name} has dtype bfloat16, which the Triton interpreter computes "
-                         "wrongly; use float32 or float16 on CPU")
-    return resolve_backend(backend, x.device, x.dtype)
+    return resolve_backend(backend, x.device, x.dtype, name)
 
 
 def _check_eps(eps) -> float:

@@ -50,8 +50,9 @@ def device_of(name: str, t) -> torch.device:
     return t.device
 
 
-def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
-    """``auto`` → Triton on CUDA, torch elsewhere; check that a forced Triton run can work."""
+def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype, name: str = "q") -> str:
+    """``auto`` → Triton on CUDA, torch elsewhere; check that a forced Triton run can work
+    (``name``: the argument whose dtype decides, for the error message)."""
     if backend not in ("auto", "triton", "torch"):
         raise ValueError(f"backend must be 'auto', 'triton' or 'torch'; got {backend!r}")
     if backend == "auto":
@@ -61,8 +62,8 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> s
             raise ValueError("backend='triton' on CPU needs TRITON_INTERPRET=1, set before "
                              "mamba_edu.kernels is imported")
         if dtype == torch.bfloat16:
-            raise ValueError("q has dtype bfloat16, which the Triton interpreter computes wrongly; "
-                             "use float32 or float16 on CPU")
+            raise ValueError(f"{name} has dtype bfloat16, which the Triton interpreter computes "
+                             "wrongly; use float32 or float16 on CPU")
     return backend
 
 

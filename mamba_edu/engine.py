@@ -113,7 +113,7 @@ class Engine:
 
     Args:
         model: a :class:`mamba_edu.model.HybridModel`.
-        strategy: ``naive``, ``precomputed``, ``sync_free`` or ``fused`` (DESIGN.md §4).
+        strategy: ``naive``, ``precomputed``, ``sync_free`` or ``fused`` (docs/conventions.md).
         max_requests: most requests running at once.
         cache_chunk: ``Cc``, a multiple of 64: extends of at least Cc tokens are tracked.
         ping_pong: 2 track slots per request instead of 1 (for an overlapping scheduler).

@@ -1,5 +1,5 @@
 """The chunked (WY) form against the token-by-token recurrence, and the recurrence against
-hand-computed values (DESIGN.md §3). All fp32 comparisons use a 1e-5 relative tolerance."""
+hand-computed values (docs/conventions.md). All fp32 comparisons use a 1e-5 relative tolerance."""
 
 import math
 

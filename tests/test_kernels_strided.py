@@ -136,7 +136,7 @@ def test_rows_must_be_contiguous_inside():
 @pytest.mark.parametrize("dims", [(2, 4, 16, 32), (2, 4, 128, 128)])
 def test_prefill_on_views_gpu_bf16(dims, gating_inside):
     """The serving call on the GPU: bf16 views of one projection, the gating inside the kernel or
-    done first, against the fp32 torch path on contiguous copies (bf16 tolerance, DESIGN.md)."""
+    done first, against the fp32 torch path on contiguous copies (bf16 tolerance, docs/conventions.md)."""
     lengths, slots = [100, 1, 300], [1, 2, 0]
     views, A_log, dt_bias = _projection(sum(lengths), seed=5, device="cuda", dtype=torch.bfloat16,
                                         dims=dims)

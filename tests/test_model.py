@@ -1,4 +1,4 @@
-"""The hybrid model: preset shapes (DESIGN.md §6), layer layout, seeding, scale, profiler ranges."""
+"""The hybrid model: preset shapes (docs/conventions.md), layer layout, seeding, scale, profiler ranges."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Where to track (DESIGN.md §4): E ≥ Cc, A = ⌊E/Cc⌋·Cc, final state iff A == E."""
+"""Where to track (docs/conventions.md): E ≥ Cc, A = ⌊E/Cc⌋·Cc, final state iff A == E."""
 
 import pytest
 

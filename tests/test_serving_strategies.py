@@ -1,5 +1,5 @@
 """The four tracking strategies are interchangeable: same outputs, same pools, and exactly the
-sync counts each one is built to have (DESIGN.md §4)."""
+sync counts each one is built to have (docs/conventions.md)."""
 
 import pytest
 import torch

@@ -6,7 +6,7 @@ our ``gdn_prefill`` and fla's ``chunk_gated_delta_rule`` (if importable; never a
 eager and CUDA-graph replay (medians of ``triton.testing.do_bench`` / ``do_bench_cudagraph``, with
 inputs rotated over several copies so that L2 does not flatter us), per-stage times of our three
 kernels (prepare, scan, output; graph replay), achieved bandwidth against the byte model (docs:
-gdn_kernels.md §8.2) and our own byte count, and a correctness check of every configuration
+the byte count of its unfused pipeline) and our own byte count, and a correctness check of every configuration
 against the torch reference; and the decode step for 256 sequences (effective bandwidth on the
 state traffic, and its byte floor). Headline cases run first and a time budget skips the rest;
 ``kernels.json`` and ``kernels.csv`` are rewritten after every case.
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 H, HV, K, V = 16, 32, 128, 128
-FLA_BYTES_PER_TOKEN_HEAD = 4640  # fla's unfused pipeline, gdn_kernels.md §8.2
+FLA_BYTES_PER_TOKEN_HEAD = 4640  # bytes per token and head that fla's unfused pipeline moves
 HBM_BYTES_PER_S = 4.3e12         # H200 copy bandwidth used for the byte floors
 ROTATE = 3                        # input copies cycled through by the timed calls
 DEVICE = "cuda"
@@ -92,7 +92,7 @@ def _check_prefill(sets, meta, out_fn):
 
 
 def _fla_runner():
-    # fla's pure Triton path, as measured in gdn_kernels.md §8.4 (no optional TileLang backends).
+    # fla's pure Triton path, without its optional TileLang backends.
     os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
@@ -258,7 +258,7 @@ def main(argv=None) -> int:
                 python=platform.python_version(), fla=None if fla is None else _fla_version(),
                 hbm_bytes_per_s=HBM_BYTES_PER_S, rotate=ROTATE,
                 fla_backend_dispatch_disabled=os.environ.get("FLA_DISABLE_BACKEND_DISPATCH") == "1",
-                note="median ms; graph = do_bench_cudagraph; bytes per §8.2 of gdn_kernels.md")
+                note="median ms; graph = do_bench_cudagraph; fla bytes = its unfused pipeline's traffic")
     results = []
     start = time.monotonic()
     for lengths in tqdm(cases, desc="bench-kernels"):

@@ -14,7 +14,7 @@ one machine:
 * for the sync-free strategies on a GPU, the same prefill **captured in a CUDA graph** and
   replayed: one graph per batch shape, as a serving engine captures one per batch bucket.
 
-Headline cases (DESIGN.md §6): GPU-bound ``qwen3-next`` 8 × 1024 tokens; launch-bound
+Headline cases (docs/conventions.md): GPU-bound ``qwen3-next`` 8 × 1024 tokens; launch-bound
 ``qwen3.5-tp8`` 1 × 512, 16 × 256 and 8 × 1024. Sweeps: total tokens 512 … 16384 and the
 fraction of tracked requests 0, ½, 1. A dense MLP stands in for the mixture of experts.
 
@@ -60,7 +60,7 @@ MOE_NOTE = "a dense MLP of the active-expert width stands in for the mixture of 
 class Case:
     """A batch to prefill: a preset and prompt lengths; ``group`` is headline or a sweep's name.
 
-    Tracking follows DESIGN.md §4: a request is tracked iff its length ≥ ``cache_chunk``. The
+    Tracking follows docs/conventions.md: a request is tracked iff its length ≥ ``cache_chunk``. The
     tracked-fraction sweep uses that: with ``cache_chunk = 1024`` a 1024-token prompt is tracked
     and a 1023-token one is not, at the same cost otherwise.
     """

@@ -1,6 +1,6 @@
 """The Gated DeltaNet math in plain PyTorch: the oracle every kernel and strategy is tested against.
 
-Shapes (packed varlen, DESIGN.md §3): ``q, k: [T, H, K]``, ``v: [T, HV, V]``, ``g, beta: [T, HV]``,
+Shapes (packed varlen, docs/conventions.md): ``q, k: [T, H, K]``, ``v: [T, HV, V]``, ``g, beta: [T, HV]``,
 ``cu_seqlens: [N+1]``; states ``[N, HV, K, V]`` fp32.
 """
 

@@ -1,6 +1,6 @@
 """The chunked (WY) form: the same function as the recurrence, computed 64 tokens at a time.
 
-Inside a chunk with start state ``S₀`` and inclusive cumsum ``Γ`` of g (DESIGN.md §3)::
+Inside a chunk with start state ``S₀`` and inclusive cumsum ``Γ`` of g (docs/conventions.md)::
 
     L = strict_lower(beta_s (k_s·k_j) exp(Γ_s − Γ_j)),   T = (I + L)⁻¹
     U = T(beta·V),   W = T(beta·exp(Γ)·K)                    # independent of S₀: all chunks at once

@@ -1,4 +1,4 @@
-"""The token-by-token recurrence: the definition of Gated DeltaNet (DESIGN.md §3).
+"""The token-by-token recurrence: the definition of Gated DeltaNet (docs/conventions.md).
 
 Per token and value head, with state ``S ∈ R^{K×V}`` (decay first, read after write)::
 

@@ -63,7 +63,7 @@ def checkpoint_offsets(lengths: Sequence[int], chunk: int = CHUNK) -> list[int]:
 
 
 def validate_gdn_inputs(q, k, v, g, beta, cu_seqlens, initial_state) -> list[int]:
-    """Check shapes of a packed GDN call (DESIGN.md §3) and return the sequence lengths.
+    """Check shapes of a packed GDN call (docs/conventions.md) and return the sequence lengths.
 
     Raises ``ValueError`` naming the offending argument and the expected shape.
     """

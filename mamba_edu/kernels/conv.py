@@ -1,7 +1,7 @@
 """Causal depthwise conv1d with SiLU, for prefill (packed varlen) and the decode update.
 
 ``y[t, c] = silu(bias[c] + Σ_j weight[c, j] · x̃[t − (W−1) + j, c])`` with ``x̃`` = the sequence's
-conv state (its previous ``W−1`` raw inputs) followed by its tokens (DESIGN.md §3).
+conv state (its previous ``W−1`` raw inputs) followed by its tokens (docs/conventions.md).
 
 Prefill grid ``(NT, ⌈D/BD⌉)``: one program per 64-token chunk and channel block. Only chunk 0 of
 a sequence looks into the conv state, so that same program also writes the new state (the last

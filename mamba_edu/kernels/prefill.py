@@ -1,4 +1,4 @@
-"""The chunked GDN prefill in three Triton kernels (DESIGN.md §3, chunk C = 64).
+"""The chunked GDN prefill in three Triton kernels (docs/conventions.md, chunk C = 64).
 
 1. :func:`chunk_prepare_kernel`, grid ``(NT, HV)``, one program per (chunk, value head), all in
    parallel: the gating (when given the raw projections a, b), the chunk-local cumsum Γ of g,

@@ -1,7 +1,7 @@
 """Small Triton helpers shared by the kernels: masked tile loads, the fused q/k L2 norm, the
 Qwen3-Next gating, configs.
 
-Everything is plain pointer arithmetic with masks (no block pointers, DESIGN.md §5), and every
+Everything is plain pointer arithmetic with masks (no block pointers: docs/conventions.md), and every
 load is masked, because the Triton interpreter does not check bounds.
 """
 
@@ -62,7 +62,7 @@ def as_vector(scalar, like):
 
 def tuning_configs(*warps_and_stages: tuple[int, int]) -> list:
     """Autotune configs ``(num_warps, num_stages)`` on a GPU; one config under the interpreter,
-    where autotuning with several configs fails (DESIGN.md §5)."""
+    where autotuning with several configs fails (docs/conventions.md)."""
     if triton_interpreted():
         return [triton.Config({}, num_warps=4)]
     return [triton.Config({}, num_warps=w, num_stages=s) for w, s in warps_and_stages]

@@ -1,6 +1,6 @@
 """Serving a hybrid GDN model: state pool, prefix cache, planning, forward batch, backend.
 
-See ``docs/serving.md`` for the whole flow and DESIGN.md §4 for the semantics.
+See ``docs/serving.md`` for the whole flow and ``docs/conventions.md`` for the semantics.
 """
 
 from mamba_edu.serving.backend import LinearAttentionBackend

@@ -1,4 +1,4 @@
-"""Where to track, decided on the host before the forward (DESIGN.md §4).
+"""Where to track, decided on the host before the forward (docs/conventions.md).
 
 For a request that extends ``E`` tokens after a cached prefix of ``P`` tokens, with cache chunk
 ``Cc`` (a multiple of 64):

@@ -83,7 +83,7 @@ def test_bench_on_cpu_end_to_end(tmp_path):
     rows = {(r["case"], r["strategy"]): r for r in results["results"]}
     assert len(rows) == 4 and all(r["error"] is None for r in rows.values())
 
-    # Syncs per forward are exact even on a CPU (the sniffer); DESIGN.md §4.
+    # Syncs per forward are exact even on a CPU (the sniffer).
     syncs = {s: rows["launch_bound_1x512", s]["syncs"] for s in STRATEGIES}
     assert syncs["naive"] >= 2 * TINY_GDN_LAYERS
     assert 1 <= syncs["precomputed"] <= 2

@@ -1,4 +1,4 @@
-"""Model shapes and the presets of DESIGN.md §6.
+"""Model shapes and the benchmark presets (docs/conventions.md).
 
 A dense MLP stands in for the mixture of experts: its width is the *active* expert width
 (top-k routed experts plus the shared expert), so the FLOPs per token match, not the parameters.

@@ -12,7 +12,7 @@ export TRITON_INTERPRET ?= 1
 export MPLBACKEND ?= Agg
 endif
 
-.PHONY: setup demo test test-fast lab clean
+.PHONY: setup demo test test-fast lab notebooks clean
 
 setup: $(STAMP)
 
@@ -32,6 +32,11 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest tests -q -m "not slow" -p no:cacheprovider || [ $$? -eq 5 ]
+
+# The learner notebooks are made from notebooks/solutions/ (solution blocks become stubs);
+# both versions are then executed so that their committed outputs are fresh.
+notebooks: $(STAMP)
+	$(PY) -m mamba_edu.exercises.stubs --execute
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks

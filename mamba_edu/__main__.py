@@ -1,4 +1,4 @@
-"""Command line: ``python -m mamba_edu {demo,bench,bench-kernels} [options]``."""
+"""Command line: ``python -m mamba_edu {demo,bench,bench-kernels,grade} [options]``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ COMMANDS = {
     "demo": ("mamba_edu.demo", "the main job on the default device: a short readable report"),
     "bench": ("mamba_edu.benchmarks.ttft", "TTFT, bubbles and syncs per tracking strategy"),
     "bench-kernels": ("mamba_edu.benchmarks.kernels", "our Triton prefill/decode vs fla on a GPU"),
+    "grade": ("mamba_edu.exercises.grader", "execute submitted notebooks and grade their exercises"),
 }
 
 

@@ -8,6 +8,7 @@ device and no explicit setting, kernels run in the Triton interpreter (slow, tin
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
@@ -23,3 +24,9 @@ def default_device() -> torch.device:
 def triton_interpreted() -> bool:
     """True when Triton kernels run in the CPU interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def data_dir() -> Path:
+    """The repository's ``data/`` folder (H200 traces and benchmark results), wherever the
+    notebook runs from. It is absent from an installed wheel: callers check ``exists()``."""
+    return Path(__file__).resolve().parent.parent / "data"

@@ -1,0 +1,117 @@
+"""Exercise bookkeeping: the registry of checks, one verdict per exercise, one printed line.
+
+A check is a function that takes the learner's function(s), runs them on fresh inputs and
+returns a short pass message, or raises ``AssertionError`` saying what differs. The learner's
+stub raises ``NotImplementedError``; :func:`run` turns that into "not done yet" instead of a
+traceback, so a notebook with unfinished exercises still runs top to bottom.
+
+Checks live here, in the package; the answers do not (they are in ``notebooks/solutions/``).
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+PASS, FAIL, NOT_DONE = "pass", "fail", "not done"
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise of one notebook.
+
+    notebook: the notebook's file stem, e.g. ``"01_gated_deltanet_recurrence"``.
+    number:   its number inside that notebook (1, 2, …).
+    title:    a few words, shown by the grader.
+    names:    the names of the learner's functions in the notebook, passed to ``check`` in order.
+    check:    ``check(*functions) -> str`` (the pass message) or raises ``AssertionError``.
+    """
+
+    notebook: str
+    number: int
+    title: str
+    names: tuple[str, ...]
+    check: Callable[..., str]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of one exercise: ``status`` is ``pass``, ``fail`` or ``not done``."""
+
+    exercise: Exercise
+    status: str
+    message: str = ""
+
+    def line(self) -> str:
+        """What the notebook prints: ``exercise N: PASS — …``, ``… FAIL — …`` or ``… not done yet``."""
+        head = f"exercise {self.exercise.number}"
+        if self.status == NOT_DONE:
+            return f"{head}: not done yet"
+        return f"{head}: {'PASS' if self.status == PASS else 'FAIL'} — {self.message}"
+
+
+REGISTRY: dict[str, dict[int, Exercise]] = {}
+
+
+def exercise(notebook: str, number: int, title: str, *names: str):
+    """Decorator: register ``check`` as exercise ``number`` of ``notebook``."""
+    def register(check: Callable[..., str]) -> Callable[..., str]:
+        REGISTRY.setdefault(notebook, {})[number] = Exercise(notebook, number, title, names, check)
+        return check
+    return register
+
+
+def _not_done(err: BaseException) -> bool:
+    """True if the learner's stub raised, also when a compiler wrapped that (a Triton kernel on
+    a GPU cannot raise, so compiling one whose body is the stub fails and names it)."""
+    while err is not None:
+        if isinstance(err, NotImplementedError) or "NotImplementedError" in str(err):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def judge(ex: Exercise, *functions) -> Verdict:
+    """Run ``ex.check`` on the learner's ``functions`` and classify the outcome (never raises)."""
+    try:
+        message = ex.check(*functions)
+    except AssertionError as err:
+        return Verdict(ex, FAIL, str(err) or "the check failed")
+    except Exception as err:  # the learner's code crashed: say where, without a long traceback
+        if _not_done(err):
+            return Verdict(ex, NOT_DONE)
+        where = traceback.extract_tb(err.__traceback__)[-1]
+        return Verdict(ex, FAIL, f"{type(err).__name__}: {err} (line {where.lineno} of {where.name})")
+    return Verdict(ex, PASS, message)
+
+
+def lookup(notebook: str, number: int) -> Exercise:
+    """The registered exercise, or a ``KeyError`` that lists what exists."""
+    try:
+        return REGISTRY[notebook][number]
+    except KeyError:
+        known = sorted(REGISTRY.get(notebook, {}))
+        raise KeyError(f"notebook {notebook!r} has no exercise {number}; registered: {known}") from None
+
+
+def checker(notebook: str) -> Callable[..., None]:
+    """``check(number, *functions)`` for one notebook: judge the exercise and print its line."""
+    def check(number: int, *functions) -> None:
+        print(judge(lookup(notebook, number), *functions).line())
+    check.__doc__ = f"Check exercise ``number`` of notebook {notebook} and print one line."
+    return check
+
+
+def grade_namespace(notebook: str, namespace: dict) -> list[Verdict]:
+    """Judge every exercise of ``notebook`` with the functions found in ``namespace`` (the
+    notebook's globals after it ran). A missing function is a fail that names it."""
+    verdicts = []
+    for number in sorted(REGISTRY.get(notebook, {})):
+        ex = REGISTRY[notebook][number]
+        missing = [name for name in ex.names if name not in namespace]
+        if missing:
+            verdicts.append(Verdict(ex, FAIL, f"{', '.join(missing)} is not defined (did its cell run?)"))
+        else:
+            verdicts.append(judge(ex, *(namespace[name] for name in ex.names)))
+    return verdicts

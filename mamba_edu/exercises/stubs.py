@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import time
 from pathlib import Path
 
 BEGIN = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION\s*(?P<hint>.*?)\s*$")
@@ -103,8 +104,9 @@ def main(argv=None) -> int:
         print(f"wrote {target}", flush=True)
         if args.execute:
             for path in (source, target):
+                start = time.perf_counter()
                 execute(path)
-                print(f"executed {path}", flush=True)
+                print(f"executed {path} in {time.perf_counter() - start:.1f} s", flush=True)
     return 0
 
 

@@ -22,8 +22,10 @@ def model():
 
 
 def expected_syncs(strategy: str, n_gdn: int, any_tracked: bool) -> int:
-    return {"naive": (3 if any_tracked else 2) * n_gdn, "precomputed": 2 if any_tracked else 1,
-            "sync_free": 0, "fused": 0}[strategy]
+    """SGLang's counts: before PR #20522 (naive) 9 per forward + 3 per GDN layer (1 + 2 per layer
+    when nothing is tracked); after it (precomputed) 11 per forward (2)."""
+    return {"naive": 9 + 3 * n_gdn if any_tracked else 1 + 2 * n_gdn,
+            "precomputed": 11 if any_tracked else 2, "sync_free": 0, "fused": 0}[strategy]
 
 
 def run(model, strategy, cache_chunk, ping_pong, requests):
@@ -75,15 +77,18 @@ def test_strategies_agree(model, specs, cache_chunk, ping_pong, seed):
 
 
 def test_sync_sites(model):
-    """naive syncs inside every layer; precomputed only in init_forward_metadata; the others never."""
+    """naive syncs inside every layer and in SGLang's per-forward metadata; precomputed only in
+    init_forward_metadata, before the first layer; the others never."""
     requests = [Request("a", [1] * 130), Request("b", BASE[:20])]  # a is tracked, b is not
     n_gdn = len(model.config.gdn_layers)
+    per_forward = {"item/bool/int (_local_scalar_dense)": 2, "boolean-mask indexing": 1, "cpu()": 6}
     _, naive, _ = run(model, "naive", 64, False, requests)
     assert naive.in_function("conv_indices") == 2 * n_gdn and naive.in_function("ssm_indices") == n_gdn
-    assert naive.by_op == {"item/bool/int (_local_scalar_dense)": 2 * n_gdn, "nonzero": n_gdn}
+    assert naive.in_function("sglang_track_metadata") == 9
+    assert naive.by_op == per_forward | {"item/bool/int (_local_scalar_dense)": 2 + 2 * n_gdn, "nonzero": n_gdn}
     _, pre, _ = run(model, "precomputed", 64, False, requests)
-    assert pre.count == 2 and pre.in_function("prepare") == 2
-    assert pre.by_op == {"item/bool/int (_local_scalar_dense)": 1, "nonzero": 1}
+    assert pre.in_function("sglang_track_metadata") == 9 and pre.in_function("prepare") == 2
+    assert pre.by_op == per_forward | {"item/bool/int (_local_scalar_dense)": 3, "nonzero": 1}
 
 
 def test_tracked_snapshot_is_the_state_at_the_tracked_position(model):

@@ -97,3 +97,17 @@ def test_sniffer_sees_device_to_host_copies_on_gpu():
     x = torch.randn(4, device="cuda")
     report = _count(lambda: x.cpu())
     assert report.by_op == {"device-to-host copy": 1}
+
+
+def test_host_only_blocks_are_not_counted_but_the_copies_before_them_are():
+    """SGLang's metadata copies device tensors to the host, then works on the copies: only the
+    copies are syncs on a GPU; the CPU sniffer is told which block works on host copies."""
+    from mamba_edu.profiling import host_only
+
+    mask = torch.tensor([True, False, True])
+    with count_syncs() as syncs:
+        host = mask.cpu()
+        with host_only():
+            rows = host.nonzero()[:, 0].tolist()
+    assert rows == [0, 2]
+    assert syncs.by_op == {"cpu()": 1}

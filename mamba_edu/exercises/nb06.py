@@ -15,7 +15,7 @@ import torch
 
 from mamba_edu.profiling import count_syncs
 from mamba_edu.serving import build_batch, get_strategy, plan_tracking
-from mamba_edu.serving.tracking import ForwardMetadata, track_indices_on_device
+from mamba_edu.serving.tracking import ForwardMetadata, sglang_track_metadata
 
 
 def toy_batch(prefix_lens, extend_lens, cache_chunk: int = 64, device="cpu", seed: int = 0):
@@ -80,7 +80,7 @@ def check_conv_window(fn) -> None:
         if not rows:
             continue
         width = rng.randint(2, 5)
-        ref = track_indices_on_device(batch, torch.tensor(rows), width).conv_positions.tolist()
+        ref = sglang_track_metadata(batch, width).conv_positions.tolist()
         for r, want in zip(rows, ref):
             start, plan = batch.token_ranges[r][0], batch.plans[r]
             got = list(fn(start, plan.aligned, width))

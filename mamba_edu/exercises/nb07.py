@@ -15,7 +15,7 @@ import torch
 from mamba_edu.exercises.nb06 import toy_batch
 from mamba_edu.gdn import chunk_gated_delta_rule, recurrent_gated_delta_rule
 from mamba_edu.profiling import count_syncs
-from mamba_edu.serving.tracking import track_indices_on_device
+from mamba_edu.serving.tracking import sglang_track_metadata
 
 
 def precomputed_indices(batch, rows: torch.Tensor, conv_width: int):
@@ -50,7 +50,7 @@ def check_precomputed_indices(fn) -> None:
         rows = batch.track_mask_t.nonzero()[:, 0]
         if rows.numel() == 0:
             continue
-        ref = track_indices_on_device(batch, rows, 4)
+        ref = sglang_track_metadata(batch, 4)
         with count_syncs() as syncs:
             got = fn(batch, rows, 4)
         if syncs.count:

@@ -6,29 +6,35 @@ Every strategy ends in the same two per-layer copies (:meth:`LinearAttentionBack
 * ``track.conv`` (before the conv): ``conv_pool[dst] = mixed_qkv[conv_positions]ᵀ``;
 * ``track.ssm`` (after the GDN kernel): ``ssm_pool[dst] = final state or checkpoint h[…]``.
 
-They differ only in where the :class:`TrackIndices` come from:
+They differ only in where the :class:`TrackIndices` come from. ``naive`` and ``precomputed``
+reproduce SGLang (``hybrid_linear_attn_backend.py`` and ``gdn_backend.py``) before and after its
+PR #20522, host syncs included (L = number of GDN layers; see ``docs/sglang.md``):
 
-========== ======================================================== ======================
-strategy   indices                                                   host syncs / forward
-========== ======================================================== ======================
-naive      every layer: ``if mask.any()`` → ``mask.nonzero()``;      2 per GDN layer,
-           after the kernel ``if mask.any()`` again                  3 when tracking
-precomputed once in ``init_forward_metadata``: ``bool(mask.any())``,  1, or 2 when tracking
-           ``mask.nonzero()``; layers only index                     (0 inside layers)
-sync_free  built on the host from the scheduler's lists, one pinned   0
-           copy; fixed size N, untracked rows write the scratch slot
-fused      as sync_free for the conv; the GDN kernel itself writes     0
-           the tracked SSM state (no fp32 h returned, no copy)
-========== ======================================================== ======================
+=========== ======================================================= =========================
+strategy    indices                                                  host syncs / forward
+=========== ======================================================= =========================
+naive       once per forward :func:`sglang_track_metadata` (9 syncs, 9 + 3·L when tracking
+            1 if nothing is tracked); every layer again                (SGLang before #20522),
+            ``if mask.any()`` → ``mask.nonzero()`` for the conv          1 + 2·L otherwise
+            destinations, and ``if mask.any()`` before the SSM copy
+precomputed :func:`sglang_track_metadata`, then ``has_mamba_track_mask  11 when tracking, else 2
+            = bool(mask.any())`` and ``mask.nonzero()`` once; layers    (SGLang after #20522),
+            test a Python bool and index                               0 inside the layers
+sync_free   built on the host from the scheduler's lists, one pinned  0
+            copy; fixed size N, untracked rows write the scratch slot
+fused       as sync_free for the conv; the GDN kernel itself writes     0
+            the tracked SSM state (no fp32 h returned, no copy)
+=========== ======================================================= =========================
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from mamba_edu.gdn import checkpoint_offsets
+from mamba_edu.profiling.syncs import host_only
 from mamba_edu.serving.batch import ForwardBatch, upload_host_lists
 from mamba_edu.serving.pool import SCRATCH_SLOT
 
@@ -51,21 +57,36 @@ class TrackIndices:
     from_final: torch.Tensor
 
 
-def track_indices_on_device(batch: ForwardBatch, rows: torch.Tensor, conv_width: int) -> TrackIndices:
-    """Indices of the tracked ``rows [n]`` computed from the batch's device tensors (no sync:
-    only gathers and arithmetic; finding ``rows`` is what synced)."""
+def sglang_track_metadata(batch: ForwardBatch, conv_width: int) -> TrackIndices | None:
+    """The tracked rows' indices as SGLang builds them once per forward (``_forward_metadata``
+    with ``_init_track_conv_indices`` and ``_init_track_ssm_indices``), the same before and after
+    PR #20522, host syncs included: 9 when a row is tracked, 1 otherwise. None if none is."""
+    mask = batch.track_mask_t
+    if not mask.any():                                        # sync: the gate
+        return None
     cu = batch.cu_seqlens
-    extend = cu[1:] - cu[:-1]
-    n_chunks = (extend + 63) // 64
-    first_checkpoint = n_chunks.cumsum(0) - n_chunks
-    aligned = batch.track_lens_t[rows] - batch.prefix_lens_t[rows]  # A
-    window = torch.arange(1 - conv_width, 0, device=cu.device)       # -(W-1) … -1
-    # A == E means "final": its chunk index ⌈E/64⌉ lies past h; clamp it to a valid row.
-    checkpoint = torch.minimum(first_checkpoint[rows] + aligned // 64, n_chunks.sum() - 1)
-    return TrackIndices(dst=batch.track_slots_t[rows],
-                        conv_positions=(cu[rows] + aligned)[:, None] + window,
-                        working=batch.working_slots_t[rows], checkpoint=checkpoint,
-                        from_final=aligned == extend[rows])
+    # Conv windows, on the device: the rows before each tracked position A.
+    aligned = batch.track_lens_t - batch.prefix_lens_t      # A (−P−1 for untracked rows)
+    start = (cu[:-1] + aligned - (conv_width - 1))[mask]     # sync: boolean-mask gather
+    window = torch.arange(conv_width - 1, device=cu.device)
+    conv_positions = (start[:, None] + window).clamp(0, cu[-1] - 1)  # sync: a tensor bound is read as a number
+    # SSM sources, on the host: six copies back, the split into final / checkpoint, one upload.
+    mask_c, extend_c = mask.cpu(), (cu[1:] - cu[:-1]).cpu()                       # syncs 4, 5
+    dst_c, working_c = batch.track_slots_t.cpu(), batch.working_slots_t.cpu()    # syncs 6, 7
+    track_c, prefix_c = batch.track_lens_t.cpu(), batch.prefix_lens_t.cpu()      # syncs 8, 9
+    with host_only():
+        rel = (track_c - prefix_c)[mask_c]
+        n_chunks = (extend_c + 63) // 64
+        first_checkpoint = n_chunks.cumsum(0) - n_chunks
+        # A == E means "final": its chunk index ⌈E/64⌉ lies past h; clamp it to a valid row.
+        checkpoint = torch.minimum(first_checkpoint[mask_c] + rel // 64, n_chunks.sum() - 1)
+        lists = [t.tolist() for t in (dst_c[mask_c], working_c[mask_c], checkpoint,
+                                      rel == extend_c[mask_c])]
+    # SGLang uploads these four from pageable memory, a host stall it does not count as a sync;
+    # one pinned copy keeps that stall out of the comparison.
+    dst, working, checkpoint, final = upload_host_lists(lists, cu.device)
+    return TrackIndices(dst=dst, conv_positions=conv_positions, working=working,
+                        checkpoint=checkpoint, from_final=final.bool())
 
 
 @dataclass
@@ -161,30 +182,37 @@ class TrackingStrategy:
 
 
 class NaiveTracking(TrackingStrategy):
-    """Find the tracked rows again in every layer, as upstream code did before its fix."""
+    """SGLang before PR #20522: the per-forward metadata, then every GDN layer asks the device
+    again whether any row is tracked and which ones."""
 
     name = "naive"
+
+    def prepare(self, md):
+        md.track = sglang_track_metadata(md.batch, md.conv_width)
 
     def conv_indices(self, md):
         mask = md.batch.track_mask_t
         if mask.any():                       # sync: a Python bool of a device tensor
             rows = mask.nonzero()[:, 0]      # sync: the output size depends on the data
-            return track_indices_on_device(md.batch, rows, md.conv_width)
+            return replace(md.track, dst=md.batch.track_slots_t[rows])
         return None
 
     def ssm_indices(self, md, conv_track):
-        return conv_track if md.batch.track_mask_t.any() else None  # sync, again
+        return md.track if md.batch.track_mask_t.any() else None  # sync, again
 
 
 class PrecomputedTracking(TrackingStrategy):
-    """Find the tracked rows once per forward; layers test a Python bool and index."""
+    """SGLang after PR #20522: the same per-forward metadata plus ``has_mamba_track_mask`` and the
+    tracked rows' destinations, found once; layers test a Python bool and index."""
 
     name = "precomputed"
 
     def prepare(self, md):
         mask = md.batch.track_mask_t
-        if bool(mask.any()):                 # sync 1 of the forward
-            md.track = track_indices_on_device(md.batch, mask.nonzero()[:, 0], md.conv_width)  # sync 2
+        md.track = sglang_track_metadata(md.batch, md.conv_width)
+        if bool(mask.any()):                 # sync: has_mamba_track_mask
+            rows = mask.nonzero()[:, 0]      # sync: mamba_track_mask_indices
+            md.track = replace(md.track, dst=md.batch.track_slots_t[rows])  # conv_states_mask_indices
 
 
 class SyncFreeTracking(TrackingStrategy):

@@ -1,61 +1,87 @@
-"""Notebook 04 (varlen batches and conv): reference answers and their checks.
+"""Checks of notebook 04 (varlen batches and the causal conv).
 
-Exercise 1: ``chunk_table`` — the chunk metadata of a packed batch, in plain Python.
-Exercise 2: ``conv_state_after`` — the conv state a sequence leaves behind.
+1. ``my_chunk_meta`` — the chunk metadata of a packed batch (``cu_seqlens``, ``chunk_indices``,
+   ``chunk_offsets``), built on the host from the scheduler's lengths: the same values as
+   :func:`mamba_edu.kernels.build_chunk_meta`, and no would-be host sync.
+2. ``my_conv_state_after`` — the conv state a sequence leaves behind, also when it is shorter
+   than the conv window.
 """
 
 from __future__ import annotations
 
 import torch
 
+from mamba_edu.exercises.core import checker, exercise
 from mamba_edu.gdn import causal_conv1d
 from mamba_edu.kernels import build_chunk_meta
 from mamba_edu.profiling import count_syncs
 
+NOTEBOOK = "04_varlen_batches_and_conv"
+check = checker(NOTEBOOK)
 
-def chunk_table(lengths: list[int]) -> tuple[list[int], list[tuple[int, int]], list[int]]:
-    """``(cu_seqlens [N+1], chunk_indices [(seq, chunk)] × NT, chunk_offsets [N+1])``."""
-    cu, table, offsets = [0], [], [0]
-    for seq, n in enumerate(lengths):
-        cu.append(cu[-1] + n)
-        count = -(-n // 64)
-        table += [(seq, c) for c in range(count)]
-        offsets.append(offsets[-1] + count)
-    return cu, table, offsets
+#: Batches whose lengths sit on both sides of every chunk boundary (1, 63, 64, 65, 128, 129 …).
+_BATCHES = ([1], [64], [65], [64, 65], [1, 63, 64, 65, 128, 129, 150, 300], [200, 7, 128])
 
 
-def check_chunk_table(fn) -> None:
-    """``fn`` must agree with :func:`mamba_edu.kernels.build_chunk_meta` and make no sync."""
-    for lengths in ([1], [64, 65], [1, 63, 64, 65, 150, 300]):
+def _values(t, name: str) -> list:
+    """A returned table as a plain list (the check reads it after the sync count is taken)."""
+    if isinstance(t, torch.Tensor):
+        if t.dtype.is_floating_point or t.dtype == torch.bool:
+            raise AssertionError(f"{name} has dtype {t.dtype}; expected an integer tensor")
+        return t.cpu().tolist()
+    raise AssertionError(f"{name} is a {type(t).__name__}; expected a torch tensor")
+
+
+@exercise(NOTEBOOK, 1, "chunk metadata built on the host", "my_chunk_meta")
+def check_chunk_meta(fn) -> str:
+    """``fn(lengths, device)`` -> ``(cu_seqlens [N+1], chunk_indices [NT, 2], chunk_offsets [N+1])``,
+    integer tensors on ``device``; compared with :func:`build_chunk_meta`, syncs counted."""
+    import mamba_edu
+
+    device = mamba_edu.default_device()
+    for lengths in _BATCHES:
         with count_syncs() as syncs:
-            cu, table, offsets = fn(lengths)
-        meta = build_chunk_meta(lengths, "cpu")
-        got = (list(cu), [tuple(r) for r in table], list(offsets))
-        want = (meta.cu_seqlens.tolist(), [tuple(r) for r in meta.chunk_indices.tolist()],
-                meta.chunk_offsets.tolist())
-        if got != want:
-            raise AssertionError(f"FAIL exercise 1 for lengths={lengths}: got {got}, expected {want}")
+            out = fn(list(lengths), device)
+        if not (isinstance(out, tuple | list) and len(out) == 3):
+            raise AssertionError("return a tuple (cu_seqlens, chunk_indices, chunk_offsets)")
         if syncs.count:
-            raise AssertionError(f"FAIL exercise 1: {syncs.summary()}")
-    print("PASS exercise 1 chunk_table: same tables as build_chunk_meta, 0 syncs")
+            raise AssertionError(f"lengths={lengths}: building the metadata made "
+                                 f"{syncs.count} would-be host sync(s) ({', '.join(syncs.by_op)}); "
+                                 "build it from the Python list, then upload")
+        for t, name in zip(out, ("cu_seqlens", "chunk_indices", "chunk_offsets")):
+            if isinstance(t, torch.Tensor) and t.device.type != torch.device(device).type:
+                raise AssertionError(f"{name} is on {t.device}; expected it on {device}")
+        cu, table, offsets = (_values(t, name) for t, name in
+                              zip(out, ("cu_seqlens", "chunk_indices", "chunk_offsets")))
+        meta = build_chunk_meta(list(lengths), "cpu")
+        want = {"cu_seqlens": meta.cu_seqlens.tolist(), "chunk_indices": meta.chunk_indices.tolist(),
+                "chunk_offsets": meta.chunk_offsets.tolist()}
+        got = {"cu_seqlens": cu, "chunk_indices": [list(r) for r in table] if table else [],
+               "chunk_offsets": offsets}
+        for name in ("cu_seqlens", "chunk_offsets", "chunk_indices"):
+            if got[name] != want[name]:
+                raise AssertionError(f"lengths={lengths}: {name} = {got[name]}; expected {want[name]}")
+    return f"{len(_BATCHES)} batches match build_chunk_meta, 0 would-be syncs"
 
 
-def conv_state_after(prev_state: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """The last ``W−1`` columns of ``[prev_state | xᵀ]``: ``prev_state [D, W−1]``, ``x [L, D]``."""
-    return torch.cat([prev_state, x.T], dim=1)[:, -prev_state.shape[1]:]
-
-
-def check_conv_state_after(fn) -> None:
+@exercise(NOTEBOOK, 2, "the conv state a sequence leaves", "my_conv_state_after")
+def check_conv_state_after(fn) -> str:
     """Compare with the reference conv's final state, for sequences shorter and longer than W−1."""
     gen = torch.Generator().manual_seed(6)
-    D, W = 5, 4
-    weight = torch.randn(D, W, generator=gen)
-    for L in (1, 2, 3, 10):
-        prev = torch.randn(D, W - 1, generator=gen)
-        x = torch.randn(L, D, generator=gen)
-        _, finals = causal_conv1d(x, weight, initial_states=prev[None])
-        got = fn(prev, x)
-        if tuple(got.shape) != (D, W - 1) or not torch.equal(got, finals[0]):
-            raise AssertionError(f"FAIL exercise 2 for a sequence of {L} tokens: got {got}, "
-                                 f"expected {finals[0]}")
-    print("PASS exercise 2 conv_state_after: right for 1, 2, 3 and 10 new tokens (W = 4)")
+    D = 5
+    for W in (4, 3):
+        weight = torch.randn(D, W, generator=gen)
+        for L in (1, 2, 3, 10):
+            prev = torch.randn(D, W - 1, generator=gen)
+            x = torch.randn(L, D, generator=gen)
+            _, finals = causal_conv1d(x, weight, initial_states=prev[None])
+            got = fn(prev.clone(), x.clone())
+            if not isinstance(got, torch.Tensor) or tuple(got.shape) != (D, W - 1):
+                shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+                raise AssertionError(f"W={W}, {L} new token(s): got shape {shape}; "
+                                     f"expected ({D}, {W - 1})")
+            if not torch.equal(got, finals[0]):
+                raise AssertionError(f"W={W}, {L} new token(s): the state differs from the reference "
+                                     "conv's final state, which is the last W-1 columns of "
+                                     "[prev | x^T], oldest first")
+    return "right for 1, 2, 3 and 10 new tokens, W = 4 and 3"

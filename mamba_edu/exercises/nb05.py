@@ -1,79 +1,81 @@
-"""Notebook 05 (the state pool and the prefix cache): reference answers and their checks.
+"""Checks of notebook 05 (the state pool and the prefix cache).
 
-Exercise 1: ``plan`` — where the scheduler tracks a request (tracked?, A, final or checkpoint).
-Exercise 2: ``usable_prefix`` — how far a prefix hit can go when only some lengths have snapshots.
-The checks compare your function with the package on a grid of cases.
+1. ``my_plan`` — the host plan of one request: tracked?, the aligned length A, whether the SSM
+   snapshot is the final state, and which checkpoint ``h[c]`` it is otherwise.
+2. ``my_match`` — how far a prefix hit can go: walk the radix tree along a prompt and return the
+   deepest usable snapshot, as :meth:`mamba_edu.serving.RadixCache.match` does.
 """
 
 from __future__ import annotations
 
 import random
 
+from mamba_edu.exercises.core import checker, exercise
 from mamba_edu.serving import RadixCache, StatePool, plan_tracking
 
-
-def plan(prefix_len: int, extend_len: int, cache_chunk: int) -> tuple[bool, int, bool, int]:
-    """DESIGN.md §4 for one request: ``(tracked, A, from_final, checkpoint)``.
-
-    tracked iff ``E ≥ Cc``; ``A = ⌊E/Cc⌋·Cc`` (0 when untracked); the SSM snapshot is the final
-    state iff ``A == E``; otherwise it is checkpoint ``h[A/64]`` (``checkpoint = A // 64``).
-    """
-    tracked = extend_len >= cache_chunk
-    aligned = (extend_len // cache_chunk) * cache_chunk if tracked else 0
-    return tracked, aligned, tracked and aligned == extend_len, aligned // 64
+NOTEBOOK = "05_state_pool_and_prefix_cache"
+check = checker(NOTEBOOK)
 
 
-def check_plan(fn) -> None:
-    """Compare ``fn(P, E, Cc)`` with :func:`mamba_edu.serving.plan_tracking` around every boundary."""
+@exercise(NOTEBOOK, 1, "the host plan of one request", "my_plan")
+def check_plan(fn) -> str:
+    """Compare ``fn(P, E, Cc)`` with :func:`plan_tracking` on both sides of every boundary."""
     n = 0
     for cc in (64, 128, 256):
         for prefix in (0, 64, 100):
-            for extend in sorted({1, 63, 64, 65, 127, 128, 129, 191, 192, 255, 256, 257, 300, 512, 700}):
+            for extend in (1, 63, 64, 65, 127, 128, 129, 191, 192, 255, 256, 257, 300, 512, 700):
                 ref = plan_tracking(prefix, extend, cc, track_slot=1)
                 want = (ref.tracked, ref.aligned, ref.from_final, ref.checkpoint)
                 got = fn(prefix, extend, cc)
+                if not (isinstance(got, tuple | list) and len(got) == 4):
+                    raise AssertionError("return a tuple (tracked, A, from_final, checkpoint)")
                 if tuple(got) != want:
                     raise AssertionError(
-                        f"FAIL exercise 1 plan(P={prefix}, E={extend}, Cc={cc}) = {tuple(got)}; "
-                        f"expected (tracked, A, from_final, checkpoint) = {want}")
+                        f"plan(P={prefix}, E={extend}, Cc={cc}) = {tuple(got)}; expected "
+                        f"(tracked, A, from_final, checkpoint) = {want}")
                 n += 1
-    print(f"PASS exercise 1 plan: {n} cases match plan_tracking (Cc = 64, 128, 256)")
+    return f"{n} requests planned as plan_tracking does (Cc = 64, 128, 256)"
 
 
-def usable_prefix(snapshot_lengths: list[int], common_len: int, max_length: int) -> int:
-    """The longest prefix a request can resume from.
+def _random_cache(rng: random.Random, pool: StatePool) -> tuple[RadixCache, list[int], list[int]]:
+    """A cache over a 3-token alphabet: prompts that share prefixes, so edges split and some
+    nodes are paths without a snapshot."""
+    cache = RadixCache(pool)
+    base = [rng.randrange(3) for _ in range(40)]
+    slots = []
+    for _ in range(rng.randint(1, 5)):
+        length = rng.randint(1, 40)
+        cut = rng.randint(0, length)  # diverge from `base` after `cut` tokens
+        tokens = base[:cut] + [rng.randrange(3) for _ in range(length - cut)]
+        slot = pool.alloc(1)
+        if cache.insert(tokens, slot[0], []):
+            slots += slot
+        else:
+            pool.free(slot)
+    return cache, base, slots
 
-    ``snapshot_lengths``: the lengths of the cached prefixes of this request's path that hold a
-    snapshot; ``common_len``: how many leading tokens the request shares with the cache;
-    ``max_length``: the most tokens that may come from the cache (``len(prompt) − 1``, so that
-    at least one token is computed and gives the logits). 0 means a miss.
-    """
-    ok = [n for n in snapshot_lengths if n <= min(common_len, max_length)]
-    return max(ok, default=0)
 
-
-def check_usable_prefix(fn) -> None:
-    """Build random radix caches; compare ``fn`` with :meth:`RadixCache.match` on random prompts."""
+@exercise(NOTEBOOK, 2, "how far a prefix hit can go", "my_match")
+def check_match(fn) -> str:
+    """Random radix caches; ``fn(cache.root, prompt, max_length)`` must return the
+    ``(length, slot)`` of :meth:`RadixCache.match` (``(0, None)`` on a miss)."""
     rng = random.Random(5)
     pool = StatePool(1, 64, conv_dim=2, conv_width=2, value_heads=1, key_dim=1, value_dim=1)
     n = 0
     for _ in range(40):
-        cache = RadixCache(pool)
-        base = [rng.randrange(3) for _ in range(40)]
-        lengths = sorted(rng.sample(range(1, 41), rng.randint(1, 4)))
-        slots = pool.alloc(len(lengths))
-        for length, slot in zip(lengths, slots):
-            cache.insert(base[:length], slot, [])
-        for _ in range(5):
+        cache, base, slots = _random_cache(rng, pool)
+        for _ in range(6):
             common = rng.randint(0, 40)
-            prompt = base[:common] + [3] + [rng.randrange(3) for _ in range(rng.randint(0, 5))]
-            max_length = rng.randint(0, len(prompt))
-            want = cache.match(prompt, max_length=max_length).length
-            got = fn(lengths, common, max_length)
-            if got != want:
+            prompt = base[:common] + [rng.randrange(3) for _ in range(rng.randint(1, 6))]
+            max_length = rng.choice([len(prompt) - 1, rng.randint(0, len(prompt))])
+            ref = cache.match(prompt, max_length=max_length)
+            got = fn(cache.root, list(prompt), max_length)
+            if not (isinstance(got, tuple | list) and len(got) == 2):
+                raise AssertionError("return a tuple (length, slot)")
+            if tuple(got) != (ref.length, ref.slot):
                 raise AssertionError(
-                    f"FAIL exercise 2 usable_prefix(snapshot_lengths={lengths}, common_len={common}, "
-                    f"max_length={max_length}) = {got!r}; the radix cache matches {want}")
+                    f"prompt {prompt} with max_length={max_length}: got (length, slot) = "
+                    f"{tuple(got)}; the radix cache matches {(ref.length, ref.slot)}")
             n += 1
         pool.free(slots)
-    print(f"PASS exercise 2 usable_prefix: {n} random prompts match RadixCache.match")
+    return f"{n} prompts on 40 random caches match RadixCache.match"

@@ -68,3 +68,16 @@ def test_trim_can_drop_short_cpu_ops(tmp_path):
     full = load_trace(rec.chrome_trace)
     lean = load_trace(trim_trace(full, tmp_path / "lean.json.gz", min_cpu_us=1e9))
     assert count(lean, "aten::nonzero") == 0 and count(lean, "prefill_forward") == 1
+
+
+def test_profiler_marker_lines_are_dropped_from_stderr(tmp_path, capfd):
+    import os
+
+    from mamba_edu.profiling.traces import quiet_profiler_logs
+
+    record(tmp_path)  # quiet by default
+    with quiet_profiler_logs():
+        os.write(2, b"USDT:2026 x.cpp:52] profiler_start\nkept: a real error\nSTAGE: done\n")
+    err = capfd.readouterr().err
+    assert "USDT:" not in err and "STAGE:" not in err
+    assert "kept: a real error" in err

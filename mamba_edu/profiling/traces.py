@@ -12,13 +12,22 @@ runs inside a ``record_function`` range, by default ``prefill_forward``, which i
   ``<tensorboard_dir>/<name>/<name>.<timestamp>.pt.trace.json.gz``.
 
 :func:`trim_trace` keeps only the events of one forward, so that committed traces stay small.
+
+The profiler's C++ library (Kineto) writes marker lines such as
+``USDT:… SyncActivityProfilerHandler.cpp:52] profiler_start`` straight to the process's stderr
+(file descriptor 2, below Python). :func:`quiet_profiler_logs` drops them, and ``record_trace``
+uses it by default; every other stderr line is kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+import os
 import shutil
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -46,6 +55,36 @@ class RecordedTrace:
     range_name: str = FORWARD_RANGE
 
 
+#: Line prefixes of Kineto's own markers, dropped by :func:`quiet_profiler_logs`.
+PROFILER_LOG_PREFIXES = ("USDT:", "STAGE:")
+
+
+@contextlib.contextmanager
+def quiet_profiler_logs(prefixes: tuple[str, ...] = PROFILER_LOG_PREFIXES):
+    """Hide the lines starting with ``prefixes`` that C++ code writes to stderr inside the block.
+
+    Kineto writes to file descriptor 2 directly, so ``sys.stderr`` redirection does not catch it
+    (``KINETO_LOG_LEVEL`` could, but only by hiding its errors too). The block's fd-2 output goes
+    to a temporary file; afterwards every line not starting with a prefix is written back to
+    ``sys.stderr`` (in Jupyter that is the cell's stderr output).
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().decode(errors="replace").splitlines(keepends=True)
+                    if not line.startswith(prefixes)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
 def _synchronize() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -62,6 +101,7 @@ def record_trace(
     warmup: int = 1,
     active: int = 1,
     tensorboard_dir: str | Path | None = None,
+    quiet: bool = True,
 ) -> RecordedTrace:
     """Profile ``fn`` ``wait + warmup + active`` times and save the active calls' trace.
 
@@ -69,6 +109,8 @@ def record_trace(
     ``setup``, each call is ``fn(setup())`` and ``setup`` runs outside the range (the bench uses it
     to prepare a fresh batch). The GPU is synchronized before and after every call, outside the
     range, so nothing else overlaps it. ``tensorboard_dir=None`` skips the TensorBoard copy.
+    ``quiet`` drops the profiler's ``USDT:``/``STAGE:`` lines from stderr
+    (:func:`quiet_profiler_logs`).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -88,7 +130,8 @@ def record_trace(
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
     plan = schedule(wait=wait, warmup=warmup, active=active, repeat=1)
-    with profile(activities=activities, schedule=plan, on_trace_ready=on_trace_ready) as prof:
+    logs = quiet_profiler_logs() if quiet else contextlib.nullcontext()
+    with logs, profile(activities=activities, schedule=plan, on_trace_ready=on_trace_ready) as prof:
         for _ in range(wait + warmup + active):
             args = (setup(),) if setup is not None else ()
             _synchronize()  # the setup's uploads must not overlap the forward

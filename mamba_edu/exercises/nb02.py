@@ -1,59 +1,79 @@
-"""Notebook 02 (chunked prefill): reference answers and their checks.
+"""Checks of notebook 02 (chunked prefill).
 
-Exercise 1: ``unit_lower_inverse`` — ``T = (I + L)⁻¹`` by forward substitution, as a GPU
-kernel can do it without a library solver.
-Exercise 2: ``checkpoint_row`` — where the state after a given number of tokens lives in the
-checkpoint tensor, if anywhere.
+1. ``my_unit_lower_inverse`` — ``T = (I + L)⁻¹`` by forward substitution, without ``torch.linalg``.
+2. ``my_checkpoint_row`` — which row of the checkpoint tensor holds a sequence's state after a
+   number of tokens, if any.
+3. ``my_chunk`` — one chunk of the chunked pass in the WY form: ``(O, S_next)`` from ``S₀``.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from mamba_edu.gdn import CHUNK, checkpoint_offsets, chunk_gated_delta_rule, recurrent_gated_delta_rule
-from mamba_edu.testing import check
+from mamba_edu.exercises.core import checker, exercise
+from mamba_edu.gdn import (checkpoint_offsets, chunk_gated_delta_rule, gdn_gating, l2norm,
+                           recurrent_gated_delta_rule)
+from mamba_edu.testing import check as _check
 
-
-def unit_lower_inverse(L):
-    """``T = (I + L)⁻¹`` for a strictly lower ``L: [C, C]``, by forward substitution.
-
-    Row s of ``(I + L)·T = I`` reads ``T[s] + Σ_{j<s} L[s, j]·T[j] = e_s``: each row needs only
-    the rows above it.
-    """
-    T = torch.eye(L.shape[0], dtype=L.dtype)
-    for s in range(1, L.shape[0]):
-        T[s] -= L[s, :s] @ T[:s]
-    return T
+NOTEBOOK = "02_chunked_prefill"
+check = checker(NOTEBOOK)
 
 
-def check_unit_lower_inverse(fn) -> None:
-    """Invert chunk-like matrices ``L`` (unit keys, decays, write strengths; C = 1, 7 and 64)
-    with ``fn`` and compare with a triangular solve; ``(I + L)·T`` must be the identity."""
+def compare(actual, expected, name: str, tol: float = 1e-5) -> None:
+    """:func:`mamba_edu.testing.check` without its printed line and its ``FAIL`` prefix (the
+    verdict line says FAIL already)."""
+    try:
+        _check(actual, expected, tol=tol, name=name, quiet=True)
+    except AssertionError as err:
+        raise AssertionError(str(err).removeprefix("FAIL ")) from None
+
+
+class _OpRecorder(TorchDispatchMode):
+    """Record the name of every aten op that runs inside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def _chunk_L(gen: torch.Generator, C: int, decay: float) -> torch.Tensor:
+    """A strictly lower ``L`` as a chunk makes it: unit keys, cumulative decay, write strengths."""
+    k = torch.nn.functional.normalize(torch.randn(C, 16, generator=gen), dim=-1)
+    gamma = (-decay * torch.rand(C, generator=gen)).cumsum(0)
+    beta = torch.rand(C, generator=gen)
+    below = torch.ones(C, C, dtype=torch.bool).tril(-1)
+    return beta[:, None] * (k @ k.T) * (gamma[:, None] - gamma[None, :]).masked_fill(~below, float("-inf")).exp()
+
+
+@exercise(NOTEBOOK, 1, "the triangular inverse by hand", "my_unit_lower_inverse")
+def check_unit_lower_inverse(fn) -> str:
+    """Chunk-like ``L`` (C = 1, 7 and 64; slow and fast decay); compare with a triangular solve."""
     gen = torch.Generator().manual_seed(3)
-    for C in (1, 7, 64):
-        k = torch.nn.functional.normalize(torch.randn(C, 16, generator=gen), dim=-1)
-        gamma = (-0.1 * torch.rand(C, generator=gen)).cumsum(0)
-        beta = torch.rand(C, generator=gen)
-        L = (beta[:, None] * (k @ k.T) * (gamma[:, None] - gamma[None, :]).exp()).tril(-1)
+    for C, decay in ((1, 0.1), (7, 0.1), (64, 0.02), (64, 1.0)):
+        L = _chunk_L(gen, C, decay)
         eye = torch.eye(C)
-        T = fn(L.clone())
+        recorder = _OpRecorder()
+        with recorder:
+            T = fn(L.clone())
+        solvers = {op for op in recorder.ops if op.startswith("linalg_") or op in ("triangular_solve", "inverse")}
+        if solvers:
+            raise AssertionError(f"the answer calls {', '.join(sorted(solvers))}: do the forward "
+                                 "substitution yourself, one row at a time")
         expected = torch.linalg.solve_triangular(eye + L, eye, upper=False, unitriangular=True)
-        check(T, expected, name=f"exercise 1 T for C={C}", quiet=True)
-        check((eye + L) @ T, eye, name=f"exercise 1 (I + L)·T for C={C}", quiet=True)
-    print("PASS exercise 1 unit_lower_inverse: (I + L)·T = I for chunk sizes 1, 7 and 64")
+        compare(T, expected, name=f"T = (I + L)⁻¹ for C={C}")
+    return "(I + L)·T = I for chunk sizes 1, 7 and 64, without torch.linalg"
 
 
-def checkpoint_row(lengths: list[int], n: int, tokens: int) -> int | None:
-    """Row of the checkpoint tensor holding sequence ``n``'s state after ``tokens`` tokens, or
-    ``None`` when no checkpoint holds it (not a multiple of 64, or the final state)."""
-    if tokens % CHUNK or tokens >= lengths[n]:
-        return None
-    return checkpoint_offsets(lengths)[n] + tokens // CHUNK
-
-
-def check_checkpoint_row(fn) -> None:
-    """Ask ``fn`` for every (sequence, token count) of a packed batch; every row it names must hold
-    the state the recurrence reaches after that many tokens, and it must say ``None`` otherwise."""
+@exercise(NOTEBOOK, 2, "find a checkpoint row", "my_checkpoint_row")
+def check_checkpoint_row(fn) -> str:
+    """Ask ``fn`` for every (sequence, token count) of a packed batch. The checkpoint tensor of a
+    real run decides: every row named must hold the recurrence's state after that many tokens,
+    and ``None`` is right exactly where no row holds it."""
     lengths = [70, 5, 130, 64]
     gen = torch.Generator().manual_seed(4)
     T, H, K, V = sum(lengths), 1, 4, 4
@@ -63,16 +83,46 @@ def check_checkpoint_row(fn) -> None:
     cu = torch.tensor([0] + lengths).cumsum(0)
     ckpts = chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, use_qk_l2norm=True,
                                    output_checkpoints=True).checkpoints
+    # What the run holds: rows offsets[n] … offsets[n+1]-1 are the states after 0, 64, 128, … tokens.
+    offsets = checkpoint_offsets(lengths)
+    held = {(n, 64 * j): offsets[n] + j for n in range(len(lengths)) for j in range(offsets[n + 1] - offsets[n])}
     for n, length in enumerate(lengths):
         start = int(cu[n])
         for tokens in range(length + 1):
-            row, expected = fn(lengths, n, tokens), checkpoint_row(lengths, n, tokens)
+            row, expected = fn(lengths, n, tokens), held.get((n, tokens))
             if row != expected:
-                raise AssertionError(f"FAIL exercise 2 checkpoint_row(lengths={lengths}, n={n}, "
-                                     f"tokens={tokens}) = {row!r}; expected {expected!r}")
+                raise AssertionError(f"my_checkpoint_row({lengths}, n={n}, tokens={tokens}) = {row!r}; "
+                                     f"expected {expected!r}")
             if row is not None and tokens > 0:
                 sl = slice(start, start + tokens)
                 state = recurrent_gated_delta_rule(q[sl], k[sl], v[sl], g[sl], beta[sl],
                                                    use_qk_l2norm=True).final_state[0]
-                check(ckpts[row], state, name=f"exercise 2 row {row}", quiet=True)
-    print(f"PASS exercise 2 checkpoint_row: right row (or None) for every prefix of lengths {lengths}")
+                compare(ckpts[row], state, name=f"checkpoint row {row}")
+    return f"the right row (or None) for every prefix of lengths {lengths}"
+
+
+@exercise(NOTEBOOK, 3, "one chunk of the chunked pass", "my_chunk")
+def check_chunk(fn) -> str:
+    """Chunks of 64 tokens with slow and with strong gates (where an exponential taken before the
+    mask overflows), and a partial chunk of 23 tokens, each from a random entering state;
+    outputs and leaving state against the package's token-by-token recurrence."""
+    gen = torch.Generator().manual_seed(5)
+    K, V = 16, 8
+    for C, A_log in ((64, -1.0), (64, 3.0), (23, 1.0)):
+        q, k = l2norm(torch.randn(2, C, K, generator=gen))
+        v = torch.randn(C, V, generator=gen)
+        g, beta = gdn_gating(torch.tensor([A_log]), torch.randn(C, 1, generator=gen),
+                             torch.randn(C, 1, generator=gen), torch.zeros(1))
+        g, beta = g[:, 0], beta[:, 0]
+        S0 = torch.randn(K, V, generator=gen)
+        scale = K ** -0.5
+        ref = recurrent_gated_delta_rule(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
+                                         scale=scale, initial_state=S0[None, None])
+        result = fn(q.clone(), k.clone(), v.clone(), g.clone(), beta.clone(), S0.clone(), scale)
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise AssertionError(f"my_chunk returned {type(result).__name__}; expected a tuple (O, S_next)")
+        O, S_next = result
+        where = f"C={C}, A_log={A_log:+.0f}"
+        compare(O, ref.o[:, 0], name=f"O ({where})")
+        compare(S_next, ref.final_state[0, 0], name=f"S_next ({where})")
+    return "O and S_next match the recurrence: slow and strong gates, a partial chunk"

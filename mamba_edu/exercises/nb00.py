@@ -1,0 +1,103 @@
+"""Checks of notebook 00 (start here).
+
+1. ``my_would_sync`` — predict which torch expressions make the host wait for the GPU.
+2. ``my_tracked_rows`` — the rows a mask selects, padded to a fixed size, without a sync.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mamba_edu.exercises.core import checker, exercise
+from mamba_edu.profiling import count_syncs
+
+NOTEBOOK = "00_start_here"
+check = checker(NOTEBOOK)
+
+#: The expressions of exercise 1, evaluated with the tensors of :func:`quiz_tensors`.
+SYNC_QUIZ = (
+    "x.sum()",
+    "x[idx]",
+    "x[mask]",
+    "mask.any()",
+    "bool(mask.any())",
+    "mask.nonzero()",
+    "torch.where(mask, x, 0.0)",
+    "torch.where(mask)",
+    "x.max().item()",
+    "x.clamp(max=x.max())",
+    "x.tolist()",
+    "x.repeat_interleave(counts)",
+    "x.repeat_interleave(counts, output_size=12)",
+    "mask.cumsum(0) - 1",
+)
+
+
+def quiz_tensors() -> dict:
+    """The names the quiz expressions use: ``x`` (6 floats), ``mask`` (6 bools), ``idx`` (3
+    int64 indices), ``counts`` (6 repeat counts summing to 12), and ``torch``."""
+    return dict(torch=torch, x=torch.arange(6.0), mask=torch.tensor([True, False, True, True, False, False]),
+                idx=torch.tensor([2, 0, 5]), counts=torch.tensor([1, 2, 3, 1, 2, 3]))
+
+
+def _sniffed(expression: str) -> int:
+    """How many would-be syncs :func:`mamba_edu.profiling.count_syncs` records for ``expression``."""
+    with count_syncs() as syncs:
+        eval(expression, quiz_tensors())  # noqa: S307 - the expressions are this module's constants
+    return syncs.count
+
+
+@exercise(NOTEBOOK, 1, "which expressions sync", "my_would_sync")
+def check_would_sync(fn) -> str:
+    """Ask ``fn`` about every quiz expression; the sniffer decides."""
+    wrong = []
+    for expression in SYNC_QUIZ:
+        said = fn(expression)
+        if not isinstance(said, bool):
+            raise AssertionError(f"my_would_sync({expression!r}) returned {said!r}; expected True or False")
+        syncs = _sniffed(expression)
+        if said != (syncs > 0):
+            wrong.append(f"{expression} ({syncs} would-be sync{'s' * (syncs != 1)}, you said {said})")
+    if wrong:
+        raise AssertionError(f"{len(wrong)} of {len(SYNC_QUIZ)} wrong: " + "; ".join(wrong))
+    return f"all {len(SYNC_QUIZ)} expressions classified as mamba_edu.profiling.count_syncs counts them"
+
+
+class _OpRecorder(TorchDispatchMode):
+    """Record the name of every aten op that runs inside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@exercise(NOTEBOOK, 2, "tracked rows without a sync", "my_tracked_rows")
+def check_tracked_rows(fn) -> str:
+    """Masks with no, some, all and more than ``size`` rows set; the answer must equal
+    ``nonzero_static``'s, be built without it (or ``nonzero``), and make no would-be sync."""
+    gen = torch.Generator().manual_seed(0)
+    cases = [(torch.zeros(5, dtype=torch.bool), 4), (torch.ones(5, dtype=torch.bool), 5),
+             (torch.tensor([False, True, False, True, True]), 4), (torch.tensor([True, True, False, True]), 2),
+             (torch.rand(37, generator=gen) < 0.3, 16)]
+    for mask, size in cases:
+        recorder = _OpRecorder()
+        with count_syncs() as syncs, recorder:
+            rows = fn(mask.clone(), size)
+        used = recorder.ops & {"nonzero", "nonzero_static", "argwhere"}
+        if used:
+            raise AssertionError(f"the answer calls {', '.join(sorted(used))}: build the rows without it "
+                                 "(hint: a cumulative sum tells each set row where it goes)")
+        if syncs.count:
+            raise AssertionError(f"{syncs.count} would-be sync(s) for mask {mask.int().tolist()}: "
+                                 + ", ".join(syncs.by_op))
+        expected = torch.nonzero_static(mask, size=size, fill_value=-1).squeeze(1)
+        if not isinstance(rows, torch.Tensor) or rows.shape != expected.shape or not torch.equal(rows.long(), expected):
+            got = rows.tolist() if isinstance(rows, torch.Tensor) else rows
+            raise AssertionError(f"mask {mask.int().tolist()}, size {size}: got {got}; "
+                                 f"expected {expected.tolist()}")
+    return "same rows as nonzero_static (padding and truncation included), no would-be syncs"

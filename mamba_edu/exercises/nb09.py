@@ -1,0 +1,187 @@
+"""Checks of notebook 09 (profiling the bubbles).
+
+1. ``my_gpu_lane`` — the GPU lane of one forward: the union of kernel/copy intervals over all
+   streams, clipped to the forward's window, and the idle gaps (bubbles) inside it.
+2. ``my_trace_syncs`` — count, in a recorded trace, the host waits of one forward and the
+   device-to-host copies it launched.
+
+Both are compared with :mod:`mamba_edu.profiling.bubbles`, on hand-made inputs with the traps
+(overlapping streams, a gap exactly at the threshold, a sync after the forward) and, when the
+repository's ``data/`` is there, on the traces recorded on the H200.
+"""
+
+from __future__ import annotations
+
+import random
+
+from mamba_edu._runtime import data_dir
+from mamba_edu.exercises.core import checker, exercise
+from mamba_edu.profiling.bubbles import (
+    GPU_CATEGORIES,
+    analyze_trace,
+    find_gaps,
+    forward_range,
+    forward_window,
+    load_trace,
+    merge_intervals,
+    trace_events,
+)
+
+NOTEBOOK = "09_profiling_the_bubbles"
+check = checker(NOTEBOOK)
+
+#: Committed H200 traces the checks use when ``data/`` is present (a wheel has no ``data/``).
+TRACE_CASES = ("launch_bound_1x512", "gpu_bound_8x1024")
+TRACE_STRATEGIES = ("naive", "precomputed", "sync_free")
+
+
+def _trace(case: str, strategy: str):
+    path = data_dir() / "runs" / case / f"{strategy}.pt.trace.json.gz"
+    return path if path.exists() else None
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-6 * max(1.0, abs(a), abs(b))
+
+
+def _same_intervals(got, want) -> bool:
+    got = [tuple(iv) for iv in got]
+    return len(got) == len(want) and all(
+        len(g) == 2 and _close(g[0], w[0]) and _close(g[1], w[1]) for g, w in zip(got, want))
+
+
+def _expected_lane(intervals, start, end, threshold):
+    busy = merge_intervals((max(s, start), min(e, end)) for s, e in intervals)
+    return busy, find_gaps(busy, start, end, threshold)
+
+
+def _compare_lane(fn, intervals, start, end, threshold, what: str) -> None:
+    busy, gaps = fn(list(intervals), start, end, threshold)
+    busy, gaps = list(busy), list(gaps)
+    want_busy, want_gaps = _expected_lane(intervals, start, end, threshold)
+    total, want_total = sum(e - s for s, e in busy), sum(e - s for s, e in want_busy)
+    if not _close(total, want_total):
+        raise AssertionError(
+            f"{what}: busy time {total:.3f} µs, expected {want_total:.3f} µs (the union over "
+            f"streams, clipped to the window: overlapping kernels count once)")
+    if not _same_intervals(busy, want_busy):
+        raise AssertionError(f"{what}: busy intervals {busy[:4]}…, expected sorted disjoint "
+                             f"intervals {want_busy[:4]}…")
+    if not _same_intervals(gaps, want_gaps):
+        raise AssertionError(
+            f"{what}: {len(gaps)} gaps, expected {len(want_gaps)}: {want_gaps[:4]}… (gaps of at "
+            f"least the threshold, before the first and after the last busy interval included)")
+
+
+def _synthetic_lanes():
+    """Hand-made lanes with the traps, then seeded random ones on three streams."""
+    yield "hand-made lane", [(5, 30), (20, 40), (40, 42), (47, 50), (70, 90), (75, 80), (105, 120)], 0, 120, 5
+    yield "lane starting before the window", [(-10, 3), (8, 9), (30, 60), (10, 12)], 0, 80, 5
+    gen = random.Random(9)
+    for n in range(3):
+        intervals = []
+        for _stream in range(3):
+            t = gen.uniform(0, 20)
+            for _ in range(12):
+                t += gen.uniform(0, 25)
+                d = gen.uniform(0.5, 15)
+                intervals.append((round(t, 3), round(t + d, 3)))
+                t += d
+        gen.shuffle(intervals)
+        end = max(e for _, e in intervals) + gen.uniform(0, 10)
+        yield f"random 3-stream lane {n + 1}", intervals, 0.0, end, 2.0
+
+
+@exercise(NOTEBOOK, 1, "GPU busy time and bubbles of a forward", "my_gpu_lane")
+def check_gpu_lane(fn) -> str:
+    """Compare ``fn(intervals, start, end, threshold) -> (busy, gaps)`` with the package."""
+    for what, intervals, start, end, threshold in _synthetic_lanes():
+        _compare_lane(fn, intervals, start, end, threshold, what)
+    used = []
+    for case in TRACE_CASES:
+        path = _trace(case, "naive")
+        if path is None:
+            continue
+        events = trace_events(load_trace(path))
+        start, end, gpu = forward_window(events, forward_range(events, "prefill_forward"))
+        intervals = [(e.start, e.end) for e in gpu if e.cat in GPU_CATEGORIES]
+        random.Random(0).shuffle(intervals)  # a trace lists streams one after the other
+        a = analyze_trace(path, "prefill_forward")
+        busy, gaps = fn(intervals, start, end, a.threshold_us)
+        total = sum(e - s for s, e in busy)
+        if not _close(total, a.gpu_busy_us):
+            raise AssertionError(f"H200 trace {case}/naive: busy {total / 1e3:.3f} ms, "
+                                 f"analyze_trace says {a.gpu_busy_us / 1e3:.3f} ms")
+        if not _same_intervals(gaps, [(b.start, b.end) for b in a.bubbles]):
+            raise AssertionError(f"H200 trace {case}/naive: {len(gaps)} bubbles, "
+                                 f"analyze_trace finds {len(a.bubbles)}")
+        used.append(case)
+    where = f" and on the H200 traces of {', '.join(used)}" if used else ""
+    return f"union and gaps match mamba_edu.profiling.bubbles on synthetic lanes{where}"
+
+
+def _synthetic_trace() -> tuple[dict, int, int]:
+    """A small trace with one forward and the traps around it: (trace, host waits, DtoH copies)."""
+    def x(name, cat, ts, dur, tid=1, corr=None):
+        event = {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 1 if tid != 7 else 0,
+                 "tid": tid}
+        if corr is not None:
+            event["args"] = {"correlation": corr}
+        return event
+
+    events = [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "python"}},
+        x("cudaMemcpyAsync", "cuda_runtime", 2, 3, corr=1),            # the batch upload, before
+        x("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", 4, 2, tid=7, corr=1),
+        x("prefill_forward", "user_annotation", 10, 200),
+        x("aten::nonzero", "cpu_op", 20, 40),
+        x("cudaLaunchKernel", "cuda_runtime", 21, 4, corr=2),
+        x("nonzero_kernel", "kernel", 26, 6, tid=7, corr=2),
+        x("cudaMemcpyAsync", "cuda_runtime", 30, 3, corr=3),            # not a wait by itself
+        x("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 33, 2, tid=7, corr=3),
+        x("cudaStreamSynchronize", "cuda_runtime", 34, 20),             # wait 1
+        x("aten::item", "cpu_op", 80, 30),
+        x("cudaMemcpyAsync", "cuda_runtime", 82, 3, corr=4),
+        x("Memcpy DtoH (Device -> Pageable)", "gpu_memcpy", 86, 2, tid=7, corr=4),
+        x("cudaStreamSynchronize", "cuda_runtime", 85, 10),             # wait 2
+        x("cudaMemcpy", "cuda_runtime", 120, 15, corr=5),               # wait 3: synchronous copy
+        x("Memcpy DtoH (Device -> Pageable)", "gpu_memcpy", 125, 3, tid=7, corr=5),
+        x("cudaMemcpyAsync", "cuda_runtime", 150, 3, corr=6),           # an upload inside
+        x("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", 160, 2, tid=7, corr=6),
+        x("cudaLaunchKernel", "cuda_runtime", 170, 4, corr=7),
+        x("gemm", "kernel", 175, 60, tid=7, corr=7),                    # outlives the range
+        x("cudaDeviceSynchronize", "cuda_runtime", 212, 30),            # the caller's, after
+        x("cudaMemcpyAsync", "cuda_runtime", 250, 3, corr=8),           # logits to the host, after
+        x("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 254, 2, tid=7, corr=8),
+        x("cudaStreamSynchronize", "cuda_runtime", 253, 5),
+    ]
+    return {"traceEvents": events}, 3, 3
+
+
+@exercise(NOTEBOOK, 2, "count a forward's syncs in a trace", "my_trace_syncs")
+def check_trace_syncs(fn) -> str:
+    """Compare ``fn(trace, range_name) -> (waits, dtoh)`` with :func:`analyze_trace`."""
+    trace, waits, dtoh = _synthetic_trace()
+    a = analyze_trace(trace, "prefill_forward")
+    assert (a.n_syncs, a.n_dtoh) == (waits, dtoh), "the synthetic trace disagrees with the package"
+    got = tuple(fn(trace, "prefill_forward"))
+    if got != (waits, dtoh):
+        raise AssertionError(
+            f"hand-made trace: got (waits, dtoh) = {got}, expected {(waits, dtoh)} (count the "
+            f"host waits that start inside the range, and the DtoH copies launched inside it; "
+            f"the caller's synchronize after the forward and the copies after it are not the "
+            f"forward's; cudaMemcpyAsync alone does not wait)")
+    used = 0
+    for case in TRACE_CASES:
+        for strategy in TRACE_STRATEGIES:
+            path = _trace(case, strategy)
+            if path is None:
+                continue
+            a = analyze_trace(path, "prefill_forward")
+            got = tuple(fn(load_trace(path), "prefill_forward"))
+            if got != (a.n_syncs, a.n_dtoh):
+                raise AssertionError(f"H200 trace {case}/{strategy}: got (waits, dtoh) = {got}, "
+                                     f"analyze_trace counts {(a.n_syncs, a.n_dtoh)}")
+            used += 1
+    where = f" and on {used} H200 traces" if used else ""
+    return f"waits and DtoH copies match analyze_trace on a hand-made trace{where}"

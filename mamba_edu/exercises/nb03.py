@@ -1,67 +1,182 @@
-"""Notebook 03 (Triton kernels): reference answers and their checks.
+"""Checks of notebook 03 (Triton kernels).
 
-Exercise 1: ``l2norm_triton`` — a Triton kernel that L2-normalises every row of ``[T, H, K]``
-(the normalisation our prefill kernels fuse into their loads).
-Exercise 2: ``program_counts`` — how many programs each prefill kernel launches for a batch.
+1. ``my_l2norm_kernel`` — a ``@triton.jit`` kernel that L2-normalises the rows of a row-strided
+   matrix (eps inside the square root). The check launches it itself.
+2. ``my_program_counts`` — how many programs each prefill kernel launches for a batch, checked
+   against the grids the package really launches.
+3. ``my_recurrent_kernel`` — a ``@triton.jit`` kernel, one program per (sequence, value head),
+   that runs the gated delta rule token by token over a packed batch and writes o and the final
+   state. The check launches it and compares with :func:`mamba_edu.gdn.recurrent_gated_delta_rule`.
+
+The kernels of exercises 1 and 3 are launched by the checks with their own grids, so the
+learner's answer must be a Triton kernel: a torch function cannot pass.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from contextlib import ExitStack
+from unittest import mock
+
 import torch
 import triton
-import triton.language as tl
 
-from mamba_edu.gdn import l2norm
-from mamba_edu.testing import check
+from mamba_edu.exercises.core import checker, exercise
+from mamba_edu.gdn import l2norm, recurrent_gated_delta_rule
+from mamba_edu.testing import check as compare
 
-
-@triton.jit
-def l2norm_kernel(x_ptr, y_ptr, n_rows, D: tl.constexpr, BD: tl.constexpr, ROWS: tl.constexpr):
-    """Rows ``ROWS·pid .. ROWS·pid + ROWS`` of a row-major ``[n_rows, D]`` matrix."""
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, BD)
-    mask = (rows < n_rows)[:, None] & (cols < D)[None, :]
-    offs = rows[:, None] * D + cols[None, :]
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    y = x * tl.rsqrt(tl.sum(x * x, 1) + 1e-6)[:, None]
-    tl.store(y_ptr + offs, y, mask=mask)
+NOTEBOOK = "03_triton_kernels"
+check = checker(NOTEBOOK)
 
 
-def l2norm_triton(x: torch.Tensor) -> torch.Tensor:
-    """``x / sqrt(Σx² + 1e-6)`` over the last dim of a contiguous ``[..., D]`` tensor, fp32 out."""
-    D = x.shape[-1]
-    rows = x.numel() // D
-    y = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    l2norm_kernel[(triton.cdiv(rows, 16),)](x, y, rows, D, triton.next_power_of_2(D), 16)
-    return y
+def _device() -> torch.device:
+    # Triton kernels take CUDA tensors on a GPU and CPU tensors in the interpreter.
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def check_l2norm_triton(fn) -> None:
-    """Run ``fn`` on ``[T, H, K]`` inputs (T not a multiple of the tile, K not a power of 2)."""
-    gen = torch.Generator().manual_seed(5)
-    for shape in ((37, 2, 16), (5, 3, 24)):
-        x = torch.randn(*shape, generator=gen)
-        check(fn(x), l2norm(x), tol=1e-6, name=f"exercise 1 shape {shape}", quiet=True)
-    print("PASS exercise 1 l2norm_triton: rows normalised like mamba_edu.gdn.l2norm")
+def _require_kernel(fn, name: str) -> None:
+    """A torch function (or a plain Python one) is not an answer to a kernel exercise."""
+    if not isinstance(fn, triton.runtime.jit.KernelInterface):
+        raise AssertionError(f"{name} is a {type(fn).__name__}, not a Triton kernel: decorate it "
+                             "with @triton.jit (the check launches it with its own grid)")
 
 
-def program_counts(lengths: list[int], HV: int, V: int, BV: int) -> dict:
-    """Programs launched by the prefill kernels for a packed batch.
+# ---------------------------------------------------------------------------------------------
+# Exercise 1
+# ---------------------------------------------------------------------------------------------
 
-    ``prepare``: one per (chunk, value head) = ``Σ⌈L/64⌉ · HV``; ``scan``: one per (V-tile,
-    sequence, value head) = ``⌈V/BV⌉ · N · HV``; ``scan_steps``: the longest serial chain,
-    ``max ⌈L/64⌉`` chunks.
-    """
-    chunks = [-(-n // 64) for n in lengths]
-    return dict(prepare=sum(chunks) * HV, scan=-(-V // BV) * len(lengths) * HV,
-                scan_steps=max(chunks))
+@exercise(NOTEBOOK, 1, "a Triton L2-norm kernel", "my_l2norm_kernel")
+def check_l2norm_kernel(kernel) -> str:
+    """Launch ``kernel[(cdiv(n_rows, ROWS),)](x, y, n_rows, x.stride(0), D, BD, ROWS)`` on column
+    slices of wider matrices (row stride ≠ D), D not a power of two, n_rows not a multiple of
+    ROWS, one tiny row (Σx² < eps, where the place of eps decides), and guard rows after ``y``
+    that must stay untouched (an unmasked store would write there)."""
+    _require_kernel(kernel, "my_l2norm_kernel")
+    dev = _device()
+    gen = torch.Generator().manual_seed(3)
+    for n_rows, D, ROWS in ((37, 24, 16), (9, 16, 4)):
+        wide = torch.randn(n_rows, D + 7, generator=gen)
+        wide[1, :D] *= 1e-4  # Σx² ≈ 1e-7·D/10 < 1e-6: eps outside the root gives another row
+        x = wide.to(dev)[:, :D]  # a column slice: row stride D + 7
+        guard = ROWS + 8
+        y = torch.full((n_rows + guard, D), float("nan"), device=dev)
+        BD = triton.next_power_of_2(D)
+        kernel[(triton.cdiv(n_rows, ROWS),)](x, y, n_rows, x.stride(0), D, BD, ROWS)
+        case = f"n_rows={n_rows}, D={D}, ROWS={ROWS}, row stride {x.stride(0)}"
+        if not torch.isnan(y[n_rows:]).all():
+            raise AssertionError(f"{case}: the kernel wrote past row n_rows-1 of y (mask the rows "
+                                 "and the columns of every store)")
+        compare(y[:n_rows], l2norm(x), tol=1e-5, name=f"exercise 1 ({case})", quiet=True)
+    return "a Triton kernel; strided rows, a tiny row and partial tiles normalised like mamba_edu.gdn.l2norm"
 
 
-def check_program_counts(fn) -> None:
-    cases = [([8192], 32, 128, 32), ([1024] * 8, 32, 128, 64), ([1, 63, 64, 65, 150], 4, 32, 32)]
-    for case in cases:
-        got, want = fn(*case), program_counts(*case)
-        if got != want:
-            raise AssertionError(f"FAIL exercise 2 for lengths={case[0][:3]}…, HV={case[1]}, "
-                                 f"V={case[2]}, BV={case[3]}: got {got}, expected {want}")
-    print("PASS exercise 2 program_counts: prepare, scan and the serial chain length")
+# ---------------------------------------------------------------------------------------------
+# Exercise 2
+# ---------------------------------------------------------------------------------------------
+
+def _kernel_modules():
+    import mamba_edu.kernels as package
+    return [importlib.import_module(f"{package.__name__}.{m.name}") for m in pkgutil.iter_modules(package.__path__)]
+
+
+def _recorded_grids(lengths, H, HV, K, V) -> list[tuple[str, tuple[int, ...]]]:
+    """The (kernel name, grid) of every launch that ``gdn_prefill(backend="triton")`` makes for
+    this batch: each Triton kernel of ``mamba_edu.kernels`` is replaced by a recorder, so nothing
+    runs and the inputs can stay uninitialised (``torch.empty`` touches no memory)."""
+    from mamba_edu.kernels import build_chunk_meta, gdn_prefill
+
+    launches = []
+
+    class Recorder:
+        def __init__(self, name, original):
+            self.name, self.arg_names = name, getattr(original, "arg_names", [])
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                g = grid
+                if callable(g):  # a grid that depends on the launch's (meta-)arguments
+                    g = g({**dict(zip(self.arg_names, args)), **kwargs})
+                launches.append((self.name, tuple(int(n) for n in g)))
+            return launch
+
+    dev = _device()
+    T, N = sum(lengths), len(lengths)
+    meta = build_chunk_meta(lengths, dev, state_indices=list(range(N)))
+    e = lambda *shape: torch.empty(*shape, device=dev)  # noqa: E731
+    with ExitStack() as stack:
+        for module in _kernel_modules():
+            for name, obj in list(vars(module).items()):
+                if isinstance(obj, triton.runtime.jit.KernelInterface):
+                    stack.enter_context(mock.patch.object(module, name, Recorder(name, obj)))
+        gdn_prefill(e(T, H, K), e(T, H, K), e(T, HV, V), e(T, HV), e(T, HV),
+                    state_pool=e(N, HV, K, V), meta=meta, backend="triton")
+    return launches
+
+
+def _expected_counts(lengths, H, HV, K, V) -> dict:
+    """Programs per launched kernel (``prepare``, ``scan``, ``output``: the kernel's name without
+    ``chunk_`` and ``_kernel``) and the longest serial chain ``scan_steps`` in chunks."""
+    counts = {}
+    for name, grid in _recorded_grids(lengths, H, HV, K, V):
+        key = name.removeprefix("chunk_").removesuffix("_kernel")
+        n = 1
+        for d in grid:
+            n *= d
+        counts[key] = counts.get(key, 0) + n
+    counts["scan_steps"] = max(-(-n // 64) for n in lengths)
+    return counts
+
+
+@exercise(NOTEBOOK, 2, "programs of the prefill kernels", "my_program_counts")
+def check_program_counts(fn) -> str:
+    """Compare with the grids that ``gdn_prefill`` launches, at the real Qwen3-Next head shapes,
+    the Qwen3.5 tensor-parallel-8 slice, and the notebook's test batch."""
+    cases = [([8192], 16, 32, 128, 128), ([1024] * 8, 16, 32, 128, 128), ([512], 2, 8, 128, 128),
+             ([1, 63, 64, 65, 150], 2, 4, 16, 32), ([200, 64], 4, 8, 64, 64)]
+    for lengths, H, HV, K, V in cases:
+        want = _expected_counts(lengths, H, HV, K, V)
+        got = fn(list(lengths), H, HV, K, V)
+        if not isinstance(got, dict) or {k: got.get(k) for k in want} != want:
+            short = lengths if len(lengths) <= 5 else f"{lengths[:2]} … ({len(lengths)} sequences)"
+            raise AssertionError(f"lengths={short}, H={H}, HV={HV}, K={K}, V={V}: got {got}, "
+                                 f"expected {want} (the grids gdn_prefill launches)")
+    return "program counts match the grids that gdn_prefill launches, and the longest serial chain"
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 3
+# ---------------------------------------------------------------------------------------------
+
+@exercise(NOTEBOOK, 3, "the gated delta rule as a Triton kernel", "my_recurrent_kernel")
+def check_recurrent_kernel(kernel) -> str:
+    """Launch ``kernel[(N, HV)](q, k, v, g, beta, o, h0, ht, cu, scale, H, HV, K, V)`` on fresh
+    packed batches (a 1-token sequence, 2 value heads per key head, K ≠ V) and compare o and the
+    final states with the recurrent reference. ``o`` and ``ht`` start as NaN, so every element
+    must be written."""
+    _require_kernel(kernel, "my_recurrent_kernel")
+    dev = _device()
+    gen = torch.Generator().manual_seed(9)
+    for lengths, H, HV, K, V in (([5, 1, 13], 2, 4, 16, 32), ([7, 3], 1, 2, 32, 16)):
+        T, N = sum(lengths), len(lengths)
+        cu = [0]
+        for n in lengths:
+            cu.append(cu[-1] + n)
+        q = l2norm(torch.randn(T, H, K, generator=gen))
+        k = l2norm(torch.randn(T, H, K, generator=gen))
+        v = torch.randn(T, HV, V, generator=gen)
+        g = -0.5 * torch.rand(T, HV, generator=gen)
+        beta = torch.rand(T, HV, generator=gen)
+        h0 = 0.1 * torch.randn(N, HV, K, V, generator=gen)
+        scale = K ** -0.5
+        ref = recurrent_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=h0,
+                                         cu_seqlens=cu, use_qk_l2norm=False)
+        o = torch.full((T, HV, V), float("nan"), device=dev)
+        ht = torch.full((N, HV, K, V), float("nan"), device=dev)
+        args = [t.to(dev) for t in (q, k, v, g, beta)]
+        kernel[(N, HV)](*args, o, h0.to(dev), ht, torch.tensor(cu, dtype=torch.int32, device=dev),
+                        scale, H, HV, K, V)
+        case = f"lengths={lengths}, H={H}, HV={HV}, K={K}, V={V}"
+        compare(o, ref.o, tol=1e-5, name=f"exercise 3 output o ({case})", quiet=True)
+        compare(ht, ref.final_state, tol=1e-5, name=f"exercise 3 final states ({case})", quiet=True)
+    return "a Triton kernel; o and the final states match recurrent_gated_delta_rule on packed batches"

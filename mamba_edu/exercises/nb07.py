@@ -1,9 +1,10 @@
-"""Notebook 07 (indices precomputed once per forward): reference answers and their checks.
+"""Checks of notebook 07 (indices precomputed once per forward, SGLang after PR #20522).
 
-Exercise 1: ``precomputed_indices`` — every index the two track copies need, from the batch's
-device tensors and the tracked rows (gathers and arithmetic only: no sync).
-Exercise 2: ``checkpoint_row`` — which row of the packed checkpoint tensor ``h`` holds the state
-after A tokens of request i.
+1. ``my_precomputed_indices`` — every index of the two track copies, for the tracked rows, from
+   the batch's device tensors, without a host sync.
+2. ``my_checkpoint_row`` — the row of the packed checkpoint tensor ``h`` that holds the state
+   after ``A`` tokens of request ``i``.
+3. ``my_precomputed_syncs`` — the host syncs left per forward with the ``precomputed`` strategy.
 """
 
 from __future__ import annotations
@@ -12,34 +13,22 @@ import random
 
 import torch
 
-from mamba_edu.exercises.nb06 import toy_batch
+from mamba_edu.exercises.core import checker, exercise
+from mamba_edu.exercises.nb06 import strategy_syncs, toy_batch
 from mamba_edu.gdn import chunk_gated_delta_rule, recurrent_gated_delta_rule
 from mamba_edu.profiling import count_syncs
 from mamba_edu.serving.tracking import sglang_track_metadata
 
+NOTEBOOK = "07_precomputed_indices"
+check = checker(NOTEBOOK)
 
-def precomputed_indices(batch, rows: torch.Tensor, conv_width: int):
-    """``(dst, conv_positions, working, checkpoint, from_final)`` for the tracked ``rows [n]``.
-
-    With ``E = cu[1:] − cu[:-1]``, ``A = track_lens − prefix_lens`` and
-    ``first = exclusive cumsum of ⌈E/64⌉``: ``dst = track_slots[rows]``,
-    ``conv_positions = (cu[rows] + A)[:, None] + [−(W−1) … −1]``, ``working = working_slots[rows]``,
-    ``checkpoint = min(first[rows] + A // 64, Σ⌈E/64⌉ − 1)`` (clamped: a final-state row has no
-    checkpoint of its own, any valid row will do), ``from_final = (A == E[rows])``.
-    """
-    cu = batch.cu_seqlens
-    extend = cu[1:] - cu[:-1]
-    chunks = (extend + 63) // 64
-    first = chunks.cumsum(0) - chunks
-    aligned = batch.track_lens_t[rows] - batch.prefix_lens_t[rows]
-    window = torch.arange(-(conv_width - 1), 0, device=cu.device)
-    checkpoint = torch.minimum(first[rows] + aligned // 64, chunks.sum() - 1)
-    return (batch.track_slots_t[rows], (cu[rows] + aligned)[:, None] + window,
-            batch.working_slots_t[rows], checkpoint, aligned == extend[rows])
+_NAMES = ("dst", "conv_positions", "working", "checkpoint", "from_final")
 
 
-def check_precomputed_indices(fn) -> None:
-    """Compare ``fn`` with :func:`track_indices_on_device` on random batches; it must not sync."""
+@exercise(NOTEBOOK, 1, "precomputed indices without a sync", "my_precomputed_indices")
+def check_precomputed_indices(fn) -> str:
+    """Random batches; ``rows`` found outside the sniffer; ``fn`` must not sync and must match
+    the indices the package builds (SGLang's per-forward metadata)."""
     rng = random.Random(7)
     n = 0
     for trial in range(25):
@@ -54,29 +43,26 @@ def check_precomputed_indices(fn) -> None:
         with count_syncs() as syncs:
             got = fn(batch, rows, 4)
         if syncs.count:
-            raise AssertionError(f"FAIL exercise 1 precomputed_indices made {syncs.count} would-be syncs:\n"
-                                 f"{syncs.summary()}")
-        names = ("dst", "conv_positions", "working", "checkpoint", "from_final")
-        for name, g, w in zip(names, got, (ref.dst, ref.conv_positions, ref.working, ref.checkpoint,
-                                           ref.from_final)):
-            if g.shape != w.shape or not torch.equal(g.to(w.dtype), w):
-                raise AssertionError(f"FAIL exercise 1 precomputed_indices: {name} = {g.tolist()}; expected "
-                                     f"{w.tolist()} (extend_lens {extend}, prefix_lens {prefix})")
+            raise AssertionError(f"the index build made {syncs.count} would-be host syncs "
+                                 f"({', '.join(sorted(syncs.by_op))}); only gathers and arithmetic are needed")
+        if not isinstance(got, (tuple, list)) or len(got) != 5:
+            raise AssertionError("return a tuple of 5 tensors: (dst, conv_positions, working, checkpoint, from_final)")
+        for name, g, w in zip(_NAMES, got, (ref.dst, ref.conv_positions, ref.working, ref.checkpoint,
+                                            ref.from_final)):
+            if not isinstance(g, torch.Tensor) or g.shape != w.shape or not torch.equal(g.to(w.dtype), w):
+                shown = g.tolist() if isinstance(g, torch.Tensor) else g
+                raise AssertionError(f"{name} = {shown}; expected {w.tolist()} "
+                                     f"(extend_lens {extend}, prefix_lens {prefix})")
         n += 1
-    print(f"PASS exercise 1 precomputed_indices: {n} random batches match the package, 0 syncs")
+    return f"{n} random batches match the package's indices, 0 syncs"
 
 
-def checkpoint_row(extend_lens: list[int], i: int, aligned: int) -> int:
-    """Row of ``h`` with the state after ``aligned`` (a multiple of 64, < E) tokens of request i:
-    the rows of earlier requests (``Σ_{j<i} ⌈E_j/64⌉``) plus ``aligned // 64``."""
-    return sum((e + 63) // 64 for e in extend_lens[:i]) + aligned // 64
-
-
-def check_checkpoint_row(fn) -> None:
-    """Run the chunked GDN with checkpoints on a random packed batch and compare the row ``fn``
-    names with the token-by-token state after ``aligned`` tokens of that request."""
+@exercise(NOTEBOOK, 2, "which checkpoint row", "my_checkpoint_row")
+def check_checkpoint_row(fn) -> str:
+    """Run the chunked GDN with checkpoints on a packed batch and compare the row ``fn`` names
+    with the token-by-token state after ``aligned`` tokens of that request."""
     gen = torch.Generator().manual_seed(8)
-    lengths = [70, 200, 64, 129]
+    lengths = [70, 200, 64, 129, 1, 128]
     T, H, HV, K, V = sum(lengths), 1, 2, 8, 8
     q, k = torch.randn(2, T, H, K, generator=gen)
     v = torch.randn(T, HV, V, generator=gen)
@@ -91,9 +77,29 @@ def check_checkpoint_row(fn) -> None:
             want = recurrent_gated_delta_rule(q[s:s + aligned], k[s:s + aligned], v[s:s + aligned],
                                               g[s:s + aligned], beta[s:s + aligned],
                                               use_qk_l2norm=True).final_state[0]
-            row = fn(lengths, i, aligned)
+            row = fn(list(lengths), i, aligned)
             if not (isinstance(row, int) and 0 <= row < h.shape[0]) or not torch.allclose(h[row], want, atol=1e-4):
-                raise AssertionError(f"FAIL exercise 2 checkpoint_row({lengths}, i={i}, aligned={aligned}) = "
-                                     f"{row!r}: that row is not the state after {aligned} tokens of request {i}")
+                hint = ""
+                if isinstance(row, int) and 0 <= row + 1 < h.shape[0] and torch.allclose(h[row + 1], want, atol=1e-4):
+                    hint = " (one chunk too early)"
+                elif isinstance(row, int) and 0 <= row - 1 < h.shape[0] and torch.allclose(h[row - 1], want, atol=1e-4):
+                    hint = " (one chunk too late)"
+                raise AssertionError(f"checkpoint_row({lengths}, i={i}, aligned={aligned}) = {row!r}: that row "
+                                     f"is not the state after {aligned} tokens of request {i}{hint}")
             n += 1
-    print(f"PASS exercise 2 checkpoint_row: {n} rows of h hold the recurrence's state after A tokens")
+    return f"{n} rows of h hold the recurrence's state after A tokens"
+
+
+@exercise(NOTEBOOK, 3, "precomputed syncs per forward", "my_precomputed_syncs")
+def check_precomputed_syncs(fn) -> str:
+    """Count the precomputed strategy's syncs with the sniffer, tracked or not, 1 to 45 layers."""
+    cases = {True: ([0, 0], [130, 40]), False: ([0, 64], [40, 10])}
+    for tracked, (prefix, extend) in cases.items():
+        batch = toy_batch(prefix, extend)
+        for n_layers in (1, 3, 45):
+            want = strategy_syncs(batch, "precomputed", n_layers).count
+            got = fn(n_layers, tracked)
+            if got != want:
+                raise AssertionError(f"precomputed_syncs({n_layers}, any_tracked={tracked}) = {got!r}; "
+                                     f"the sniffer counts {want}")
+    return "matches the sniffer for 1, 3 and 45 GDN layers, tracked and untracked"

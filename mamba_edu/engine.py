@@ -11,17 +11,26 @@
 metadata, layers, tracking) + ``finish_prefill`` (cache insert, bookkeeping); benchmarks call
 the three parts themselves (``abort_prefill`` gives back a batch they do not finish), and
 ``capture_prefill`` puts the forward into a CUDA graph.
+
+A prepared prefill (:class:`PreparedPrefill`) belongs to the engine that prepared it and is used
+once: ``prepare → forward → finish``, or ``prepare [→ forward] → abort``. Running it on another
+engine, running its forward twice, finishing or aborting it twice raises ``ValueError`` before
+anything changes (``reset_prefill`` re-arms it for a benchmark that reruns one batch).
+Every argument is checked at this boundary, before any slot, lock or cache entry changes
+(docs/architecture.md states the contracts).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
+from mamba_edu.model.config import ModelConfig
 from mamba_edu.serving import (SCRATCH_SLOT, ForwardBatch, LinearAttentionBackend, PoolExhausted,
-                               RadixCache, StatePool, build_batch, plan_tracking)
+                               RadixCache, StatePool, plan_tracking)
+from mamba_edu.serving.batch import build_decode_batch, build_extend_batch
 from mamba_edu.serving.planning import check_cache_chunk
 
 
@@ -102,10 +111,56 @@ class CapturedPrefill:
         self._pool.ssm[:, self._slots] = self._saved[1]
 
 
+PREPARED, FORWARDED, FINISHED, ABORTED = "prepared", "forwarded", "finished", "aborted"
+
+
+@dataclass(eq=False, repr=False)
+class PreparedPrefill(ForwardBatch):
+    """A prefill batch prepared by :meth:`Engine.prepare_prefill`: the forward's inputs (every
+    :class:`~mamba_edu.serving.ForwardBatch` field, so it is passed to the backend and the model
+    as it is) plus the engine's bookkeeping, which the forward never reads.
+
+    Lifecycle (``status``): ``prepared`` → :meth:`Engine.forward_prefill` → ``forwarded`` →
+    :meth:`Engine.finish_prefill` → ``finished``; or :meth:`Engine.abort_prefill` from
+    ``prepared``/``forwarded`` → ``aborted``. It belongs to ``engine`` (its slots are that
+    engine's) and each step happens at most once; anything else raises before changing state.
+
+    ``requests``: the full prompts; ``matches``: their locked prefix matches;
+    ``track_slot_lists``: each request's 1 (or 2, ping-pong) track slots; ``logits``: what the
+    forward returned (None before it).
+    """
+
+    engine: object = field(default=None, compare=False)
+    requests: list = field(default_factory=list)
+    matches: list = field(default_factory=list)
+    track_slot_lists: list = field(default_factory=list)
+    status: str = PREPARED
+    logits: torch.Tensor | None = None
+    captured: CapturedPrefill | None = None
+    _started: bool = False  # a forward began (it may have raised half-way)
+
+    @property
+    def owned_slots(self) -> list[int]:
+        """Every slot this batch holds: working slots, then each request's track slots."""
+        return self.working_slots + [s for lst in self.track_slot_lists for s in lst]
+
+    def __repr__(self) -> str:
+        return (f"PreparedPrefill(rids={self.rids}, status={self.status!r}, prefix_lens={self.prefix_lens}, "
+                f"extend_lens={self.extend_lens}, working_slots={self.working_slots}, "
+                f"track_slots={self.track_slots}, track_mask={self.track_mask}, track_lens={self.track_lens})")
+
+
 def _positive_int(name: str, value) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive int; got {value!r}")
     return value
+
+
+def _check_model(model) -> None:
+    config = getattr(model, "config", None)
+    if not isinstance(config, ModelConfig) or not callable(model) or not hasattr(model, "device"):
+        raise TypeError(f"model must be a HybridModel (from mamba_edu.model.build_model); "
+                        f"got {type(model).__name__}")
 
 
 class Engine:
@@ -123,6 +178,9 @@ class Engine:
 
     def __init__(self, model, strategy: str = "sync_free", max_requests: int = 8, cache_chunk: int = 64,
                  ping_pong: bool = False, track_interval: int = 256, cache_slots: int | None = None):
+        _check_model(model)
+        if not isinstance(ping_pong, bool):
+            raise TypeError(f"ping_pong must be a bool (True: two track slots per request); got {ping_pong!r}")
         self.model = model
         self.config = model.config
         self.max_requests = _positive_int("max_requests", max_requests)
@@ -151,15 +209,22 @@ class Engine:
         for r in requests:
             if not isinstance(r, Request):
                 raise ValueError(f"requests must hold Request objects; got {type(r).__name__}")
+            try:
+                hash(r.rid)
+            except TypeError:
+                raise ValueError(f"rid must be hashable (a str, an int, a tuple); got {r.rid!r}") from None
             if r.rid in seen or r.rid in self.running or r.rid in self.pending:
                 raise ValueError(f"request ids must be unique, not running and not pending; "
                                  f"got duplicate rid {r.rid!r}")
             seen.add(r.rid)
             ids = r.token_ids
+            vocab = self.config.vocab
             if (not isinstance(ids, (list, tuple)) or not ids
-                    or not all(isinstance(t, int) and 0 <= t < self.config.vocab for t in ids)):
+                    or not all(type(t) is int and 0 <= t < vocab for t in ids)):
+                bad = next((t for t in ids if type(t) is not int or not 0 <= t < vocab), ids) \
+                    if isinstance(ids, (list, tuple)) else ids
                 raise ValueError(f"token_ids of request {r.rid!r} must be a non-empty list of ints in "
-                                 f"[0, vocab={self.config.vocab})")
+                                 f"[0, vocab={vocab}) (not bools); got {bad!r}")
         active = len(self.running) + len(self.pending)
         if active + len(requests) > self.max_requests:
             raise ValueError(f"requests: {len(requests)} new + {active} running or prepared exceeds "
@@ -176,11 +241,13 @@ class Engine:
             self.cache.evict(missing)
         return self.pool.alloc(n)
 
-    def prepare_prefill(self, requests: list[Request]) -> ForwardBatch:
+    def prepare_prefill(self, requests: list[Request]) -> PreparedPrefill:
         """Host work before the forward: prefix match, slot allocation, snapshot restore, planning.
 
         On a hit at P tokens the snapshot is copied into the new working slot and only the
         remaining ``E = len − P`` tokens are computed (at least one, for the last logits).
+        Returns a :class:`PreparedPrefill` owned by this engine; give it to
+        :meth:`forward_prefill` and then :meth:`finish_prefill` (or :meth:`abort_prefill`).
         """
         requests = self._check_requests(requests)
         matches = [self.cache.match(list(r.token_ids), max_length=len(r.token_ids) - 1) for r in requests]
@@ -202,23 +269,77 @@ class Engine:
                 extends.append(list(r.token_ids[m.length:]))
                 plans.append(plan_tracking(m.length, len(extends[-1]), self.cache_chunk,
                                            slots[i * per_request + 1]))
-            batch = build_batch("extend", [r.rid for r in requests], extends, [m.length for m in matches],
-                                working, plans, [m.kv for m in matches], self.n_attn_layers,
-                                self.model.device)
+            inputs = build_extend_batch([r.rid for r in requests], extends, [m.length for m in matches],
+                                        working, plans, [m.kv for m in matches], self.n_attn_layers,
+                                        self.model.device)
         except BaseException:  # e.g. out of device memory: give everything back before raising
             self.pool.free(slots)
             for m in matches:
                 self.cache.unlock(m.node)
             raise
-        batch.requests, batch.matches = requests, matches
+        batch = PreparedPrefill(
+            **{f.name: getattr(inputs, f.name) for f in fields(ForwardBatch)}, engine=self,
+            requests=requests, matches=matches,
+            track_slot_lists=[slots[i * per_request + 1:(i + 1) * per_request] for i in range(len(requests))])
         self.pending.update(batch.rids)
-        batch.track_slot_lists = [slots[i * per_request + 1:(i + 1) * per_request] for i in range(len(requests))]
         return batch
 
-    def forward_prefill(self, batch: ForwardBatch) -> torch.Tensor:
-        """The timed forward: ``init_forward_metadata`` + all layers (with tracking) → logits [N, vocab]."""
+    def _check_prepared(self, batch, action: str) -> PreparedPrefill:
+        """``batch`` must be a prepared prefill of this engine that has not been finished or
+        aborted; raises (naming the problem) before anything changes."""
+        if not isinstance(batch, PreparedPrefill):
+            raise TypeError(f"batch must be the PreparedPrefill that engine.prepare_prefill(...) returned; "
+                            f"got {type(batch).__name__}")
+        if batch.engine is not self:
+            raise ValueError(f"batch was prepared by another Engine: its slots and prefix locks are that "
+                             f"engine's, so {action} must be called on it (engine.{action}(batch) on the "
+                             f"engine whose prepare_prefill made it)")
+        if batch.status == FINISHED:
+            raise ValueError(f"batch was finished: its requests are running and own its slots; "
+                             f"{action} cannot use it again (use release(rids), then prepare a new batch)")
+        if batch.status == ABORTED:
+            raise ValueError(f"batch was already aborted: its slots were given back (other requests may "
+                             f"own them now), so {action} cannot use it; prepare a new batch")
+        return batch
+
+    def forward_prefill(self, batch: PreparedPrefill) -> torch.Tensor:
+        """The timed forward: ``init_forward_metadata`` + all layers (with tracking) → logits [N, vocab].
+
+        Runs once per prepared batch: a second call would start from the states the first one
+        wrote and raises instead (``reset_prefill(batch)`` re-arms it). A forward that raised
+        half-way (e.g. stopped by ``cuda_sync_guard``) may be retried: the batch's slots are put
+        back to their prepared states first.
+        """
+        self._check_prepared(batch, "forward_prefill")
+        if batch.status == FORWARDED:
+            raise ValueError("forward_prefill already ran on this batch: its working slots now hold the "
+                             "states after its prompts, so a second forward would continue from them "
+                             "(wrong logits and snapshots). Call engine.reset_prefill(batch) first to rerun "
+                             "it from its prepared states, or prepare a new batch")
+        if batch._started:
+            self._restore_prepared_states(batch)
+        batch._started = True
         self.backend.init_forward_metadata(batch)
-        return self._run_model(batch)
+        logits = self._run_model(batch)
+        batch.logits, batch.status = logits, FORWARDED
+        return logits
+
+    def _restore_prepared_states(self, batch: PreparedPrefill) -> None:
+        """Put the batch's slots back to what prepare_prefill left: zeros, and the (locked,
+        unchanging) snapshot in the working slot of each prefix hit."""
+        idx = torch.tensor(batch.owned_slots, device=self.pool.conv.device)
+        self.pool.conv[:, idx] = 0
+        self.pool.ssm[:, idx] = 0
+        for m, slot in zip(batch.matches, batch.working_slots):
+            if m.slot is not None:
+                self.pool.copy_slot(m.slot, slot)
+
+    def reset_prefill(self, batch: PreparedPrefill) -> None:
+        """Re-arm a prepared batch for one more forward (benchmarks that rerun one batch): its
+        working and track slots get back the states ``prepare_prefill`` gave them."""
+        self._check_prepared(batch, "reset_prefill")
+        self._restore_prepared_states(batch)
+        batch.status, batch.logits, batch._started = PREPARED, None, False
 
     def _run_model(self, batch: ForwardBatch) -> torch.Tensor:
         batch.reset_kv_out()
@@ -239,9 +360,26 @@ class Engine:
         else:
             self.pool.free([fresh])
 
-    def finish_prefill(self, batch: ForwardBatch, logits: torch.Tensor) -> None:
-        """After the forward: register the requests, insert tracked snapshots into the cache."""
+    def finish_prefill(self, batch: PreparedPrefill, logits: torch.Tensor | None = None) -> None:
+        """After the forward: register the requests, insert tracked snapshots into the cache.
+
+        ``logits``: what ``forward_prefill(batch)`` returned (or the batch's captured graph's
+        ``logits``); None means the batch's own.
+        """
+        self._check_prepared(batch, "finish_prefill")
+        allowed = [t for t in (batch.logits, batch.captured.logits if batch.captured else None) if t is not None]
+        if not allowed:
+            raise ValueError("batch has not been run: call forward_prefill(batch) before finish_prefill "
+                             "(or abort_prefill(batch) to give it back)")
+        if logits is None:
+            logits = allowed[0]
+        elif not any(logits is t for t in allowed):
+            shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+            raise ValueError(f"logits must be the tensor forward_prefill(batch) returned for this batch "
+                             f"([{batch.size}, {self.config.vocab}]); got another ({shape}): "
+                             f"a batch is finished with its own logits")
         next_tokens = logits.argmax(-1)
+        batch.status = FINISHED
         self.pending.difference_update(batch.rids)
         for m in batch.matches:
             self.cache.unlock(m.node)
@@ -257,13 +395,13 @@ class Engine:
             self.stats.cached_tokens += plan.prefix_len
             self.stats.computed_tokens += plan.extend_len
 
-    def abort_prefill(self, batch: ForwardBatch) -> None:
+    def abort_prefill(self, batch: PreparedPrefill) -> None:
         """Give back a prepared batch that will not be finished (never run, or its forward
         failed): free its working and track slots and unlock its prefix matches. Nothing is
         cached and no request starts running. Call it at most once, instead of ``finish_prefill``."""
-        if any(r.rid in self.running for r in batch.requests):
-            raise ValueError("batch was finished: its requests are running; use release(rids)")
-        self.pool.free(batch.working_slots + [s for slots in batch.track_slot_lists for s in slots])
+        self._check_prepared(batch, "abort_prefill")
+        self.pool.free(batch.owned_slots)
+        batch.status = ABORTED
         for m in batch.matches:
             self.cache.unlock(m.node)
         self.pending.difference_update(batch.rids)
@@ -271,24 +409,29 @@ class Engine:
     def prefill(self, requests: list[Request]) -> PrefillResult:
         """Prefill new requests; they keep running (for :meth:`decode`) until :meth:`release`."""
         batch = self.prepare_prefill(requests)
-        logits = self.forward_prefill(batch)
+        try:
+            logits = self.forward_prefill(batch)
+        except BaseException:
+            self.abort_prefill(batch)
+            raise
         self.finish_prefill(batch, logits)
         return PrefillResult(logits, logits.argmax(-1).tolist(), list(batch.prefix_lens),
                              list(batch.track_lens))
 
-    def capture_prefill(self, batch: ForwardBatch) -> CapturedPrefill:
+    def capture_prefill(self, batch: PreparedPrefill) -> CapturedPrefill:
         """Capture the prefill forward of ``batch`` in a CUDA graph (``sync_free``/``fused`` only).
 
         The metadata of a fixed batch is constant, so it is built once, outside the graph; the
         graph holds every layer with its tracking. The batch's slots are restored after the
         warm-up and the capture, so they hold their pre-capture states.
         """
+        self._check_prepared(batch, "capture_prefill")
         if self.strategy not in ("sync_free", "fused"):
             raise ValueError(f"strategy must be 'sync_free' or 'fused' to capture a prefill (a sync "
                              f"cannot be captured); engine strategy is {self.strategy!r}")
         if self.model.device.type != "cuda":
             raise RuntimeError(f"capture_prefill needs a CUDA device; the model is on {self.model.device}")
-        owned = batch.working_slots + [s for lst in batch.track_slot_lists for s in lst] + [SCRATCH_SLOT]
+        owned = batch.owned_slots + [SCRATCH_SLOT]
         slots = torch.tensor(owned, device=self.model.device)
         saved = (self.pool.conv[:, slots].clone(), self.pool.ssm[:, slots].clone())
         captured = CapturedPrefill(None, None, slots, saved, self.pool)
@@ -305,6 +448,7 @@ class Engine:
             logits = self._run_model(batch)
         captured.graph, captured.logits = graph, logits
         captured.restore_states()
+        batch.captured = captured  # its replays are this batch's forwards: finish_prefill accepts their logits
         return captured
 
     # ---- decode -------------------------------------------------------------------------
@@ -331,9 +475,8 @@ class Engine:
                     r.snapshot_len = n + 1
                 else:
                     dst.append(SCRATCH_SLOT)
-            batch = build_batch("decode", [r.rid for r in reqs], None, seq_lens, [r.working_slot for r in reqs],
-                                None, [r.kv for r in reqs], self.n_attn_layers, self.model.device,
-                                input_ids=ids, decode_track_slots=dst)
+            batch = build_decode_batch([r.rid for r in reqs], ids, seq_lens, [r.working_slot for r in reqs],
+                                       dst, [r.kv for r in reqs], self.n_attn_layers, self.model.device)
             self.backend.init_forward_metadata(batch)
             logits = self._run_model(batch)
             self.backend.track_decode(batch)
@@ -356,8 +499,23 @@ class Engine:
                             torch.stack(all_logits))
 
     def release(self, rids) -> None:
-        """Finish requests: free their working and track slots (cached snapshots stay)."""
-        for rid in rids:
+        """Finish requests: free their working and track slots (cached snapshots stay).
+
+        ``rids``: a list (or tuple, set) of distinct ids of running requests; checked whole
+        before anything is freed."""
+        if isinstance(rids, (str, bytes)) or not isinstance(rids, (list, tuple, set, frozenset)):
+            raise ValueError(f"rids must be a list of request ids (e.g. [\"a\"]); got {rids!r}")
+        rids = list(rids)
+        for i, rid in enumerate(rids):
+            try:
+                hash(rid)
+            except TypeError:
+                raise ValueError(f"rids must hold hashable request ids; got {rid!r}") from None
+            if rid in rids[:i]:
+                raise ValueError(f"rids must be distinct; {rid!r} is repeated in {rids!r}")
+            if rid in self.pending:
+                raise ValueError(f"rids must be running requests; {rid!r} is prepared but not finished: "
+                                 f"finish_prefill or abort_prefill its batch")
             if rid not in self.running:
                 raise ValueError(f"rids must be running requests; {rid!r} is not")
         for rid in rids:

@@ -186,8 +186,14 @@ def test_decode_and_capture_errors(hybrid):
     batch = engine.prepare_prefill([Request("a", SEQ[:10])])
     with pytest.raises(ValueError, match="strategy must be 'sync_free' or 'fused'"):
         engine.capture_prefill(batch)
-    engine.forward_prefill(batch)
-    engine.finish_prefill(batch, engine.forward_prefill(engine.prepare_prefill([Request("b", SEQ[:5])])))
+    other = engine.prepare_prefill([Request("b", SEQ[:5])])
+    logits, other_logits = engine.forward_prefill(batch), engine.forward_prefill(other)
+    with pytest.raises(ValueError, match="logits must be the tensor forward_prefill"):
+        engine.finish_prefill(batch, other_logits)  # a batch is finished with its own logits only
+    engine.finish_prefill(batch, logits)
+    engine.finish_prefill(other)  # None: the batch's own logits
+    assert engine.running["a"].next_token.item() == int(logits[0].argmax())
+    assert engine.running["b"].next_token.item() == int(other_logits[0].argmax())
     with pytest.raises(ValueError, match="steps"):
         engine.decode(0)
 
@@ -212,6 +218,7 @@ def test_no_sync_on_gpu(strategy):
     engine = Engine(build_model("tiny", device="cuda"), strategy=strategy, max_requests=4)
     batch = _gpu_batch(engine)
     engine.forward_prefill(batch)  # warm-up: first launches compile
+    engine.reset_prefill(batch)    # re-arm the batch: back to its prepared states
     torch.cuda.synchronize()
     with cuda_sync_guard() as result:
         engine.forward_prefill(batch)

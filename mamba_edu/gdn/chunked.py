@@ -19,6 +19,12 @@ import torch
 from mamba_edu.gdn.recurrent import GDNOutput, _prepare
 from mamba_edu.gdn.varlen import CHUNK, checkpoint_offsets, chunk_counts
 
+# Floor of a single token's log-decay in the chunked form. exp(g) of any g below about −104 is 0
+# in fp32 (and below −745 in fp64), so flooring changes no decay factor, but it keeps Γ finite:
+# with g = −inf (A_log large under raw gating) Γ_s − Γ_j would be (−inf) − (−inf) = NaN.
+# 64 tokens at the floor give Γ ≥ −64000, still exact to ~1e-11 in fp64.
+G_FLOOR = -1000.0
+
 
 def pad_to_chunks(x: torch.Tensor, lengths: list[int], chunk: int = CHUNK) -> torch.Tensor:
     """Scatter packed ``[T, ...]`` into ``[N, NC, chunk, ...]`` with zeros after each sequence.
@@ -44,13 +50,13 @@ def intra_chunk(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.T
     """Everything that does not depend on the incoming state, for all chunks at once.
 
     Args (head-major, fp32): ``k: [..., C, K]``, ``v: [..., C, V]``, ``g, beta: [..., C]``.
-    Returns ``(gamma, U, W)``: ``gamma`` = inclusive cumsum of g ``[..., C]`` (fp64),
+    Returns ``(gamma, U, W)``: ``gamma`` = inclusive cumsum of g floored at ``G_FLOOR`` ``[..., C]`` (fp64),
     ``U = T(beta·V)`` ``[..., C, V]``, ``W = T(beta·exp(Γ)·K)`` ``[..., C, K]``.
     """
     C = g.shape[-1]
     # Γ in fp64: with strong gates it reaches the −1000s inside one chunk, where an fp32
     # Γ_s − Γ_j is off by ~1e-4 and so is every decay factor. The factors themselves are fp32.
-    gamma = g.double().cumsum(-1)
+    gamma = g.double().clamp(min=G_FLOOR).cumsum(-1)  # finite even for g = −inf (see G_FLOOR)
     strict = torch.ones(C, C, dtype=torch.bool, device=g.device).tril(-1)
     # Mask before exp: the upper triangle of Γ_s − Γ_j is positive and would overflow.
     decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~strict, float("-inf")).exp().float()

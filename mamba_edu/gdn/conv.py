@@ -17,8 +17,9 @@ from mamba_edu.gdn.varlen import seq_lengths
 
 
 def _check_weight(x_dim: int, weight: torch.Tensor, bias: torch.Tensor | None) -> int:
-    if weight.dim() != 2 or weight.shape[0] != x_dim:
-        raise ValueError(f"weight must have shape [D, W] with D={x_dim}; got {tuple(weight.shape)}")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[0] != x_dim or weight.shape[1] < 1:
+        shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise ValueError(f"weight must have shape [D, W] with D={x_dim} and W >= 1; got {shape}")
     if bias is not None and bias.shape != (x_dim,):
         raise ValueError(f"bias must have shape [D]=({x_dim},); got {tuple(bias.shape)}")
     return weight.shape[1]
@@ -61,7 +62,7 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         y = F.conv1d(ext.float()[None], weight.float()[:, None, :],
                      None if bias is None else bias.float(), groups=D)[0]  # [D, L]
         ys.append(y.T)
-        finals.append(ext[:, -(W - 1):])
+        finals.append(ext[:, ext.shape[1] - (W - 1):])  # the last W−1 columns (none when W = 1)
         start += length
     return _activate(torch.cat(ys), activation).to(x.dtype), torch.stack(finals)
 

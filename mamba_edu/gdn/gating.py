@@ -13,8 +13,8 @@ def gdn_gating(A_log: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dt_bias: t
         A_log, dt_bias: ``[HV]`` learned per value head.
         a, b: ``[T, HV]`` projections of the hidden state.
     Returns:
-        ``g = −exp(A_log)·softplus(a + dt_bias)`` (log-decay, ≤ 0) and ``beta = sigmoid(b)``,
-        both ``[T, HV]`` fp32.
+        ``g = −exp(A_log)·softplus(a + dt_bias)`` (log-decay, ≤ 0; −inf where it overflows, never
+        NaN) and ``beta = sigmoid(b)``, both ``[T, HV]`` fp32.
     """
     if a.shape != b.shape or a.dim() != 2:
         raise ValueError(f"a and b must both be [T, HV]; got a {tuple(a.shape)}, b {tuple(b.shape)}")
@@ -22,7 +22,10 @@ def gdn_gating(A_log: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dt_bias: t
     for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
         if t.shape != (hv,):
             raise ValueError(f"{name} must have shape [HV]=({hv},); got {tuple(t.shape)}")
-    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float(), beta=1.0, threshold=20.0)
+    # exp(A_log) is capped at the largest fp32: an A_log of 100 would give inf, and inf · 0 (a
+    # softplus that underflowed) is NaN; capped, g is −inf or finite, never NaN.
+    rate = A_log.float().exp().clamp(max=torch.finfo(torch.float32).max)
+    g = -rate * F.softplus(a.float() + dt_bias.float(), beta=1.0, threshold=20.0)
     return g, b.float().sigmoid()
 
 

@@ -32,8 +32,8 @@ def seq_lengths(cu_seqlens: torch.Tensor | Sequence[int] | None, total: int) -> 
         cu = cu_seqlens.tolist()
     else:
         cu = list(cu_seqlens)
-        if not all(isinstance(c, int) for c in cu):
-            raise ValueError("cu_seqlens must hold integers")
+        if not all(isinstance(c, int) and not isinstance(c, bool) for c in cu):
+            raise ValueError(f"cu_seqlens must hold integers (ints, not bools); got {cu}")
     if len(cu) < 2:
         raise ValueError(f"cu_seqlens must have N+1 >= 2 entries; got {len(cu)}")
     if cu[0] != 0:
@@ -48,8 +48,17 @@ def seq_lengths(cu_seqlens: torch.Tensor | Sequence[int] | None, total: int) -> 
     return lengths
 
 
+def _check_lengths(lengths: Sequence[int], chunk: int) -> None:
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk must be an int >= 1; got {chunk!r}")
+    for n in lengths:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"lengths must be ints >= 0 (not bools); got {n!r} in {list(lengths)}")
+
+
 def chunk_counts(lengths: Sequence[int], chunk: int = CHUNK) -> list[int]:
     """Number of chunks ``⌈L/chunk⌉`` of each sequence (= its number of checkpoints)."""
+    _check_lengths(lengths, chunk)
     return [-(-n // chunk) for n in lengths]
 
 
@@ -75,6 +84,10 @@ def validate_gdn_inputs(q, k, v, g, beta, cu_seqlens, initial_state) -> list[int
         if not t.dtype.is_floating_point:
             raise ValueError(f"{name} must be a floating tensor; got {t.dtype}")
     T, H, K = q.shape
+    for name, value in (("H (q.shape[1])", H), ("K (q.shape[2])", K), ("HV (v.shape[1])", v.shape[1]),
+                        ("V (v.shape[2])", v.shape[2])):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1 (q, k: [T, H, K], v: [T, HV, V]); got {value}")
     if k.shape != q.shape:
         raise ValueError(f"k must have q's shape [T, H, K]={tuple(q.shape)}; got {tuple(k.shape)}")
     Tv, HV, V = v.shape

@@ -37,11 +37,21 @@ class ModelConfig:
 
     def __post_init__(self):
         for name in ("vocab", "hidden", "n_layers", "gdn_key_heads", "gdn_value_heads", "gdn_key_dim",
+                     "gdn_value_dim", "conv_width", "attn_heads", "attn_kv_heads", "attn_head_dim",
+                     "mlp_width", "attn_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{name} must be an int (not a bool or float); got {value!r}")
+        for name in ("vocab", "hidden", "n_layers", "gdn_key_heads", "gdn_value_heads", "gdn_key_dim",
                      "gdn_value_dim", "attn_heads", "attn_kv_heads", "attn_head_dim", "mlp_width"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
         if self.attn_every < 0:
             raise ValueError(f"attn_every must be >= 0 (0 = no attention); got {self.attn_every}")
+        for name in ("rope_theta", "norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ValueError(f"{name} must be a positive finite number; got {value!r}")
         if self.gdn_value_heads % self.gdn_key_heads:
             raise ValueError(f"gdn_value_heads={self.gdn_value_heads} must be a multiple of "
                              f"gdn_key_heads={self.gdn_key_heads}")

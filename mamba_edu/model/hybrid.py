@@ -50,6 +50,13 @@ class HybridModel(nn.Module):
 
     def __init__(self, cfg: ModelConfig, device="cpu", dtype=torch.float32, seed: int = 0):
         super().__init__()
+        if not isinstance(cfg, ModelConfig):
+            raise TypeError(f"cfg must be a ModelConfig; got {type(cfg).__name__}")
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+            raise ValueError(f"dtype must be a floating torch dtype (torch.float32, torch.bfloat16, "
+                             f"torch.float16); got {dtype!r}")
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise ValueError(f"seed must be an int; got {seed!r}")
         self.config = cfg
         gen = torch.Generator(device=device).manual_seed(seed)
         # Residual scaling: each of the 2·n_layers branches adds variance ~1/(2·n_layers), so the

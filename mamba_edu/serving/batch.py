@@ -50,6 +50,10 @@ class ForwardBatch:
     sequence after a cached prefix, None otherwise (a fresh prompt is plain causal: SDPA's
     ``is_causal``, which takes the flash kernel on a GPU where a mask would force the slow path);
     ``kv_out[i][layer]`` is filled by the forward with the full KV of sequence i.
+
+    It holds the forward's inputs only (and ``kv_out``, its attention output); the engine's
+    bookkeeping of a prepared prefill (its requests, prefix matches, track slots, lifecycle)
+    lives in :class:`mamba_edu.engine.PreparedPrefill`, a subclass.
     """
 
     mode: str
@@ -76,10 +80,6 @@ class ForwardBatch:
     plans: list[TrackPlan] = field(default_factory=list)
     decode_track_slots_t: torch.Tensor | None = None
     kv_out: list = field(default_factory=list)
-    # Engine bookkeeping, untouched by the forward: the full prompts and their prefix matches.
-    requests: list = field(default_factory=list)
-    matches: list = field(default_factory=list)
-    track_slot_lists: list = field(default_factory=list)  # each request's 1 or 2 track slots
 
     @property
     def size(self) -> int:
@@ -98,27 +98,96 @@ def _token_ranges(lengths: list[int]) -> list[tuple[int, int]]:
     return out
 
 
+def _check_ints(name: str, values, n: int | None, minimum: int) -> list[int]:
+    """``values`` must be a list of ``n`` ints (not bools) ``>= minimum``; raises ValueError naming it."""
+    if not isinstance(values, (list, tuple)):
+        raise ValueError(f"{name} must be a list of ints; got {type(values).__name__}")
+    if n is not None and len(values) != n:
+        raise ValueError(f"{name} must have one entry per request (N={n}); got {len(values)}")
+    for v in values:
+        if type(v) is not int or v < minimum:
+            raise ValueError(f"{name} must hold ints >= {minimum} (not bools); got {v!r} in {list(values)}")
+    return list(values)
+
+
+def build_extend_batch(rids: list, token_ids: list[list[int]], prefix_lens: list[int],
+                       working_slots: list[int], plans: list[TrackPlan], prefix_kv: list,
+                       n_attn_layers: int, device) -> ForwardBatch:
+    """A prefill (extend) :class:`ForwardBatch` from host lists, uploaded with one pinned copy.
+
+    ``token_ids[i]``: the tokens sequence i computes after its cached prefix of
+    ``prefix_lens[i]`` tokens; ``plans[i]``: its tracking decision (:func:`plan_tracking`);
+    ``prefix_kv[i]``: per attention layer ``(k, v)`` of the prefix, or None.
+    """
+    n = len(rids)
+    if not n:
+        raise ValueError("rids must name at least one request")
+    if not isinstance(token_ids, (list, tuple)) or len(token_ids) != n:
+        raise ValueError(f"token_ids must be a list of N={n} token lists")
+    for i, seq in enumerate(token_ids):
+        if not isinstance(seq, (list, tuple)) or not seq or any(type(t) is not int or t < 0 for t in seq):
+            raise ValueError(f"token_ids[{i}] must be a non-empty list of ints >= 0 (not bools)")
+    _check_ints("prefix_lens", prefix_lens, n, 0)
+    _check_ints("working_slots", working_slots, n, 0)
+    if not isinstance(plans, (list, tuple)) or len(plans) != n or not all(isinstance(p, TrackPlan) for p in plans):
+        raise ValueError(f"plans must be a list of N={n} TrackPlan (from plan_tracking)")
+    for i, (p, seq, pre) in enumerate(zip(plans, token_ids, prefix_lens)):
+        if (p.prefix_len, p.extend_len) != (pre, len(seq)):
+            raise ValueError(f"plans[{i}] was planned for P={p.prefix_len}, E={p.extend_len}; the batch has "
+                             f"P={pre}, E={len(seq)}")
+    return _assemble("extend", rids, [len(t) for t in token_ids], [t for seq in token_ids for t in seq],
+                     prefix_lens, working_slots, plans, prefix_kv, n_attn_layers, device, None, None)
+
+
+def build_decode_batch(rids: list, input_ids: torch.Tensor, seq_lens: list[int], working_slots: list[int],
+                       decode_track_slots: list[int], prefix_kv: list, n_attn_layers: int,
+                       device) -> ForwardBatch:
+    """A one-token-per-sequence decode :class:`ForwardBatch`.
+
+    ``input_ids [N]`` is already on the device (the previous step's greedy tokens, never read
+    back); ``seq_lens[i]`` is the position of the token fed now (the tokens before it);
+    ``decode_track_slots[i]`` where row i's state is copied after the step (its track slot, or
+    the scratch slot).
+    """
+    n = len(rids)
+    if not isinstance(input_ids, torch.Tensor) or tuple(input_ids.shape) != (n,):
+        raise ValueError(f"input_ids must be a [N]={n} device tensor; got "
+                         f"{tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__}")
+    _check_ints("seq_lens", seq_lens, n, 0)
+    _check_ints("working_slots", working_slots, n, 0)
+    _check_ints("decode_track_slots", decode_track_slots, n, 0)
+    return _assemble("decode", rids, [1] * n, [], seq_lens, working_slots, None, prefix_kv, n_attn_layers,
+                     device, input_ids, decode_track_slots)
+
+
 def build_batch(mode: str, rids: list, token_ids: list[list[int]] | None, prefix_lens: list[int],
                 working_slots: list[int], plans: list[TrackPlan] | None, prefix_kv: list,
                 n_attn_layers: int, device, input_ids: torch.Tensor | None = None,
                 decode_track_slots: list[int] | None = None) -> ForwardBatch:
-    """Assemble a :class:`ForwardBatch` from host lists (one upload).
+    """Assemble a :class:`ForwardBatch` from host lists (one upload): :func:`build_extend_batch`
+    (``mode="extend"``) or :func:`build_decode_batch` (``mode="decode"``, ``prefix_lens`` = the
+    sequence lengths so far, ``input_ids [N]`` on the device)."""
+    if mode == "extend":
+        return build_extend_batch(rids, token_ids, prefix_lens, working_slots, plans, prefix_kv,
+                                  n_attn_layers, device)
+    if mode == "decode":
+        return build_decode_batch(rids, input_ids, prefix_lens, working_slots,
+                                  [0] * len(rids) if decode_track_slots is None else decode_track_slots,
+                                  prefix_kv, n_attn_layers, device)
+    raise ValueError(f"mode must be 'extend' or 'decode'; got {mode!r}")
 
-    Extend: ``token_ids[i]`` are the tokens sequence i computes (after its cached prefix) and
-    ``plans`` its tracking decisions. Decode: ``input_ids [N]`` is already on the device (the
-    previous step's greedy tokens, never read back) and ``decode_track_slots`` says where each
-    row's state is copied after the step.
-    """
-    if mode not in ("extend", "decode"):
-        raise ValueError(f"mode must be 'extend' or 'decode'; got {mode!r}")
-    extend_lens = [len(t) for t in token_ids] if input_ids is None else [1] * len(rids)
+
+def _assemble(mode, rids, extend_lens, flat_ids, prefix_lens, working_slots, plans, prefix_kv,
+              n_attn_layers, device, input_ids, decode_track_slots) -> ForwardBatch:
+    if not isinstance(prefix_kv, (list, tuple)) or len(prefix_kv) != len(rids):
+        raise ValueError(f"prefix_kv must be a list of N={len(rids)} entries (None or per-layer (k, v))")
     ranges = _token_ranges(extend_lens)
     plans = plans or []
     track_slots = [p.track_slot for p in plans] or list(working_slots)
     track_mask = [p.tracked for p in plans] or [False] * len(rids)
     track_lens = [p.track_len for p in plans] or [-1] * len(rids)
     positions = [prefix_lens[i] + j for i, n in enumerate(extend_lens) for j in range(n)]
-    parts = [[t for seq in token_ids for t in seq] if input_ids is None else [], positions, [stop - 1 for _, stop in ranges],
+    parts = [flat_ids, positions, [stop - 1 for _, stop in ranges],
              [0] + [stop for _, stop in ranges], prefix_lens, working_slots, track_slots, track_lens,
              [int(m) for m in track_mask], decode_track_slots or []]
     (ids, pos, last, cu, prefix_t, working_t, track_slots_t, track_lens_t, mask_t,

@@ -44,8 +44,12 @@ class TrackPlan:
         return self.aligned // CHUNK
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def check_cache_chunk(cache_chunk: int) -> int:
-    if not isinstance(cache_chunk, int) or cache_chunk < CHUNK or cache_chunk % CHUNK:
+    if not _is_int(cache_chunk) or cache_chunk < CHUNK or cache_chunk % CHUNK:
         raise ValueError(f"cache_chunk must be a positive multiple of {CHUNK}; got {cache_chunk!r}")
     return cache_chunk
 
@@ -53,10 +57,10 @@ def check_cache_chunk(cache_chunk: int) -> int:
 def plan_tracking(prefix_len: int, extend_len: int, cache_chunk: int, track_slot: int) -> TrackPlan:
     """The tracking decision for one request (see the module docstring)."""
     check_cache_chunk(cache_chunk)
-    if prefix_len < 0:
-        raise ValueError(f"prefix_len must be >= 0; got {prefix_len}")
-    if extend_len < 1:
-        raise ValueError(f"extend_len must be >= 1; got {extend_len}")
+    for name, value, minimum in (("prefix_len", prefix_len, 0), ("extend_len", extend_len, 1),
+                                 ("track_slot", track_slot, 0)):
+        if not _is_int(value) or value < minimum:
+            raise ValueError(f"{name} must be an int >= {minimum} (not a bool); got {value!r}")
     tracked = extend_len >= cache_chunk
     aligned = (extend_len // cache_chunk) * cache_chunk if tracked else 0
     return TrackPlan(prefix_len, extend_len, tracked, aligned, track_slot)

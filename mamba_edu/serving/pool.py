@@ -21,6 +21,10 @@ class PoolExhausted(RuntimeError):
     """Raised when more slots are requested than are free; nothing was changed."""
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 class StatePool:
     """Fixed-size pool of state slots with allocation bookkeeping on the host.
 
@@ -32,8 +36,12 @@ class StatePool:
 
     def __init__(self, n_layers: int, capacity: int, conv_dim: int, conv_width: int, value_heads: int,
                  key_dim: int, value_dim: int, device="cpu", conv_dtype=torch.float32):
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1; got {capacity}")
+        for name, value, minimum in (("n_layers", n_layers, 0), ("capacity", capacity, 1),
+                                     ("conv_dim", conv_dim, 1), ("conv_width", conv_width, 1),
+                                     ("value_heads", value_heads, 1), ("key_dim", key_dim, 1),
+                                     ("value_dim", value_dim, 1)):
+            if not _is_int(value) or value < minimum:
+                raise ValueError(f"{name} must be an int >= {minimum}; got {value!r}")
         slots = capacity + 1
         self.conv = torch.zeros(n_layers, slots, conv_dim, conv_width - 1, device=device, dtype=conv_dtype)
         self.ssm = torch.zeros(n_layers, slots, value_heads, key_dim, value_dim, device=device,
@@ -57,13 +65,17 @@ class StatePool:
         """The slots currently allocated (a copy)."""
         return set(self._used)
 
+    def is_allocated(self, slot) -> bool:
+        """Whether ``slot`` is an allocated slot (the scratch slot never is)."""
+        return _is_int(slot) and slot in self._used
+
     def alloc(self, n: int) -> list[int]:
         """Take ``n`` free slots and zero their states (a fresh sequence starts from zeros).
 
         Raises :class:`PoolExhausted`, changing nothing, when fewer than ``n`` are free.
         """
-        if n < 0:
-            raise ValueError(f"n must be >= 0; got {n}")
+        if not _is_int(n) or n < 0:
+            raise ValueError(f"n must be an int >= 0; got {n!r}")
         if n > len(self._free):
             raise PoolExhausted(f"state pool exhausted: {n} slots requested, {len(self._free)} free "
                                 f"of capacity {self.capacity}; free requests or cache entries first")
@@ -76,8 +88,12 @@ class StatePool:
         return slots
 
     def free(self, slots: list[int]) -> None:
-        """Return slots to the pool. Raises ``ValueError`` for a slot that is not allocated."""
-        bad = [s for s in slots if s not in self._used]
+        """Return slots to the pool. Raises ``ValueError``, freeing nothing, unless ``slots`` are
+        distinct allocated slots (ints; the scratch slot is never allocated)."""
+        if not isinstance(slots, (list, tuple, set, frozenset)):
+            raise ValueError(f"slots must be a list of slot ints; got {type(slots).__name__}")
+        slots = list(slots)
+        bad = [s for s in slots if not self.is_allocated(s)]
         if bad or len(set(slots)) != len(slots):
             raise ValueError(f"slots must be distinct allocated slots; got {slots} (not allocated: {bad})")
         self._used.difference_update(slots)
@@ -87,8 +103,8 @@ class StatePool:
     def copy_slot(self, src: int, dst: int) -> None:
         """Copy slot ``src``'s conv and SSM states into ``dst``, all layers at once."""
         for s, name in ((src, "src"), (dst, "dst")):
-            if s not in self._used:
-                raise ValueError(f"{name} must be an allocated slot; got {s}")
+            if not self.is_allocated(s):
+                raise ValueError(f"{name} must be an allocated slot; got {s!r}")
         self.conv[:, dst] = self.conv[:, src]
         self.ssm[:, dst] = self.ssm[:, src]
 

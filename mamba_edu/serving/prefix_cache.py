@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mamba_edu.serving.pool import SCRATCH_SLOT
+
 
 @dataclass(eq=False)
 class RadixNode:
@@ -67,6 +69,11 @@ class RadixCache:
 
         Marks the path as recently used; does not lock (see :meth:`lock`).
         """
+        if not isinstance(token_ids, (list, tuple)):
+            raise ValueError(f"token_ids must be a list of ints; got {type(token_ids).__name__}")
+        if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool)
+                                       or max_length < 0):
+            raise ValueError(f"max_length must be None or an int >= 0; got {max_length!r}")
         limit = len(token_ids) if max_length is None else min(max_length, len(token_ids))
         node, depth, best, best_depth = self.root, 0, self.root, 0
         path = []
@@ -99,14 +106,19 @@ class RadixCache:
 
     def lock(self, node: RadixNode) -> None:
         """Protect ``node``'s snapshot from eviction while a request uses it."""
+        if not isinstance(node, RadixNode):
+            raise ValueError(f"node must be a RadixNode (a PrefixMatch's node); got {type(node).__name__}")
         if node is not self.root:
             node.refcount += 1
 
     def unlock(self, node: RadixNode) -> None:
+        """Undo one :meth:`lock`."""
+        if not isinstance(node, RadixNode):
+            raise ValueError(f"node must be a RadixNode (a PrefixMatch's node); got {type(node).__name__}")
         if node is self.root:
             return
         if node.refcount <= 0:
-            raise ValueError("node is not locked")
+            raise ValueError("node is not locked: unlock it once per lock")
         node.refcount -= 1
 
     # ---- insertion ----------------------------------------------------------------------
@@ -114,11 +126,14 @@ class RadixCache:
         """Cache the snapshot in ``slot`` as the state after all of ``token_ids``.
 
         ``kv``: per attention layer ``(k, v)`` for at least ``len(token_ids)`` tokens (extra rows
-        are ignored). Returns True if the cache took ownership of ``slot``; False if that prefix
-        already has a snapshot (the caller keeps, and eventually frees, ``slot``).
+        are ignored), the same number of layers for every entry. Returns True if the cache took
+        ownership of ``slot``; False if that prefix already has a snapshot (the caller keeps, and
+        eventually frees, ``slot``).
+
+        ``slot`` must be allocated in the pool, not the scratch slot and not already a cached
+        snapshot; every argument is checked before the tree changes (``ValueError``).
         """
-        if not token_ids:
-            raise ValueError("token_ids must be non-empty")
+        self._check_insert(token_ids, slot, kv)
         node, depth = self.root, 0
         while depth < len(token_ids):
             child = node.children.get(token_ids[depth])
@@ -142,6 +157,40 @@ class RadixCache:
             return False
         node.slot = slot
         return True
+
+    def _check_insert(self, token_ids, slot, kv) -> None:
+        if (not isinstance(token_ids, (list, tuple)) or not token_ids
+                or any(type(t) is not int or t < 0 for t in token_ids)):
+            raise ValueError("token_ids must be a non-empty list of ints >= 0 (not bools)")
+        if type(slot) is not int:
+            raise ValueError(f"slot must be an int slot of the pool; got {slot!r}")
+        if slot == SCRATCH_SLOT:
+            raise ValueError(f"slot must not be the scratch slot {SCRATCH_SLOT} (every forward may write it)")
+        if not self.pool.is_allocated(slot):
+            raise ValueError(f"slot must be allocated in the pool (pool.alloc); slot {slot} is free")
+        if slot in self.snapshot_slots():
+            raise ValueError(f"slot {slot} is already owned by the cache (another entry's snapshot); "
+                             f"insert a slot that holds this prefix's own snapshot")
+        if not isinstance(kv, (list, tuple)):
+            raise ValueError(f"kv must be a list of per-attention-layer (k, v); got {type(kv).__name__}")
+        layers = self._kv_layers()
+        if layers is not None and len(kv) != layers:
+            raise ValueError(f"kv must have one (k, v) per attention layer ({layers}, as the cached "
+                             f"entries have); got {len(kv)}")
+        for i, pair in enumerate(kv):
+            if (not isinstance(pair, (list, tuple)) or len(pair) != 2
+                    or not all(isinstance(t, torch.Tensor) and t.dim() >= 1 for t in pair)):
+                raise ValueError(f"kv[{i}] must be a pair (k, v) of tensors [tokens, ...]")
+            for name, t in zip("kv", pair):
+                if t.shape[0] < len(token_ids):
+                    raise ValueError(f"kv[{i}] {name} must cover the {len(token_ids)} tokens; "
+                                     f"got {t.shape[0]} rows")
+
+    def _kv_layers(self) -> int | None:
+        """Attention layers of the cached entries' KV (None while the cache is empty)."""
+        for child in self.root.children.values():
+            return len(child.kv)
+        return None
 
     @staticmethod
     def _slice_kv(kv, start: int, stop: int):
@@ -184,6 +233,8 @@ class RadixCache:
 
         Returns the number freed (fewer if not enough are evictable). Locked nodes stay.
         """
+        if not isinstance(n_slots, int) or isinstance(n_slots, bool) or n_slots < 0:
+            raise ValueError(f"n_slots must be an int >= 0; got {n_slots!r}")
         freed = 0
         while freed < n_slots:
             candidates = [leaf for leaf in self._leaves() if leaf.refcount == 0]

@@ -298,7 +298,7 @@ def profile_into(row: Result, forward, setup, trace_dir: Path | None) -> None:
         if trace_dir is not None:
             trim_trace(rec.chrome_trace, trace_dir / f"{trace_name(row)}.pt.trace.json.gz",
                        min_cpu_us=TRIM_CPU_US)
-    if torch.cuda.is_available():
+    if analysis.has_gpu:  # a CPU forward (also --device cpu on a GPU machine) has no GPU lane
         row.gpu_busy_ms = analysis.gpu_busy_us / 1e3
         row.bubble_fraction = analysis.bubble_fraction
         row.trace_syncs = analysis.n_syncs
@@ -329,17 +329,19 @@ def modes(strategy: str, graphs: bool) -> list[str]:
     return ["eager", "graph"] if graphs and strategy in CAPTURABLE else ["eager"]
 
 
-def preset_for(case: Case, device: torch.device) -> str:
-    return case.preset if device.type == "cuda" else CPU_PRESET
+def preset_for(case: Case, device: torch.device, preset: str | None = None) -> str:
+    """``preset`` when given (``--preset``), else the case's own on a GPU, :data:`CPU_PRESET` on a
+    CPU."""
+    return preset or (case.preset if device.type == "cuda" else CPU_PRESET)
 
 
-def make_benches(cases: list[Case], device, dtype) -> dict[str, ModelBench]:
+def make_benches(cases: list[Case], device, dtype, forced: str | None = None) -> dict[str, ModelBench]:
     """One bench per preset, its model built once and sized for the largest batch of its cases."""
     from mamba_edu.model import build_model
 
     benches = {}
-    for preset in dict.fromkeys(preset_for(c, device) for c in cases):
-        largest = max(len(c.lengths) for c in cases if preset_for(c, device) == preset)
+    for preset in dict.fromkeys(preset_for(c, device, forced) for c in cases):
+        largest = max(len(c.lengths) for c in cases if preset_for(c, device, forced) == preset)
         benches[preset] = ModelBench(build_model(preset, device=device, dtype=dtype), largest)
     return benches
 
@@ -406,58 +408,118 @@ def format_table(rows: list[Result]) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv) -> argparse.Namespace:
-    cuda = torch.cuda.is_available()
-    p = argparse.ArgumentParser(prog="python -m mamba_edu bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The bench's options (shared by ``mamba-edu bench`` and ``python -m
+    mamba_edu.benchmarks.ttft``); the values are checked by :func:`check_args`."""
+    from mamba_edu._cli import DEVICES, non_negative_int, positive_float, positive_int
+    from mamba_edu.model.config import PRESETS
+
+    p.add_argument("--device", choices=DEVICES, default="auto",
+                   help="where to run; auto = cuda when a GPU is visible, else cpu")
+    p.add_argument("--preset", choices=["auto", *PRESETS], default="auto",
+                   help=f"model preset of every case; auto = each case's own on a GPU, "
+                        f"{CPU_PRESET} on a CPU")
     p.add_argument("--out", type=Path, default=Path("out/bench"), help="output folder")
-    p.add_argument("--cases", default="all" if cuda else "headline",
-                   help="comma-separated case names or groups: all, headline, tokens, tracked")
+    p.add_argument("--cases", default="auto",
+                   help="comma-separated case names or groups: all, headline, tokens, tracked; "
+                        "auto = all on a GPU, headline on a CPU")
     p.add_argument("--strategies", default=",".join(STRATEGIES),
                    help=f"comma-separated, from {', '.join(STRATEGIES)}")
-    p.add_argument("--repeats", type=int, default=10, help="timed forwards per measurement")
-    p.add_argument("--warmup", type=int, default=3, help="untimed forwards first")
+    p.add_argument("--repeats", type=positive_int, default=10, help="timed forwards per measurement")
+    p.add_argument("--warmup", type=non_negative_int, default=3, help="untimed forwards first")
     p.add_argument("--quick", action="store_true",
                    help="at most 3 repeats and 1 warm-up, every other point of the token sweep")
     p.add_argument("--no-graphs", dest="graphs", action="store_false",
-                   help="skip the CUDA-graph replays")
+                   help="skip the CUDA-graph replays (there are none on a CPU)")
     p.add_argument("--no-profile", action="store_true", help="skip the profiled runs")
-    p.add_argument("--max-minutes", type=float, default=None,
-                   help="start no new case after this long (results so far are kept)")
+    p.add_argument("--max-minutes", type=positive_float, default=None,
+                   help="start no new case after this long (results so far are kept); "
+                        "default: no limit")
     p.add_argument("--replot", action="store_true",
                    help="measure nothing: redraw the figures from --out/results.json and its traces")
-    p.add_argument("--dtype", default="bfloat16" if cuda else "float32")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    args.strategies = args.strategies.split(",")
-    if unknown := set(args.strategies) - set(STRATEGIES):
-        p.error(f"unknown strategies {sorted(unknown)}; choose from {', '.join(STRATEGIES)}")
+    p.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="model dtype; auto = bfloat16 on a GPU, float32 on a CPU")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and prompts")
+    return p
+
+
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """Resolve the ``auto`` values and turn every bad value into a usage error (exit 2) before
+    anything is built or measured."""
+    from mamba_edu._cli import check_out_dir, resolve_device
+
+    if args.replot:
+        if not (args.out / "results.json").is_file():
+            p.error(f"--replot: no results.json in {args.out} (measure first, or point --out at a "
+                    "folder with one)")
+        check_out_dir(p, args.out)
+        return args
+    args.device = resolve_device(p, args.device)
+    cuda = args.device.type == "cuda"
+    check_out_dir(p, args.out)
+    args.strategies = [s for s in args.strategies.split(",") if s]
+    if unknown := sorted(set(args.strategies) - set(STRATEGIES)):
+        p.error(f"unknown --strategies {unknown}; choose from {', '.join(STRATEGIES)}")
+    if not args.strategies:
+        p.error(f"--strategies is empty; choose from {', '.join(STRATEGIES)}")
+    if args.cases == "auto":
+        args.cases = "all" if cuda else "headline"
+    try:
+        args.case_list = select_cases(args.cases, args.quick)
+    except SystemExit as err:  # select_cases says which names are known
+        p.error(str(err))
+    args.preset = None if args.preset == "auto" else args.preset
+    if args.dtype == "auto":
+        args.dtype = "bfloat16" if cuda else "float32"
     if args.quick:
         args.repeats, args.warmup = min(args.repeats, 3), min(args.warmup, 1)
     args.graphs = args.graphs and cuda
     return args
 
 
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    from mamba_edu._cli import HelpFormatter, plain, prog_name
+
+    p = argparse.ArgumentParser(prog=prog or f"{prog_name()} bench", description=plain(__doc__),
+                                formatter_class=HelpFormatter)
+    return add_arguments(p)
+
+
+def parse_args(argv) -> argparse.Namespace:
+    """Parsed and checked arguments (usage errors exit 2)."""
+    p = build_parser()
+    return check_args(p, p.parse_args(argv))
+
+
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    parser = build_parser()
+    return run(check_args(parser, parser.parse_args(argv)))
+
+
+def run(args: argparse.Namespace) -> int:
+    """The bench on checked arguments (:func:`check_args`): 0 when every measurement succeeded,
+    1 when one failed (its row says why)."""
     if args.replot:
         rows = load_results(args.out)
         make_figures(rows, args.out)
         print(format_table(rows))
         return 0
     started = time.monotonic()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    cases = select_cases(args.cases, args.quick)
+    device, cases = args.device, args.case_list
     if device.type == "cpu":
-        print(f"No GPU: every case runs the {CPU_PRESET!r} preset on the CPU. Sync counts are real; "
-              "TTFT is CPU time, and GPU bubbles and CUDA graphs need a GPU.")
-    print(f"Note: {MOE_NOTE}.")
+        why = "--device cpu" if torch.cuda.is_available() else "No GPU"
+        print(f"{why}: every case runs the {args.preset or CPU_PRESET!r} preset on the CPU. Sync counts are real; "
+              "TTFT is CPU time, and GPU bubbles and CUDA graphs need a GPU.", flush=True)
+    print(f"Note: {MOE_NOTE}.", flush=True)
     meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
             "torch": torch.__version__, "dtype": args.dtype, "quick": args.quick,
             "repeats": args.repeats, "note": MOE_NOTE,
             "ttft": "median wall time of one synchronized prefill forward",
             "created": time.strftime("%Y-%m-%d %H:%M:%S"), "skipped": []}
-    benches = make_benches(cases, device, getattr(torch, args.dtype))
+    benches = make_benches(cases, device, getattr(torch, args.dtype), args.preset)
     rows: list[Result] = []
     total = sum(len(modes(st, args.graphs)) for st in args.strategies) * len(cases)
     with tqdm(total=total, desc="bench", unit="run") as bar:
@@ -465,7 +527,7 @@ def main(argv=None) -> int:
             if args.max_minutes and time.monotonic() - started > 60 * args.max_minutes:
                 meta["skipped"].append(case.name)
                 continue
-            preset = preset_for(case, device)
+            preset = preset_for(case, device, args.preset)
             rows += run_case(benches[preset], case, preset, args, bar)
             write_results(rows, args.out, meta)  # a run cut short keeps what it measured
     write_results(rows, args.out, meta)

@@ -1,0 +1,146 @@
+"""Helpers shared by the command-line subcommands (``mamba_edu.__main__``): the program name,
+help formatting, and argument checks that turn bad input into usage errors (exit 2) before any
+work starts.
+
+Kept free of torch imports so that ``--version`` and ``--help`` of the top level stay cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+NEUTRAL_PROG = "mamba-edu"
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def prog_name() -> str:
+    """How the user invoked us: ``python -m mamba_edu`` or ``mamba-edu`` (the console script).
+
+    Anything else (a test runner calling ``main(argv)``, ``python -m mamba_edu.demo``) gets the
+    neutral ``mamba-edu``: both spellings run the same code and accept the same arguments.
+    """
+    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    if argv0.name == "__main__.py" and argv0.parent.name == "mamba_edu":
+        return "python -m mamba_edu"
+    return NEUTRAL_PROG
+
+
+def version() -> str:
+    """The installed version of the package (falls back to ``mamba_edu.__version__``)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("mamba_edu")
+    except PackageNotFoundError:
+        import mamba_edu
+
+        return mamba_edu.__version__
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Show every option's default (flags excepted: theirs is just "off"), keep the description's
+    line breaks as written (descriptions are wrapped by :func:`wrap` or come pre-wrapped)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.nargs == 0:  # --flag / --no-flag, -h, --version
+            return action.help
+        return super()._get_help_string(action)
+
+
+def wrap(text: str, width: int = 88) -> str:
+    """Paragraphs (separated by blank lines) filled to ``width`` for a raw description."""
+    return "\n\n".join(textwrap.fill(" ".join(par.split()), width)
+                       for par in text.strip().split("\n\n"))
+
+
+_ROLE = re.compile(r":(?:func|mod|class|meth|data|attr):`~?([^`]+)`")
+
+
+def plain(text: str | None) -> str:
+    """A docstring made readable in a terminal: Sphinx roles, double backticks and bold marks
+    removed."""
+    if not text:
+        return ""
+    return _ROLE.sub(r"\1", text).replace("``", "").replace("**", "")
+
+
+def positive_int(value: str) -> int:
+    """argparse type: an integer of at least 1."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def non_negative_int(value: str) -> int:
+    """argparse type: an integer of at least 0."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {n}")
+    return n
+
+
+def positive_float(value: str) -> float:
+    """argparse type: a number above 0."""
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {value}")
+    return x
+
+
+def unwritable_reason(folder: Path) -> str | None:
+    """Why ``folder`` cannot be created or written to, or ``None`` when it can.
+
+    Checked before any work starts, so that an hour of measurements does not end in a
+    ``PermissionError``. Only the nearest existing ancestor is inspected; nothing is created.
+    """
+    folder = Path(folder)
+    probe = folder
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        return f"{probe} exists and is not a folder"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable"
+    return None
+
+
+def check_out_dir(parser: argparse.ArgumentParser, folder: Path, option: str = "--out") -> None:
+    """``parser.error`` (exit 2) unless ``folder`` can be created and written to."""
+    if why := unwritable_reason(folder):
+        parser.error(f"{option} {folder}: {why}")
+
+
+def resolve_device(parser: argparse.ArgumentParser, choice: str):
+    """``auto`` → ``cuda`` when a GPU is visible, else ``cpu``; ``cuda`` without one is a usage
+    error (exit 2) that says so."""
+    import torch
+
+    if choice == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA GPU is visible to torch on this machine "
+                     "(torch.cuda.is_available() is False); use --device cpu or auto")
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(choice)
+
+
+def say(*args, **kwargs) -> None:
+    """``print`` that flushes, so a piped or logged report keeps pace with the work."""
+    print(*args, **kwargs, flush=True)

@@ -151,3 +151,30 @@ def test_foreign_cuda_index_tensor_is_refused(case):
     with pytest.raises(ValueError, match="unknown on the host"):
         gdn_prefill(**cuda, state_pool=random_pool(4, 2, 16, 16, device="cuda"), meta=meta,
                     state_indices=torch.tensor([0, 1], device="cuda"))
+
+
+def test_index_checks_run_once_per_forward(monkeypatch):
+    """Layers that pass the meta's own index tensors reuse the first layer's verdict; a pool of
+    another size, or an index tensor from elsewhere, is checked again."""
+    from mamba_edu.kernels import api, validation
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(args[0])
+        return validation.slot_indices(*args, **kwargs)
+    monkeypatch.setattr(api, "slot_indices", counting)
+    x = random_prefill_inputs(LENGTHS, 1, 2, 16, 16, seed=0)
+    meta = build_chunk_meta(LENGTHS, "cpu", state_indices=[1, 0], track_slots=[2, 3],
+                            track_chunks=[1, 2])
+    pool = random_pool(4, 2, 16, 16)
+    for _ in range(3):  # three layers of one forward
+        gdn_prefill(**x, state_pool=pool, meta=meta, backend="torch")
+    assert calls == ["state_indices"]
+    gdn_prefill(**x, state_pool=random_pool(5, 2, 16, 16), meta=meta, backend="torch")
+    gdn_prefill(**x, state_pool=pool, state_indices=torch.tensor([1, 0]), meta=meta,
+                backend="torch")
+    assert len(calls) == 3
+    with pytest.raises(ValueError, match="out of range"):  # a fresh meta is checked in full
+        gdn_prefill(**x, state_pool=pool, meta=build_chunk_meta(LENGTHS, "cpu", state_indices=[1, 4]),
+                    backend="torch")
+

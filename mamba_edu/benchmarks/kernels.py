@@ -1,15 +1,26 @@
 """Benchmark our GDN kernels against flash-linear-attention on one GPU, side by side.
 
-``python -m mamba_edu bench-kernels [--out data/benchmarks/] [--quick]``. For H=16, HV=32,
-K=V=128 (Qwen3-Next), bf16 inputs, T = 2048, 8192, 32768 as one sequence and as 8 equal ones:
-our ``gdn_prefill`` and fla's ``chunk_gated_delta_rule`` (if importable; never a dependency),
-eager and CUDA-graph replay (medians of ``triton.testing.do_bench`` / ``do_bench_cudagraph``, with
-inputs rotated over several copies so that L2 does not flatter us), per-stage times of our three
-kernels (prepare, scan, output; graph replay), achieved bandwidth against the byte model (docs:
-the byte count of its unfused pipeline) and our own byte count, and a correctness check of every configuration
-against the torch reference; and the decode step for 256 sequences (effective bandwidth on the
-state traffic, and its byte floor). Headline cases run first and a time budget skips the rest;
-``kernels.json`` and ``kernels.csv`` are rewritten after every case.
+``python -m mamba_edu bench-kernels [--out data/benchmarks/] [--quick]``. bf16 inputs, K=V=128,
+the heads of two presets: ``qwen3-next`` (H=16, HV=32) at T = 2048, 8192, 32768 as one sequence
+and as 8 equal ones, ``qwen3.5-tp8`` (H=2, HV=8, one GPU's slice at tensor-parallel 8) at 1×512
+and 16×256. Rows of ``kernels.json``, by ``kind``:
+
+- ``prefill``: our ``gdn_prefill`` and fla's ``chunk_gated_delta_rule`` (if importable; never a
+  dependency), eager and CUDA-graph replay (medians of ``triton.testing.do_bench`` /
+  ``do_bench_cudagraph``, inputs rotated over several copies so that L2 does not flatter us),
+  ``ratio_graph`` = ours / fla, per-stage times of our three kernels (graph replay), achieved
+  bandwidth against the byte model of fla's unfused pipeline and against our own byte count, and
+  the relative error of both against the fp32 torch reference;
+- ``conv``: the causal conv1d prefill, its byte floor (x read once, y written once) and the
+  fraction of HBM bandwidth that floor implies;
+- ``gdn_layer``: the GDN path of one layer as the serving backend runs it (conv, then the prefill
+  with the gating inside, on column views of the conv output), graph-replayed;
+- ``host``: host µs per layer call (conv + prefill, no GPU wait) when the forward's metadata was
+  already checked by an earlier layer, and with a fresh metadata object every call;
+- ``decode``: 256 sequences, effective bandwidth on the state traffic.
+
+Headline cases run first and a time budget skips the rest; ``kernels.json`` and ``kernels.csv``
+are rewritten after every case.
 """
 
 from __future__ import annotations
@@ -20,19 +31,26 @@ import itertools
 import json
 import os
 import platform
+import statistics
 import time
 from pathlib import Path
 
 import torch
 
-H, HV, K, V = 16, 32, 128, 128
+K, V, W = 128, 128, 4
+PRESETS = {"qwen3-next": (16, 32), "qwen3.5-tp8": (2, 8)}  # (H, HV)
 FLA_BYTES_PER_TOKEN_HEAD = 4640  # bytes per token and head that fla's unfused pipeline moves
 HBM_BYTES_PER_S = 4.3e12         # H200 copy bandwidth used for the byte floors
 ROTATE = 3                        # input copies cycled through by the timed calls
 DEVICE = "cuda"
 
 
-def _our_bytes(T: int, N: int, act: int = 2) -> int:
+def _conv_dim(H: int, HV: int) -> int:
+    """Channels of the conv input ``mixed_qkv``: q and k (H heads), v (HV heads)."""
+    return 2 * H * K + HV * V
+
+
+def _our_bytes(T: int, N: int, H: int, HV: int, act: int = 2) -> int:
     """HBM bytes our three kernels move at minimum (each tensor read or written once)."""
     NT = T // 64 + N  # upper bound on the number of chunks
     k_or_q = T * H * K * act
@@ -41,16 +59,20 @@ def _our_bytes(T: int, N: int, act: int = 2) -> int:
                + T * HV * 4 + k_or_q + T * HV * (K + V) * act)            # Γ, k̂, W, U
     scan = (k_or_q + T * HV * ((K + V) * act + 4) + 2 * N * HV * K * V * 4  # k̂, W, U, Γ, S
             + T * HV * V * act + h)                                        # Ṽ, h
-    output = 2 * k_or_q + T * HV * (V * act + 4) + h + T * HV * V * act    # q, k, Ṽ, Γ, h, o
+    output = 2 * k_or_q + T * HV * (V * act + 4) + h + T * HV * V * act    # q, k̂, Ṽ, Γ, h, o
     return prepare + scan + output
 
 
-def _floor_bytes(T: int, N: int, act: int = 2) -> int:
+def _floor_bytes(T: int, N: int, H: int, HV: int, act: int = 2) -> int:
     """A fully fused kernel's floor: q, k, v, g, β in, o out, states read and written."""
     return 2 * T * H * K * act + 2 * T * HV * V * act + 2 * T * HV * 4 + 2 * N * HV * K * V * 4
 
 
-def _make_prefill_case(lengths, seed):
+def _case_name(preset: str, lengths: list[int]) -> str:
+    return f"{preset} {len(lengths)}x{lengths[0]}"
+
+
+def _make_prefill_case(lengths, H, HV, seed):
     from mamba_edu.kernels import build_chunk_meta
     from mamba_edu.kernels.inputs import random_prefill_inputs
     N = len(lengths)
@@ -76,12 +98,13 @@ def _time(fn, graph: bool):
     return tt.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def _check_prefill(sets, meta, out_fn):
+def _check_prefill(sets, meta, HV, out_fn):
     """Relative error of ``out_fn(inputs, h0) -> (o, final)`` against the fp32 torch reference."""
     from mamba_edu.gdn import chunk_gated_delta_rule
     from mamba_edu.testing import rel_err
     x = sets[0]
-    h0 = 0.1 * torch.randn(meta.N, HV, K, V, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(7))
+    h0 = 0.1 * torch.randn(meta.N, HV, K, V, device=DEVICE,
+                           generator=torch.Generator(DEVICE).manual_seed(7))
     cu = [0]
     for n in meta.lengths:
         cu.append(cu[-1] + n)
@@ -102,7 +125,7 @@ def _fla_runner():
     return (fla_chunk, prepare_chunk_indices), None
 
 
-def _bench_fla(fla, sets, meta, row):
+def _bench_fla(fla, sets, meta, HV, row):
     """fla's ``chunk_gated_delta_rule`` on the same inputs, with precomputed chunk indices (so
     that it can be captured in a graph), under ``torch.inference_mode`` (no autograd)."""
     fla_chunk, prepare_chunk_indices = fla
@@ -124,46 +147,52 @@ def _bench_fla(fla, sets, meta, row):
     with torch.inference_mode():
         row["fla_eager_ms"] = _time(_rotating(fns), graph=False)
         row["fla_graph_ms"] = _time(_rotating(fns), graph=True)
-        row["fla_o_err"], row["fla_state_err"] = _check_prefill(sets, meta, fla_out)
+        row["fla_o_err"], row["fla_state_err"] = _check_prefill(sets, meta, HV, fla_out)
     row["ratio_graph"] = row["ours_graph_ms"] / row["fla_graph_ms"]
     row["ratio_eager"] = row["ours_eager_ms"] / row["fla_eager_ms"]
 
 
-def bench_prefill(lengths, fla, results, seed=0):
-    from mamba_edu.kernels import gdn_prefill
+def _stage_times(x, pool, meta, row):
+    """Graph-replayed time of each of our three kernels alone."""
     from mamba_edu.kernels.prefill import launch_output, launch_prepare, launch_scan
-    sets, pools, meta = _make_prefill_case(lengths, seed)
+    prepare = lambda: launch_prepare(x["k"], x["v"], x["g"], x["beta"], meta, True)  # noqa: E731
+    row["ours_prepare_ms"] = _time(prepare, graph=True)
+    gamma, k_hat, w, u = prepare()
+    row["ours_scan_ms"] = _time(lambda: launch_scan(k_hat, w, u, gamma, pool, meta.state_indices,
+                                                    meta), graph=True)
+    v_new, h = launch_scan(k_hat, w, u, gamma, pool, meta.state_indices, meta)
+    row["ours_output_ms"] = _time(lambda: launch_output(x["q"], k_hat, v_new, h, gamma, meta,
+                                                        K ** -0.5, True), graph=True)
+
+
+def bench_prefill(preset, lengths, fla, results, seed=0):
+    from mamba_edu.kernels import gdn_prefill
+    H, HV = PRESETS[preset]
+    sets, pools, meta = _make_prefill_case(lengths, H, HV, seed)
     T, N = meta.T, meta.N
-    row = dict(kind="prefill", T=T, N=N, H=H, HV=HV, K=K, V=V, dtype="bf16")
+    row = dict(kind="prefill", case=_case_name(preset, lengths), T=T, N=N, H=H, HV=HV, K=K, V=V,
+               dtype="bf16")
 
     ours = [lambda x=x, p=p: gdn_prefill(**x, state_pool=p, meta=meta) for x, p in zip(sets, pools)]
     row["ours_eager_ms"] = _time(_rotating(ours), graph=False)
     row["ours_graph_ms"] = _time(_rotating(ours), graph=True)
-    x0, p0 = sets[0], pools[0]
-    row["ours_prepare_ms"] = _time(lambda: launch_prepare(x0["k"], x0["v"], x0["g"], x0["beta"],
-                                                          meta, True), graph=True)
-    gamma, k_hat, w, u = launch_prepare(x0["k"], x0["v"], x0["g"], x0["beta"], meta, True)
-    row["ours_scan_ms"] = _time(lambda: launch_scan(k_hat, w, u, gamma, p0, meta.state_indices,
-                                                    meta), graph=True)
-    v_new, h = launch_scan(k_hat, w, u, gamma, p0, meta.state_indices, meta)
-    row["ours_output_ms"] = _time(lambda: launch_output(x0["q"], x0["k"], v_new, h, gamma, meta,
-                                                        K ** -0.5, True), graph=True)
+    _stage_times(sets[0], pools[0], meta, row)
 
     def ours_out(x, h0):
         pool = torch.cat([torch.zeros_like(h0[:1]), h0])
         o, _ = gdn_prefill(**x, state_pool=pool, meta=meta)
         return o, pool[1:]
-    row["ours_o_err"], row["ours_state_err"] = _check_prefill(sets, meta, ours_out)
+    row["ours_o_err"], row["ours_state_err"] = _check_prefill(sets, meta, HV, ours_out)
 
     if fla is not None:
         try:  # a failure inside fla must not lose our numbers
-            _bench_fla(fla, sets, meta, row)
+            _bench_fla(fla, sets, meta, HV, row)
         except Exception as exc:
             row["fla_error"] = f"{type(exc).__name__}: {exc}"[:300]
 
     row["fla_model_bytes"] = FLA_BYTES_PER_TOKEN_HEAD * T * HV
-    row["ours_bytes"] = _our_bytes(T, N)
-    row["floor_bytes"] = _floor_bytes(T, N)
+    row["ours_bytes"] = _our_bytes(T, N, H, HV)
+    row["floor_bytes"] = _floor_bytes(T, N, H, HV)
     row["fla_model_floor_ms"] = row["fla_model_bytes"] / HBM_BYTES_PER_S * 1e3
     row["floor_ms"] = row["floor_bytes"] / HBM_BYTES_PER_S * 1e3
     row["ours_TBps_vs_fla_model"] = row["fla_model_bytes"] / row["ours_graph_ms"] / 1e9
@@ -173,9 +202,118 @@ def bench_prefill(lengths, fla, results, seed=0):
     results.append(row)
 
 
+def _layer_inputs(preset, lengths, seed=0):
+    """What one GDN layer of the serving path gets: the conv input ``x [T, D]`` and the gate
+    projections ``a, b [T, HV]`` as column views of one projection, the layer's weights, the
+    pools (fused-strategy tracking into a second slot per sequence) and the metadata."""
+    from mamba_edu.kernels import build_chunk_meta
+    H, HV = PRESETS[preset]
+    N, T, D = len(lengths), sum(lengths), _conv_dim(H, HV)
+    gen = torch.Generator().manual_seed(seed)
+    proj = torch.randn(T, D + 2 * HV, generator=gen).to(DEVICE, torch.bfloat16)
+    weight = torch.randn(D, W, generator=gen).to(DEVICE, torch.bfloat16)
+    A_log = torch.empty(HV).uniform_(0.0, 2.77, generator=gen).to(DEVICE)
+    dt_bias = torch.randn(HV, generator=gen).to(DEVICE)
+    meta = build_chunk_meta(lengths, DEVICE, state_indices=list(range(N)),
+                            track_slots=list(range(N, 2 * N)), track_chunks=[1] * N)
+    return dict(x=proj[:, :D], a=proj[:, D:D + HV], b=proj[:, D + HV:], weight=weight,
+                A_log=A_log, dt_bias=dt_bias, meta=meta, H=H, HV=HV,
+                conv_pool=torch.zeros(2 * N, D, W - 1, device=DEVICE, dtype=torch.bfloat16),
+                pool=torch.zeros(2 * N, HV, K, V, device=DEVICE))
+
+
+def _layer_call(c, meta=None):
+    """The serving backend's extend path of one layer: conv, split into views, prefill."""
+    from mamba_edu.kernels import conv1d_prefill, gdn_prefill
+    meta = meta or c["meta"]
+    H, HV, T = c["H"], c["HV"], meta.T
+    y = conv1d_prefill(c["x"], c["weight"], None, conv_pool=c["conv_pool"],
+                       state_indices=meta.state_indices, meta=meta)
+    q, k, v = y.split([H * K, H * K, HV * V], dim=-1)
+    o, _ = gdn_prefill(q.view(T, H, K), k.view(T, H, K), v.view(T, HV, V), a=c["a"], b=c["b"],
+                       A_log=c["A_log"], dt_bias=c["dt_bias"], state_pool=c["pool"], meta=meta,
+                       state_indices=meta.state_indices, track_slots=meta.track_slots,
+                       track_chunks=meta.track_chunks)
+    return o
+
+
+def bench_conv(preset, lengths, results):
+    from mamba_edu.kernels import build_chunk_meta, conv1d_prefill
+    from mamba_edu.testing import rel_err
+    H, HV = PRESETS[preset]
+    N, T, D = len(lengths), sum(lengths), _conv_dim(H, HV)
+    gen = torch.Generator().manual_seed(3)
+    xs = [torch.randn(T, D, generator=gen).to(DEVICE, torch.bfloat16) for _ in range(ROTATE)]
+    weight = torch.randn(D, W, generator=gen).to(DEVICE, torch.bfloat16)
+    pools = [torch.randn(N, D, W - 1, generator=gen).to(DEVICE, torch.bfloat16)
+             for _ in range(ROTATE)]
+    meta = build_chunk_meta(lengths, DEVICE, state_indices=list(range(N)))
+    fns = [lambda x=x, p=p: conv1d_prefill(x, weight, conv_pool=p, meta=meta)
+           for x, p in zip(xs, pools)]
+    row = dict(kind="conv", case=_case_name(preset, lengths), T=T, N=N, D=D, W=W, dtype="bf16")
+    row["ours_eager_ms"] = _time(_rotating(fns), graph=False)
+    row["ours_graph_ms"] = _time(_rotating(fns), graph=True)
+    row["floor_bytes"] = 2 * T * D * 2 + D * W * 2 + 2 * N * D * (W - 1) * 2
+    row["floor_ms"] = row["floor_bytes"] / HBM_BYTES_PER_S * 1e3
+    row["pct_hbm_bandwidth"] = 100 * row["floor_ms"] / row["ours_graph_ms"]
+    pool, pool_ref = pools[0].clone(), pools[0].float()
+    y = conv1d_prefill(xs[0], weight, conv_pool=pool, meta=meta)
+    y_ref = conv1d_prefill(xs[0].float(), weight.float(), conv_pool=pool_ref, meta=meta,
+                           backend="torch")
+    row["ours_o_err"], row["ours_state_err"] = rel_err(y, y_ref), rel_err(pool, pool_ref)
+    results.append(row)
+
+
+def bench_layer(preset, lengths, results):
+    """The GDN path of one layer (conv + prefill kernels), graph-replayed, and its parts."""
+    from mamba_edu.kernels import conv1d_prefill
+    c = _layer_inputs(preset, lengths)
+    row = dict(kind="gdn_layer", case=_case_name(preset, lengths), T=c["meta"].T, N=c["meta"].N,
+               H=c["H"], HV=c["HV"], K=K, V=V, dtype="bf16", tracking="fused (in-kernel)")
+    row["ours_graph_ms"] = _time(lambda: _layer_call(c), graph=True)
+    row["ours_eager_ms"] = _time(lambda: _layer_call(c), graph=False)
+    row["conv_graph_ms"] = _time(lambda: conv1d_prefill(c["x"], c["weight"],
+                                                        conv_pool=c["conv_pool"], meta=c["meta"]),
+                                 graph=True)
+    row["prefill_graph_ms"] = row["ours_graph_ms"] - row["conv_graph_ms"]
+    results.append(row)
+
+
+def _host_us(call, metas) -> float:
+    """Median host time of ``call(meta)`` over ``metas`` (a sync every 50 calls only, so the
+    GPU never holds the host back)."""
+    times = []
+    for i, meta in enumerate(metas):
+        start = time.perf_counter()
+        call(meta)
+        times.append(time.perf_counter() - start)
+        if i % 50 == 49:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    return statistics.median(times) * 1e6
+
+
+def bench_host(preset, lengths, results, calls=300):
+    """Host µs per layer call: with the forward's metadata (checked by the first layer) and
+    with a fresh one every call (every index checked, as a direct call of the API)."""
+    from mamba_edu.kernels import build_chunk_meta
+    c = _layer_inputs(preset, lengths)
+    N = len(lengths)
+    fresh = [build_chunk_meta(lengths, DEVICE, state_indices=list(range(N)),
+                              track_slots=list(range(N, 2 * N)), track_chunks=[1] * N)
+             for _ in range(calls)]
+    _layer_call(c)
+    row = dict(kind="host", case=_case_name(preset, lengths), calls=calls,
+               what="conv1d_prefill + gdn_prefill per layer, no GPU wait")
+    row["host_us_per_layer_checked_once"] = _host_us(lambda m: _layer_call(c, m), [c["meta"]] * calls)
+    row["host_us_per_layer_fresh_meta"] = _host_us(lambda m: _layer_call(c, m), fresh)
+    results.append(row)
+
+
 def bench_decode(results, N=256, seed=0):
     from mamba_edu.kernels import gdn_decode, upload_indices
     from mamba_edu.testing import rel_err
+    H, HV = PRESETS["qwen3-next"]
     gen = torch.Generator().manual_seed(seed)
 
     def inputs():
@@ -190,7 +328,8 @@ def bench_decode(results, N=256, seed=0):
     idx = upload_indices(list(range(N)), DEVICE)
     fns = [lambda s=s, p=p: gdn_decode(*s, A_log, dt_bias, state_pool=p, state_indices=idx)
            for s, p in zip(sets, pools)]
-    row = dict(kind="decode", N=N, H=H, HV=HV, K=K, V=V, dtype="bf16")
+    row = dict(kind="decode", case=f"qwen3-next decode {N}", N=N, H=H, HV=HV, K=K, V=V,
+               dtype="bf16")
     row["ours_eager_ms"] = _time(_rotating(fns), graph=False)
     row["ours_graph_ms"] = _time(_rotating(fns), graph=True)
     state_bytes = 2 * N * HV * K * V * 4
@@ -220,24 +359,55 @@ def _write(results, meta, out: Path):
 
 def _summary(results) -> str:
     """A fixed-width table of the headline numbers (``-`` where a value is missing)."""
-    columns = [("ours graph", "ours_graph_ms", ".3f"), ("fla graph", "fla_graph_ms", ".3f"),
+    columns = [("ours graph", "ours_graph_ms", ".4f"), ("fla graph", "fla_graph_ms", ".4f"),
                ("ratio", "ratio_graph", ".2f"), ("ours eager", "ours_eager_ms", ".3f"),
-               ("fla eager", "fla_eager_ms", ".3f"), ("prepare", "ours_prepare_ms", ".3f"),
-               ("scan", "ours_scan_ms", ".3f"), ("output", "ours_output_ms", ".3f"),
-               ("TB/s", "TBps", ".2f"), ("o err", "ours_o_err", ".1e")]
-    lines = ["case".ljust(18) + "".join(name.rjust(11) for name, _, _ in columns)]
+               ("fla eager", "fla_eager_ms", ".3f"), ("prepare", "ours_prepare_ms", ".4f"),
+               ("scan", "ours_scan_ms", ".4f"), ("output", "ours_output_ms", ".4f"),
+               ("floor", "floor_ms", ".4f"), ("% HBM", "pct_hbm_bandwidth", ".0f"),
+               ("o err", "ours_o_err", ".1e")]
+    lines = ["case".ljust(30) + "".join(name.rjust(11) for name, _, _ in columns)]
     for r in results:
-        r = dict(r, TBps=r.get("ours_TBps", r.get("ours_TBps_vs_fla_model")))
-        case = (f"prefill {r['N']}x{r['T'] // r['N']}" if r["kind"] == "prefill" else f"decode {r['N']}")
+        if r["kind"] == "host":
+            lines.append(f"{r['case']}: host µs per layer call {r['host_us_per_layer_checked_once']:.1f}"
+                         f" (checked once per forward), {r['host_us_per_layer_fresh_meta']:.1f}"
+                         " (fresh metadata)")
+            continue
         cells = [format(r[key], spec) if r.get(key) is not None else "-" for _, key, spec in columns]
-        lines.append(case.ljust(18) + "".join(c.rjust(11) for c in cells))
+        lines.append(f"{r['kind']} {r['case']}"[:30].ljust(30) + "".join(c.rjust(11) for c in cells))
     return "\n".join(lines)
+
+
+def _cases(quick: bool) -> list[tuple]:
+    """``(kind, preset, lengths)``: the quick rows without fla first, then the prefill cases, so
+    that a tight budget still measures every kind."""
+    cases = [("conv", "qwen3-next", [1024] * 8), ("gdn_layer", "qwen3.5-tp8", [512]),
+             ("host", "qwen3.5-tp8", [512]), ("prefill", "qwen3.5-tp8", [512]),
+             ("prefill", "qwen3-next", [8192]), ("prefill", "qwen3-next", [1024] * 8),
+             ("conv", "qwen3.5-tp8", [512]), ("prefill", "qwen3-next", [2048]),
+             ("prefill", "qwen3-next", [256] * 8), ("prefill", "qwen3.5-tp8", [256] * 16),
+             ("decode", "qwen3-next", [])]
+    if not quick:
+        cases += [("prefill", "qwen3-next", [32768]), ("prefill", "qwen3-next", [4096] * 8)]
+    return cases
+
+
+def _run_case(kind, preset, lengths, fla, results):
+    if kind == "prefill":
+        bench_prefill(preset, lengths, fla, results)
+    elif kind == "conv":
+        bench_conv(preset, lengths, results)
+    elif kind == "gdn_layer":
+        bench_layer(preset, lengths, results)
+    elif kind == "host":
+        bench_host(preset, lengths, results)
+    else:
+        bench_decode(results)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="mamba_edu bench-kernels", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="data/benchmarks/", help="output folder")
-    parser.add_argument("--quick", action="store_true", help="only T=2048 and 8192")
+    parser.add_argument("--quick", action="store_true", help="skip the 32768-token cases")
     parser.add_argument("--no-fla", action="store_true", help="skip flash-linear-attention")
     parser.add_argument("--budget-s", type=float, default=220.0,
                         help="skip the remaining cases after this many seconds")
@@ -249,33 +419,27 @@ def main(argv=None) -> int:
     fla, why = (None, "disabled by --no-fla") if args.no_fla else _fla_runner()
     if fla is None:
         print(f"flash-linear-attention not used ({why})")
-    # The headline cases first, so that a tight budget still measures them.
-    cases = [[8192], "decode", [1024] * 8, [2048], [256] * 8]
-    if not args.quick:
-        cases += [[32768], [4096] * 8]
     import triton
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 python=platform.python_version(), fla=None if fla is None else _fla_version(),
                 hbm_bytes_per_s=HBM_BYTES_PER_S, rotate=ROTATE,
                 fla_backend_dispatch_disabled=os.environ.get("FLA_DISABLE_BACKEND_DISPATCH") == "1",
-                note="median ms; graph = do_bench_cudagraph; fla bytes = its unfused pipeline's traffic")
+                note="median ms; graph = do_bench_cudagraph; fla bytes = its unfused pipeline's "
+                     "traffic; conv floor = x read once + y written once")
     results = []
     start = time.monotonic()
-    for lengths in tqdm(cases, desc="bench-kernels"):
+    for kind, preset, lengths in tqdm(_cases(args.quick), desc="bench-kernels"):
+        name = f"{kind} {_case_name(preset, lengths) if lengths else preset}"
         if time.monotonic() - start > args.budget_s:
-            results.append(dict(kind="skipped", case=str(lengths)[:40], error="time budget"))
+            results.append(dict(kind="skipped", case=name, error="time budget"))
             continue
         try:
-            if lengths == "decode":
-                bench_decode(results)
-            else:
-                bench_prefill(lengths, fla, results)
+            _run_case(kind, preset, lengths, fla, results)
         except Exception as exc:  # keep going: one failing case must not lose the others
-            results.append(dict(kind="error", case=str(lengths)[:40], error=f"{type(exc).__name__}: {exc}"))
-            print(f"case {str(lengths)[:40]} failed: {exc}")
+            results.append(dict(kind="error", case=name, error=f"{type(exc).__name__}: {exc}"))
+            print(f"case {name} failed: {exc}")
         _write(results, meta, Path(args.out))  # after every case: a kill keeps what was measured
-    ok = [r for r in results if r["kind"] in ("prefill", "decode")]
-    print(_summary(ok))
+    print(_summary([r for r in results if r["kind"] not in ("skipped", "error")]))
     print(f"wrote {Path(args.out) / 'kernels.json'} and kernels.csv")
     return 0
 

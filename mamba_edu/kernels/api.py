@@ -7,22 +7,25 @@
 Activations (q, k, v, the gates, the conv input) may be *row-strided*: column slices of one
 wider matrix, each row contiguous, as a model's fused projection produces them. The kernels read
 them with their row stride, so the serving path copies nothing out.
+
+Index checks run once per forward: the range checks of the slot and tracking indices that a
+:class:`~mamba_edu.kernels.ChunkMeta` carries are remembered on it, so the layers after the first
+only check their activations. Indices passed from elsewhere, or a fresh meta, are checked in full.
 """
 
 from __future__ import annotations
 
 import torch
 
-from mamba_edu._runtime import triton_interpreted
 from mamba_edu.gdn import gdn_gating
 from mamba_edu.kernels.conv import conv1d_prefill_triton, conv1d_update_triton
 from mamba_edu.kernels.decode import decode_triton
 from mamba_edu.kernels.prefill import prefill_triton
 from mamba_edu.kernels.torch_path import (conv1d_decode_torch, conv1d_prefill_torch,
                                           decode_torch, prefill_torch)
-from mamba_edu.kernels.validation import (FLOATS, check_head_dims, check_meta,
-                                          check_prefill_head_dims, check_tensor,
-                                          device_of, resolve_backend, slot_indices, track_targets)
+from mamba_edu.kernels.validation import (FLOATS, check_head_dims, check_meta, check_tensor,
+                                          checked_once, device_of, resolve_backend, slot_indices,
+                                          track_targets)
 
 
 def _check_pool(name, pool, shape, device):
@@ -87,6 +90,15 @@ def _check_gates(g, beta, raw, T, HV, dev, dtype):
     return None
 
 
+def _check_prefill_indices(state_indices, track_slots, track_chunks, meta, slots, dev):
+    """Host values of the working slots and the tracking writes ``(row, slot, chunk)``."""
+    if state_indices is None:
+        raise ValueError("state_indices is required (or build meta with state_indices=...)")
+    state_slots = slot_indices("state_indices", state_indices, meta.N, slots, dev,
+                               allow_padding=False)
+    return state_slots, track_targets(track_slots, track_chunks, meta, slots, state_slots, dev)
+
+
 def gdn_prefill(q, k, v, g=None, beta=None, *, a=None, b=None, A_log=None, dt_bias=None,
                 state_pool, state_indices=None, meta, scale=None, use_qk_l2norm=True,
                 output_checkpoints=False, track_slots=None, track_chunks=None, backend="auto"):
@@ -117,18 +129,16 @@ def gdn_prefill(q, k, v, g=None, beta=None, *, a=None, b=None, A_log=None, dt_bi
     backend = resolve_backend(backend, dev, q.dtype)
     check_meta(meta, T, dev)
     slots = _check_pool("state_pool", state_pool, (HV, K, V), dev)
-    if state_indices is None:
-        raise ValueError("state_indices is required (or build meta with state_indices=...)")
-    state_slots = slot_indices("state_indices", state_indices, meta.N, slots, dev,
-                               allow_padding=False)
-    targets = track_targets(track_slots, track_chunks, meta, slots, state_slots, dev)
+    state_slots, targets = checked_once(
+        meta, ("prefill", slots), (state_indices, track_slots, track_chunks),
+        lambda: _check_prefill_indices(state_indices, track_slots, track_chunks, meta, slots, dev))
     scale = _check_scale(scale, K)
     if backend == "torch":
         if gating is not None:
             g, beta = gdn_gating(A_log, a, b, dt_bias)
         return prefill_torch(q, k, v, g, beta, state_pool, state_slots, meta, scale,
                              use_qk_l2norm, output_checkpoints, targets)
-    check_prefill_head_dims(K, V, q.dtype, triton_interpreted())
+    check_head_dims(K, V)
     if gating is not None:
         g, beta = a, b
     return prefill_triton(q, k, v, g, beta, state_pool, state_indices, meta, scale,
@@ -171,6 +181,12 @@ def _check_conv(x, weight, bias, conv_pool):
     return _check_pool("conv_pool", conv_pool, (D, weight.shape[1] - 1), x.device)
 
 
+def _check_conv_indices(state_indices, meta, slots, dev):
+    if state_indices is None:
+        raise ValueError("state_indices is required (or build meta with state_indices=...)")
+    return slot_indices("state_indices", state_indices, meta.N, slots, dev, allow_padding=False)
+
+
 def conv1d_prefill(x, weight, bias=None, *, conv_pool, state_indices=None, meta,
                    activation="silu", backend="auto"):
     """Causal depthwise conv1d over a packed batch, conv states in a pool (updated in place).
@@ -189,10 +205,8 @@ def conv1d_prefill(x, weight, bias=None, *, conv_pool, state_indices=None, meta,
     silu = _check_activation(activation)
     backend = resolve_backend(backend, x.device, x.dtype, "x")
     check_meta(meta, x.shape[0], x.device)
-    if state_indices is None:
-        raise ValueError("state_indices is required (or build meta with state_indices=...)")
-    state_slots = slot_indices("state_indices", state_indices, meta.N, slots, x.device,
-                               allow_padding=False)
+    state_slots = checked_once(meta, ("conv", slots), (state_indices,),
+                               lambda: _check_conv_indices(state_indices, meta, slots, x.device))
     if backend == "torch":
         return conv1d_prefill_torch(x, weight, bias, conv_pool, state_slots, meta, activation)
     return conv1d_prefill_triton(x, weight, bias, conv_pool, state_indices, meta, silu)

@@ -3,62 +3,92 @@
 ``y[t, c] = silu(bias[c] + Σ_j weight[c, j] · x̃[t − (W−1) + j, c])`` with ``x̃`` = the sequence's
 conv state (its previous ``W−1`` raw inputs) followed by its tokens (docs/conventions.md).
 
-Prefill grid ``(NT, ⌈D/BD⌉)``: one program per 64-token chunk and channel block. Only chunk 0 of
-a sequence looks into the conv state, so that same program also writes the new state (the last
-``W−1`` columns of ``x̃``) after a barrier: no other program reads the slot, so there is no race.
-A negative slot index means no state (zeros) and no write.
+Prefill grid ``(NT, ⌈D/BD⌉)``: one program per 64-token chunk and channel block. The conv is
+memory-bound (4 multiply-adds per element read), so the main tile only reads x, with loads that
+are contiguous along the channels; only the first ``W−1`` rows of a sequence reach into the conv
+state, whose ``[D, W−1]`` layout makes those reads strided, so chunk 0 computes them in a small
+second tile. That program also writes the new state (the last ``W−1`` columns of ``x̃``) after
+a barrier: no other program reads the slot, so there is no race. A negative slot index means no
+state (zeros) and no write.
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from mamba_edu.kernels.tiles import as_vector
+from mamba_edu.kernels.tiles import as_vector, tuning_configs
 
 
 @triton.jit
+def _conv_rows(x_ptr, w_ptr, bias_ptr, state_ptr, rows, cols, cols_ok, live, state_live, bos,
+               stride_x, W: tl.constexpr, READ_STATE: tl.constexpr, HAS_BIAS: tl.constexpr,
+               SILU: tl.constexpr):
+    """Outputs ``[R, BD]`` (fp32) for the token rows ``rows [R]`` of the sequence that starts at
+    ``bos`` and the channels ``cols [BD]`` (``cols_ok``: those below D); ``live [R, BD]`` masks
+    the x reads. Inputs before ``bos`` come from the conv state at ``state_ptr [BD]`` (column 0
+    of each channel) where ``state_live`` with ``READ_STATE``, else they count as zeros."""
+    acc = tl.where(live, 0.0, 0.0)  # fp32 zeros of the tile's shape
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=cols_ok, other=0.0).to(tl.float32)[None, :]
+    for j in tl.static_range(W):
+        src = rows - (W - 1) + j                 # token that tap j multiplies
+        xj = tl.load(x_ptr + tl.maximum(src, bos).to(tl.int64)[:, None] * stride_x + cols[None, :],
+                     mask=live & (src >= bos)[:, None], other=0.0).to(tl.float32)
+        if READ_STATE:
+            xj += tl.load(state_ptr[None, :] + tl.maximum(src - bos + (W - 1), 0)[:, None],
+                          mask=state_live & (src < bos)[:, None], other=0.0).to(tl.float32)
+        wj = tl.load(w_ptr + cols * W + j, mask=cols_ok, other=0.0).to(tl.float32)
+        acc += xj * wj[None, :]
+    if SILU:
+        acc = acc * tl.sigmoid(acc)
+    return acc
+
+
+@triton.autotune(tuning_configs((4, 1, {"BD": 128}), (4, 1, {"BD": 64}), (8, 1, {"BD": 256})),
+                 key=["D", "W"], restore_value=["pool_ptr"])
+@triton.jit
 def conv1d_prefill_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr,
                           cu_ptr, chunk_idx_ptr, D, stride_x,
-                          W: tl.constexpr, BD: tl.constexpr, HAS_BIAS: tl.constexpr,
-                          SILU: tl.constexpr):
+                          W: tl.constexpr, HEAD: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          SILU: tl.constexpr, BD: tl.constexpr):
+    """One (chunk, channel block) of ``y [T, D]``; chunk 0 of a sequence also does its first
+    ``W−1`` rows (``HEAD`` = that, rounded up to a power of two) and the new conv state."""
     i_chunk = tl.program_id(0)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
-    d_mask = cols < D
+    cols_ok = cols < D
     seq = tl.load(chunk_idx_ptr + 2 * i_chunk)
     chunk = tl.load(chunk_idx_ptr + 2 * i_chunk + 1)
     bos = tl.load(cu_ptr + seq)
     eos = tl.load(cu_ptr + seq + 1)
-    rows = bos + 64 * chunk + tl.arange(0, 64)
     slot = tl.load(state_idx_ptr + seq).to(tl.int64)
     state_ptr = pool_ptr + tl.maximum(slot, 0) * D * (W - 1) + cols * (W - 1)  # [BD] column 0
 
-    acc = tl.zeros([64, BD], dtype=tl.float32)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=d_mask, other=0.0).to(tl.float32)[None, :]
-    for j in tl.static_range(W):
-        src = rows - (W - 1) + j                 # token that tap j multiplies
-        in_x = (src >= bos) & (rows < eos)
-        in_state = (src < bos) & (rows < eos) & (as_vector(slot, src) >= 0)
-        xj = tl.load(x_ptr + tl.maximum(src, 0).to(tl.int64)[:, None] * stride_x + cols[None, :],
-                     mask=in_x[:, None] & d_mask[None, :], other=0.0)
-        sj = tl.load(state_ptr[None, :] + tl.maximum(src - bos + (W - 1), 0)[:, None],
-                     mask=in_state[:, None] & d_mask[None, :], other=0.0)
-        wj = tl.load(w_ptr + cols * W + j, mask=d_mask, other=0.0).to(tl.float32)
-        acc += (xj.to(tl.float32) + sj.to(tl.float32)) * wj[None, :]
-    if SILU:
-        acc = acc * tl.sigmoid(acc)
-    tl.store(y_ptr + rows.to(tl.int64)[:, None] * D + cols[None, :],
-             acc.to(y_ptr.dtype.element_ty), mask=(rows < eos)[:, None] & d_mask[None, :])
+    rows = bos + 64 * chunk + tl.arange(0, 64)
+    keep = ((rows < eos) & (rows >= bos + W - 1))[:, None] & cols_ok[None, :]
+    y = _conv_rows(x_ptr, w_ptr, bias_ptr, state_ptr, rows, cols, cols_ok, keep, keep, bos,
+                   stride_x, W, False, HAS_BIAS, SILU)
+    tl.store(y_ptr + rows.to(tl.int64)[:, None] * D + cols[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=keep)
+
+    # The first W−1 rows, in chunk 0 only (a mask, not a branch: the interpreter rejects scalar
+    # booleans in masks); a negative slot reads no state (zeros).
+    first = cols_ok & (as_vector(chunk, cols) == 0)
+    has_state = as_vector(slot, cols) >= 0
+    head = bos + tl.arange(0, HEAD)
+    live = ((head < eos) & (head < bos + W - 1))[:, None] & first[None, :]
+    y = _conv_rows(x_ptr, w_ptr, bias_ptr, state_ptr, head, cols, cols_ok, live,
+                   live & has_state[None, :], bos, stride_x, W, True, HAS_BIAS, SILU)
+    tl.store(y_ptr + head.to(tl.int64)[:, None] * D + cols[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=live)
 
     # New state = the last W−1 columns of x̃ (old state columns when the sequence is short).
     tl.debug_barrier()  # every read of the old state above happens before it is overwritten
-    writes = d_mask & (as_vector(slot, cols) >= 0) & (as_vector(chunk, cols) == 0)
+    writes = first & has_state
     length = as_vector(eos - bos, cols)
     for p in tl.static_range(W - 1):
         rel = length - (W - 1) + p               # position in x̃ relative to the first token
-        from_x = writes & (rel >= 0)
         xp = tl.load(x_ptr + (bos + tl.maximum(rel, 0)).to(tl.int64) * stride_x + cols,
-                     mask=from_x, other=0.0)
+                     mask=writes & (rel >= 0), other=0.0)
         sp = tl.load(state_ptr + tl.maximum(rel + (W - 1), 0), mask=writes & (rel < 0), other=0.0)
         tl.store(state_ptr + p, (xp.to(tl.float32) + sp.to(tl.float32)).to(
             pool_ptr.dtype.element_ty), mask=writes)
@@ -92,18 +122,19 @@ def conv1d_update_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr,
     tl.store(y_ptr + n * D + cols, acc.to(y_ptr.dtype.element_ty), mask=d_mask)
 
 
-_BD = 128  # channels per program
+_BD = 128  # channels per program of the decode update
 
 
 def conv1d_prefill_triton(x, weight, bias, conv_pool, state_indices, meta, silu):
     """Launch the prefill conv on validated inputs (``x`` may be a row-strided column slice);
     returns a contiguous ``y [T, D]``, updates the pool."""
     T, D = x.shape
+    W = weight.shape[1]
     y = torch.empty(T, D, device=x.device, dtype=x.dtype)
-    conv1d_prefill_kernel[(meta.NT, triton.cdiv(D, _BD))](
+    conv1d_prefill_kernel[lambda cfg: (meta.NT, triton.cdiv(D, cfg["BD"]))](
         x, weight, weight if bias is None else bias, y, conv_pool, state_indices,
-        meta.cu_seqlens, meta.chunk_indices, D, x.stride(0), weight.shape[1], _BD,
-        bias is not None, silu, num_warps=4)
+        meta.cu_seqlens, meta.chunk_indices, D, x.stride(0), W, triton.next_power_of_2(W - 1),
+        bias is not None, silu)
     return y
 
 

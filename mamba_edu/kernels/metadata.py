@@ -15,7 +15,7 @@ would sync. So every index tensor made here *remembers the host list it was buil
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -73,6 +73,10 @@ class ChunkMeta:
         chunk_offsets:  ``[N+1]`` = ``offsets`` on the device.
         state_indices, track_slots, track_chunks: ``[N]`` or ``None``, when given to
             :func:`build_chunk_meta` (they remember their host values, see :func:`host_values`).
+
+    ``verdicts`` holds what the input checks concluded about these index tensors for a pool of a
+    given size: every layer of a forward passes the same ones, so only the first layer's call
+    checks them (:func:`mamba_edu.kernels.validation.checked_once`).
     """
 
     lengths: tuple[int, ...]
@@ -89,6 +93,7 @@ class ChunkMeta:
     state_indices: torch.Tensor | None = None
     track_slots: torch.Tensor | None = None
     track_chunks: torch.Tensor | None = None
+    verdicts: dict = field(default_factory=dict, repr=False)
 
 
 def _check_host_list(name: str, values, n: int) -> list[int]:

@@ -2,32 +2,36 @@
 
 1. :func:`chunk_prepare_kernel`, grid ``(NT, HV)``, one program per (chunk, value head), all in
    parallel: the gating (when given the raw projections a, b), the chunk-local cumsum Γ of g,
-   the L2 norm k̂ of k, ``L = strict_lower(β (k̂ k̂ᵀ) e^{Γs−Γj})``, the inverse
-   ``T = (I+L)⁻¹`` and ``W = T(β e^Γ K̂)``, ``U = T(β V)``. Writes Γ, k̂, W, U.
+   the L2 norm k̂ of k, ``L = strict_lower(β (k̂ k̂ᵀ) e^{Γs−Γj})`` and the solutions of
+   ``(I+L) W = β e^Γ K̂``, ``(I+L) U = β V``. Writes Γ, k̂, W, U.
 2. :func:`chunk_scan_kernel`, grid ``(⌈V/BV⌉, N, HV)``, one program per (V-tile, sequence, value
    head), looping over the sequence's chunks. Only what the next chunk needs is on this serial
    path: it writes the chunk's start state ``h[c] = S``, then ``Ṽ = U − W S`` (written too) and
    ``S ← e^{Γ_C} S + K̂ᵀ (e^{Γ_C−Γ} ⊙ Ṽ)``. It reads S₀ from the pool slot, writes the final state
    back in place, and optionally writes the ``fused`` tracking copy.
-3. :func:`chunk_output_kernel`, grid ``(NT, HV, ⌈V/BV⌉)``, one program per (chunk, value head,
-   V-tile), all in parallel again: ``O = scale·[(Q̂ e^Γ) h[c] + (Q̂ K̂ᵀ ⊙ e^{Γr−Γs} ⊙ [s≤r]) Ṽ]``.
+3. :func:`chunk_output_kernel`, grid ``(⌈V/BV⌉, NT, HV)``, one program per (V-tile, chunk, value
+   head), all in parallel again: ``O = scale·[(Q̂ e^Γ) h[c] + (Q̂ K̂ᵀ ⊙ e^{Γr−Γs} ⊙ [s≤r]) Ṽ]``.
 
 Why three: a chunk's output needs that chunk's start state, but nothing later needs the output.
 Computing it inside the serial pass makes every chunk step longer and leaves only
 ``(V/BV)·N·HV`` programs for all of that work, so one long sequence keeps most of the GPU idle.
 Writing ``h`` and ``Ṽ`` to memory costs bandwidth but lets the output run over every
 (chunk, head, tile) at once. ``h`` is stored in the input dtype (bf16 on a GPU), or in fp32 when
-checkpoints are requested: then the checkpoints *are* ``h``.
+checkpoints are requested: then the checkpoints *are* ``h``. Small batches get more programs
+from narrower V-tiles (:func:`_scan_block_v`, :func:`_output_block_v`).
 
-The inverse is a block doubling on the whole 64×64 tile (:func:`invert_unit_lower`): every
-intermediate is an entry of T or of L, so it stays bounded (a power series in L would not: its
-terms can reach 1e13 for correlated keys), and all of it runs on tensor cores.
+The triangular system is solved in four 16-row blocks: each diagonal block of ``I+L`` is inverted
+by doubling (:func:`invert_unit_lower`), then a block forward substitution gives W and U
+(:func:`_solve_lower`). Every product is 16 rows tall, so the 64×64 inverse is never formed (it
+would cost ten 64×64×64 products) and no intermediate grows large (a power series in L would:
+its terms can reach 1e13 for correlated keys).
 
 Precision on a GPU: ``tl.dot`` on fp32 operands uses tf32 tensor cores; that is what the
-products of q̂, k̂ in fp32 and the inverse use, where bf16 would cost accuracy. W, U, k̂, Ṽ and h
-(unless checkpoints are requested) are stored in the input dtype (bf16) and the dots that read them (W, U themselves and both dots
-of the scan) take operands in that dtype with fp32 accumulation, like fla. The state S stays
-fp32 in registers. Under the interpreter dots are plain fp32 (or fp16) matmuls.
+triangular solve uses, where bf16 would cost accuracy. W, U, k̂, Ṽ and h (unless checkpoints are
+requested) are stored in the input dtype (bf16), and the dots that read them (both dots of the
+scan, the three of the output) take operands in that dtype with fp32 accumulation, like
+flash-linear-attention. The state S stays fp32 in registers. Under the interpreter dots are
+plain fp32 (or fp16) matmuls.
 """
 
 import torch
@@ -72,7 +76,62 @@ def invert_unit_lower(L, C: tl.constexpr):
     return X
 
 
-@triton.autotune(tuning_configs((4, 2), (8, 2)), key=["K", "V"])
+@triton.jit
+def _prepare_rows(k_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr, k_hat_ptr,
+                  t0, eos, k_hat_end, hv, gamma_before, stride_k, stride_g, stride_beta,
+                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+                  USE_L2NORM: tl.constexpr, GATED: tl.constexpr):
+    """Rows ``t0 .. t0+16`` of a chunk: the gating, Γ (continuing from ``gamma_before``, the Γ of
+    the row before) and k̂; stores Γ and k̂ (k̂ only below ``k_hat_end``). Returns
+    ``(k̂ [16, BK] fp32, Γ [16], β [16], Γ of the last row)``."""
+    rows = t0 + tl.arange(0, 16)
+    valid = rows < eos
+    g = tl.load(g_ptr + rows * stride_g + hv, mask=valid, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + rows * stride_beta + hv, mask=valid, other=0.0).to(tl.float32)
+    if GATED:
+        g, beta = gate_values(g, beta, tl.load(A_log_ptr + hv), tl.load(dt_bias_ptr + hv))
+    # Padded rows have g = β = 0: Γ stays flat there and their rows of L, W, U are zero.
+    g = tl.where(valid, g, 0.0)
+    gamma = gamma_before + tl.cumsum(g, 0)
+    tl.store(gamma_ptr + rows * HV + hv, gamma, mask=valid)
+    hk = hv // (HV // H)
+    k = l2norm_rows(load_rows(k_ptr + hk * K, t0, eos, stride_k, 0, K, 16, BK).to(tl.float32),
+                    USE_L2NORM)
+    store_rows(k_hat_ptr + hk * K, k, t0, k_hat_end, H * K, 0, K, 16, BK)
+    return k, gamma, tl.where(valid, beta, 0.0), gamma_before + tl.sum(g, 0)
+
+
+@triton.jit
+def _coupling(k_i, k_j, gamma_i, gamma_j, beta_i, DIAGONAL: tl.constexpr):
+    """Block (i, j), i ≥ j, of ``L = strict_lower(β (K̂K̂ᵀ) e^{Γs−Γj})`` from 16-row blocks."""
+    diff = gamma_i[:, None] - gamma_j[None, :]
+    if DIAGONAL:
+        r = tl.arange(0, 16)
+        diff = tl.where(r[:, None] > r[None, :], diff, float("-inf"))  # masked before exp
+    return beta_i[:, None] * tl.dot(k_i, tl.trans(k_j)) * tl.exp(diff)
+
+
+@triton.jit
+def _solve_lower(D0, D1, D2, D3, L10, L20, L21, L30, L31, L32, X0, X1, X2, X3):
+    """``(I + L)⁻¹ X`` for X in four 16-row blocks, by block forward substitution:
+    ``Y_i = D_i (X_i − Σ_{j<i} L_ij Y_j)`` with ``D_i = (I + L_ii)⁻¹``."""
+    Y0 = tl.dot(D0, X0)
+    Y1 = tl.dot(D1, X1 - tl.dot(L10, Y0))
+    Y2 = tl.dot(D2, X2 - tl.dot(L20, Y0) - tl.dot(L21, Y1))
+    Y3 = tl.dot(D3, X3 - tl.dot(L30, Y0) - tl.dot(L31, Y1) - tl.dot(L32, Y2))
+    return Y0, Y1, Y2, Y3
+
+
+@triton.jit
+def _store_blocks(ptr, Y0, Y1, Y2, Y3, t0, eos, row_stride, n_cols, COLS: tl.constexpr):
+    """Store four 16-row blocks as the rows ``t0 .. t0+64`` of a row-major matrix."""
+    store_rows(ptr, Y0, t0, eos, row_stride, 0, n_cols, 16, COLS)
+    store_rows(ptr, Y1, t0 + 16, eos, row_stride, 0, n_cols, 16, COLS)
+    store_rows(ptr, Y2, t0 + 32, eos, row_stride, 0, n_cols, 16, COLS)
+    store_rows(ptr, Y3, t0 + 48, eos, row_stride, 0, n_cols, 16, COLS)
+
+
+@triton.autotune(tuning_configs((2, 1), (4, 1), (8, 1)), key=["K", "V"])
 @triton.jit
 def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
                          gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr,
@@ -83,48 +142,61 @@ def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
     """One (chunk, value head): Γ ``[T, HV]``, W ``[T, HV, K]``, U ``[T, HV, V]`` for its 64 rows,
     and the normalised keys k̂ ``[T, H, K]`` (written by the first value head of each group).
     With ``GATED``, ``g_ptr``/``beta_ptr`` hold the raw projections a, b and the gating is
-    computed here (with ``A_log``, ``dt_bias``). Inputs are read with their row strides."""
+    computed here (with ``A_log``, ``dt_bias``). Inputs are read with their row strides.
+
+    The chunk is handled as four 16-row blocks: L has 10 blocks on or below the diagonal, each
+    diagonal block is inverted alone (:func:`invert_unit_lower`), and W, U come out of a block
+    forward substitution (:func:`_solve_lower`). That never forms the 64×64 inverse and costs a
+    few 16-row products instead of several 64×64×64 ones."""
     i_chunk = tl.program_id(0)
     hv = tl.program_id(1)
     seq = tl.load(chunk_idx_ptr + 2 * i_chunk)
     bos = tl.load(cu_ptr + seq) + 64 * tl.load(chunk_idx_ptr + 2 * i_chunk + 1)
     eos = tl.load(cu_ptr + seq + 1)
-    r = tl.arange(0, 64)
-    rows = bos + r
-    valid = rows < eos
-
-    g = tl.load(g_ptr + rows * stride_g + hv, mask=valid, other=0.0).to(tl.float32)
-    beta = tl.load(beta_ptr + rows * stride_beta + hv, mask=valid, other=0.0).to(tl.float32)
-    if GATED:
-        g, beta = gate_values(g, beta, tl.load(A_log_ptr + hv), tl.load(dt_bias_ptr + hv))
-    # Padded rows have g = β = 0: Γ stays flat there and their rows of L, W, U are zero.
-    g = tl.where(valid, g, 0.0)
-    beta = tl.where(valid, beta, 0.0)
-    gamma = tl.cumsum(g, 0)
-    tl.store(gamma_ptr + rows * HV + hv, gamma, mask=valid)
-
-    hk = hv // (HV // H)  # value head hv reads key head hv // group
-    k = l2norm_rows(load_rows(k_ptr + hk * K, bos, eos, stride_k, 0, K, 64, BK).to(tl.float32),
-                    USE_L2NORM)
-    # Rows below bos do not exist: the other value heads of the group store nothing.
+    # Rows below bos do not exist: the other value heads of the group store no k̂.
     k_hat_end = tl.where(hv % (HV // H) == 0, eos, bos)
-    store_rows(k_hat_ptr + hk * K, k, bos, k_hat_end, H * K, 0, K, 64, BK)
-    diff = tl.where(r[:, None] > r[None, :], gamma[:, None] - gamma[None, :], float("-inf"))
-    L = beta[:, None] * tl.dot(k, tl.trans(k)) * tl.exp(diff)  # masked before exp
-    T = invert_unit_lower(L, 64)
 
-    # W = T (β e^Γ K), U = T (β V): operands in the storage dtype, fp32 accumulation.
-    work = w_ptr.dtype.element_ty
-    T = T.to(work)
-    w = tl.dot(T, (k * (beta * tl.exp(gamma))[:, None]).to(work))
-    store_rows(w_ptr + hv * K, w, bos, eos, HV * K, 0, K, 64, BK)
-    v = load_rows(v_ptr + hv * V, bos, eos, stride_v, 0, V, 64, BV).to(tl.float32)
-    u = tl.dot(T, (v * beta[:, None]).to(work))
-    store_rows(u_ptr + hv * V, u, bos, eos, HV * V, 0, V, 64, BV)
+    k0, G0, b0, end = _prepare_rows(k_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr,
+                                    k_hat_ptr, bos, eos, k_hat_end, hv, 0.0, stride_k, stride_g,
+                                    stride_beta, H, HV, K, BK, USE_L2NORM, GATED)
+    k1, G1, b1, end = _prepare_rows(k_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr,
+                                    k_hat_ptr, bos + 16, eos, k_hat_end, hv, end, stride_k,
+                                    stride_g, stride_beta, H, HV, K, BK, USE_L2NORM, GATED)
+    k2, G2, b2, end = _prepare_rows(k_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr,
+                                    k_hat_ptr, bos + 32, eos, k_hat_end, hv, end, stride_k,
+                                    stride_g, stride_beta, H, HV, K, BK, USE_L2NORM, GATED)
+    k3, G3, b3, end = _prepare_rows(k_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr,
+                                    k_hat_ptr, bos + 48, eos, k_hat_end, hv, end, stride_k,
+                                    stride_g, stride_beta, H, HV, K, BK, USE_L2NORM, GATED)
+
+    D0 = invert_unit_lower(_coupling(k0, k0, G0, G0, b0, True), 16)
+    D1 = invert_unit_lower(_coupling(k1, k1, G1, G1, b1, True), 16)
+    D2 = invert_unit_lower(_coupling(k2, k2, G2, G2, b2, True), 16)
+    D3 = invert_unit_lower(_coupling(k3, k3, G3, G3, b3, True), 16)
+    L10 = _coupling(k1, k0, G1, G0, b1, False)
+    L20 = _coupling(k2, k0, G2, G0, b2, False)
+    L21 = _coupling(k2, k1, G2, G1, b2, False)
+    L30 = _coupling(k3, k0, G3, G0, b3, False)
+    L31 = _coupling(k3, k1, G3, G1, b3, False)
+    L32 = _coupling(k3, k2, G3, G2, b3, False)
+
+    # W = (I + L)⁻¹ (β e^Γ K̂), U = (I + L)⁻¹ (β V); fp32 operands (tf32 on a GPU).
+    W0, W1, W2, W3 = _solve_lower(D0, D1, D2, D3, L10, L20, L21, L30, L31, L32,
+                                  k0 * (b0 * tl.exp(G0))[:, None], k1 * (b1 * tl.exp(G1))[:, None],
+                                  k2 * (b2 * tl.exp(G2))[:, None], k3 * (b3 * tl.exp(G3))[:, None])
+    _store_blocks(w_ptr + hv * K, W0, W1, W2, W3, bos, eos, HV * K, K, BK)
+    v_rows = v_ptr + hv * V
+    U0, U1, U2, U3 = _solve_lower(
+        D0, D1, D2, D3, L10, L20, L21, L30, L31, L32,
+        load_rows(v_rows, bos, eos, stride_v, 0, V, 16, BV).to(tl.float32) * b0[:, None],
+        load_rows(v_rows, bos + 16, eos, stride_v, 0, V, 16, BV).to(tl.float32) * b1[:, None],
+        load_rows(v_rows, bos + 32, eos, stride_v, 0, V, 16, BV).to(tl.float32) * b2[:, None],
+        load_rows(v_rows, bos + 48, eos, stride_v, 0, V, 16, BV).to(tl.float32) * b3[:, None])
+    _store_blocks(u_ptr + hv * V, U0, U1, U2, U3, bos, eos, HV * V, V, BV)
 
 
 # The pool is read and written in place: autotuning must restore it after each trial run.
-@triton.autotune(tuning_configs((4, 2), (4, 3), (4, 4), (8, 3)), key=["K", "V", "BV"],
+@triton.autotune(tuning_configs((4, 2), (4, 3), (4, 4)), key=["K", "V", "BV"],
                  restore_value=["pool_ptr"])
 @triton.jit
 def chunk_scan_kernel(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool_ptr,
@@ -186,16 +258,17 @@ def chunk_scan_kernel(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool
     tl.store(state_ptr, S, mask=slab_mask)
 
 
-@triton.autotune(tuning_configs((4, 2), (8, 2)), key=["K", "V", "BV"])
+@triton.autotune(tuning_configs((4, 1), (8, 1)), key=["K", "V", "BV"])
 @triton.jit
-def chunk_output_kernel(q_ptr, k_ptr, v_new_ptr, h_ptr, gamma_ptr, o_ptr, cu_ptr, chunk_idx_ptr,
-                        scale, stride_q, stride_k,
+def chunk_output_kernel(q_ptr, k_hat_ptr, v_new_ptr, h_ptr, gamma_ptr, o_ptr, cu_ptr,
+                        chunk_idx_ptr, scale, stride_q,
                         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                         BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr):
-    """One (chunk, value head, V-tile): its 64 rows of ``o [T, HV, V]`` from ``h`` and ``Ṽ``."""
-    i_chunk = tl.program_id(0)
-    hv = tl.program_id(1)
-    v0 = tl.program_id(2) * BV
+    """One (V-tile, chunk, value head): its 64 rows of ``o [T, HV, V]`` from ``h`` and ``Ṽ``.
+    The V-tiles of a chunk are neighbours in the grid, so its q and k̂ are read from L2."""
+    v0 = tl.program_id(0) * BV
+    i_chunk = tl.program_id(1)
+    hv = tl.program_id(2)
     seq = tl.load(chunk_idx_ptr + 2 * i_chunk)
     bos = tl.load(cu_ptr + seq) + 64 * tl.load(chunk_idx_ptr + 2 * i_chunk + 1)
     eos = tl.load(cu_ptr + seq + 1)
@@ -203,12 +276,11 @@ def chunk_output_kernel(q_ptr, k_ptr, v_new_ptr, h_ptr, gamma_ptr, o_ptr, cu_ptr
     r = tl.arange(0, 64)
     valid = bos + r < eos
 
-    # q̂ and k̂ in fp32 (tf32 dots): Q̂K̂ᵀ from the stored bf16 k̂ would cost accuracy.
-    q = l2norm_rows(load_rows(q_ptr + hk * K, bos, eos, stride_q, 0, K, 64, BK).to(tl.float32),
-                    USE_L2NORM)
-    k = l2norm_rows(load_rows(k_ptr + hk * K, bos, eos, stride_k, 0, K, 64, BK).to(tl.float32),
-                    USE_L2NORM)
-    v_new = load_rows(v_new_ptr + hv * V, bos, eos, HV * V, v0, V, 64, BV).to(tl.float32)
+    work = k_hat_ptr.dtype.element_ty
+    q = scale * l2norm_rows(load_rows(q_ptr + hk * K, bos, eos, stride_q, 0, K, 64, BK)
+                            .to(tl.float32), USE_L2NORM)
+    k = load_rows(k_hat_ptr + hk * K, bos, eos, H * K, 0, K, 64, BK)
+    v_new = load_rows(v_new_ptr + hv * V, bos, eos, HV * V, v0, V, 64, BV)
     gamma = tl.load(gamma_ptr + (bos + r) * HV + hv, mask=valid, other=0.0)
     # Row i_chunk of h is this chunk's start state (chunks are numbered like the checkpoints).
     rk = tl.arange(0, BK)
@@ -219,9 +291,10 @@ def chunk_output_kernel(q_ptr, k_ptr, v_new_ptr, h_ptr, gamma_ptr, o_ptr, cu_ptr
     # Masks before exp: padded rows would otherwise give 0·inf.
     causal = (r[:, None] >= r[None, :]) & valid[:, None]
     decay = tl.exp(tl.where(causal, gamma[:, None] - gamma[None, :], float("-inf")))
-    attn = tl.dot(q, tl.trans(k)) * decay
-    o = tl.dot(q * tl.exp(gamma)[:, None], h.to(tl.float32)) + tl.dot(attn, v_new)
-    store_rows(o_ptr + hv * V, scale * o, bos, eos, HV * V, v0, V, 64, BV)
+    attn = tl.dot(q.to(work), tl.trans(k)) * decay
+    o = tl.dot((q * tl.exp(gamma)[:, None]).to(h.dtype), h)
+    o = tl.dot(attn.to(work), v_new, o)
+    store_rows(o_ptr + hv * V, o, bos, eos, HV * V, v0, V, 64, BV)
 
 
 def _block(d: int) -> int:
@@ -230,10 +303,11 @@ def _block(d: int) -> int:
 
 
 def _scan_block_v(n_programs_per_tile: int, V: int) -> int:
-    """V-tile of the sequential pass: 64 wide, or 32 when that leaves fewer programs than an
-    H200 has SMs (132): few long sequences are latency-bound, more programs help them."""
+    """V-tile of the sequential pass: 64 wide, halved (down to 16) while that gives fewer than
+    128 programs: few sequences are latency-bound, and narrower tiles shorten every chunk step
+    and spread the heads over more SMs of an H200 (132)."""
     bv = min(64, _block(V))
-    while bv > 32 and n_programs_per_tile * triton.cdiv(V, bv) < 132:
+    while bv > 16 and n_programs_per_tile * triton.cdiv(V, bv) < 128:
         bv //= 2
     return bv
 
@@ -280,15 +354,24 @@ def launch_scan(k_hat, w, u, gamma, state_pool, state_indices, meta, h=None,
     return v_new, h
 
 
-def launch_output(q, k, v_new, h, gamma, meta, scale, use_qk_l2norm):
+def _output_block_v(n_tiles: int, V: int) -> int:
+    """V-tile of the output kernel: the whole head (q K̂ᵀ computed once per chunk), or 64 wide
+    when whole heads would give fewer than two programs per SM of an H200."""
+    bv = _block(V)
+    if bv > 64 and n_tiles < 2 * 132:
+        bv = 64
+    return bv
+
+
+def launch_output(q, k_hat, v_new, h, gamma, meta, scale, use_qk_l2norm):
     """Kernel 3, fully parallel: returns ``o [T, HV, V]`` in q's dtype."""
     T, H, K = q.shape
     HV, V = v_new.shape[1:]
     o = torch.empty(T, HV, V, device=q.device, dtype=q.dtype)
-    BV = min(64, _block(V))
-    chunk_output_kernel[(meta.NT, HV, triton.cdiv(V, BV))](
-        q, k, v_new, h, gamma, o, meta.cu_seqlens, meta.chunk_indices, scale,
-        q.stride(0), k.stride(0), H, HV, K, V, _block(K), BV, use_qk_l2norm)
+    BV = _output_block_v(meta.NT * HV, V)
+    chunk_output_kernel[(triton.cdiv(V, BV), meta.NT, HV)](
+        q, k_hat, v_new, h, gamma, o, meta.cu_seqlens, meta.chunk_indices, scale,
+        q.stride(0), H, HV, K, V, _block(K), BV, use_qk_l2norm)
     return o
 
 
@@ -303,5 +386,5 @@ def prefill_triton(q, k, v, g, beta, state_pool, state_indices, meta, scale, use
             if output_checkpoints else None)
     v_new, h = launch_scan(k_hat, w, u, gamma, state_pool, state_indices, meta, ckpt,
                            track_slots, track_chunks)
-    o = launch_output(q, k, v_new, h, gamma, meta, scale, use_qk_l2norm)
+    o = launch_output(q, k_hat, v_new, h, gamma, meta, scale, use_qk_l2norm)
     return o, ckpt

@@ -60,9 +60,11 @@ def as_vector(scalar, like):
     return tl.zeros_like(like) + scalar
 
 
-def tuning_configs(*warps_and_stages: tuple[int, int]) -> list:
-    """Autotune configs ``(num_warps, num_stages)`` on a GPU; one config under the interpreter,
-    where autotuning with several configs fails (docs/conventions.md)."""
+def tuning_configs(*configs: tuple) -> list:
+    """Autotune configs from ``(num_warps, num_stages)`` or ``(num_warps, num_stages, meta)``
+    tuples (``meta``: constexpr values such as a block size). On a GPU all of them; under the
+    interpreter only the first, where autotuning with several configs fails (docs/conventions.md)."""
     if triton_interpreted():
-        return [triton.Config({}, num_warps=4)]
-    return [triton.Config({}, num_warps=w, num_stages=s) for w, s in warps_and_stages]
+        configs = configs[:1]
+    return [triton.Config(c[2] if len(c) > 2 else {}, num_warps=c[0], num_stages=c[1])
+            for c in configs]

@@ -10,6 +10,8 @@ Reading a foreign CUDA tensor's values would be a device-to-host sync, so it is 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from mamba_edu._runtime import triton_interpreted
@@ -20,11 +22,27 @@ INTS = (torch.int32, torch.int64)
 MAX_HEAD_DIM = 256  # K and V are held whole in registers by the Triton kernels
 
 
+def _packed_strides(shape) -> tuple[int, ...]:
+    """Strides of a contiguous tensor of ``shape`` (row-major)."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
+def _is_packed(shape, strides) -> bool:
+    """Whether a tensor with these sizes and strides is contiguous (size-1 dims may stride anyhow)."""
+    return all(size == 1 or got == want
+               for size, got, want in zip(shape, strides, _packed_strides(shape)))
+
+
 def check_tensor(name: str, t, shape: tuple, *, device: torch.device, dtypes=FLOATS,
                  rows: bool = False) -> None:
     """``t`` is a contiguous tensor of exactly ``shape`` (``None`` = any size) on ``device``.
     With ``rows``, only each row (``t[i]``) must be contiguous: a column slice of a wider matrix,
-    which the kernels read with its row stride instead of copying it out."""
+    which the kernels read with its row stride instead of copying it out. (Plain integer
+    arithmetic on sizes and strides: this runs for every argument of every layer.)"""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
     if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
@@ -35,10 +53,11 @@ def check_tensor(name: str, t, shape: tuple, *, device: torch.device, dtypes=FLO
     if t.device != device:
         raise ValueError(f"{name} must be on {device} like the other inputs; got {t.device}")
     if rows and t.dim() > 1:
-        n, row = t.shape[0], t[0] if t.shape[0] else None
-        if n and not (row.is_contiguous() and (n == 1 or t.stride(0) >= row.numel())):
+        n, row_shape, strides = t.shape[0], t.shape[1:], t.stride()
+        row_numel = math.prod(row_shape)
+        if n and not (_is_packed(row_shape, strides[1:]) and (n == 1 or strides[0] >= row_numel)):
             raise ValueError(f"{name} must be contiguous within each row (any row stride >= "
-                             f"{row.numel()}); got strides {t.stride()}; call .contiguous() first")
+                             f"{row_numel}); got strides {strides}; call .contiguous() first")
     elif not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous; call .contiguous() first")
 
@@ -67,28 +86,11 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype, name
     return backend
 
 
-MIN_HALF_HEAD_DIM = 64  # 16-bit inputs with smaller K or V gave NaNs / illegal accesses on the H200
-
-
 def check_head_dims(K: int, V: int) -> None:
     for name, d in (("K", K), ("V", V)):
         if d > MAX_HEAD_DIM:
             raise ValueError(f"head dim {name}={d} is too large for the Triton kernels "
                              f"(expected <= {MAX_HEAD_DIM}); use backend='torch'")
-
-
-def check_prefill_head_dims(K: int, V: int, dtype: torch.dtype, interpreted: bool) -> None:
-    """The compiled prefill also needs ``K, V >= 64`` for fp16/bf16 inputs.
-
-    The bound is measured, not understood: on the H200 (Triton 3.6) bf16 inputs with K=16, V=32
-    gave NaN outputs and K=V=32 an illegal memory access, while fp32 at K=16 and bf16 at K=V=64
-    and 128 were correct. The interpreter is not affected."""
-    check_head_dims(K, V)
-    for name, d in (("K", K), ("V", V)):
-        if not interpreted and dtype in (torch.float16, torch.bfloat16) and d < MIN_HALF_HEAD_DIM:
-            raise ValueError(f"head dim {name}={d} with {dtype} inputs is unsupported by the "
-                             f"compiled prefill (expected >= {MIN_HALF_HEAD_DIM}); use float32 "
-                             "inputs or backend='torch'")
 
 
 def check_meta(meta, T: int, device: torch.device) -> None:
@@ -98,6 +100,21 @@ def check_meta(meta, T: int, device: torch.device) -> None:
         raise ValueError(f"meta describes T={meta.T} tokens; the inputs have T={T}")
     if meta.cu_seqlens.device != device:
         raise ValueError(f"meta was built for {meta.cu_seqlens.device}; the inputs are on {device}")
+
+
+def checked_once(meta: ChunkMeta, key: tuple, tensors: tuple, check):
+    """``check()``, or the verdict it gave before for this batch, ``key`` and ``tensors``.
+
+    The verdict is reused only when every tensor in ``tensors`` is the meta's own (built and
+    range-checked from host lists that never change): that is how every layer after the first
+    skips the per-forward checks, while indices passed from elsewhere are checked every call."""
+    own = (meta.state_indices, meta.track_slots, meta.track_chunks)
+    if not all(t is None or any(t is o for o in own) for t in tensors):
+        return check()
+    key = key + tuple(id(t) for t in tensors)  # the meta keeps its tensors: ids stay theirs
+    if key not in meta.verdicts:
+        meta.verdicts[key] = check()
+    return meta.verdicts[key]
 
 
 def host_ints(name: str, t, n: int, device: torch.device) -> list[int]:

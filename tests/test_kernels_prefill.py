@@ -130,8 +130,9 @@ def test_invert_unit_lower_gpu_tf32():
     assert _correlated_inverse_error(64, "cuda") <= 2e-3  # fp32 dots run as tf32 on a GPU
 
 
-# Small head dims once gave NaNs (K=16, V=32) and an illegal address (K=V=32) in bf16: the old
-# prepare kernel's 64-row products with a 16- or 32-wide operand, at 4 warps (Hopper's wgmma path).
+# Small head dims once gave NaNs (K=16, V=32) and an illegal address (K=V=32) in bf16: Triton 3.6
+# miscompiled the old prepare kernel's 64-row products with a 16- or 32-wide operand at 4 warps
+# (data/benchmarks/small_head_dims.md).
 @pytest.mark.gpu
 @pytest.mark.parametrize("dims", [(4, 8, 128, 128), (2, 4, 16, 32), (2, 4, 32, 32)])
 def test_prefill_gpu_bf16_close_to_fp32_reference(dims):

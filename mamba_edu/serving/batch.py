@@ -151,8 +151,8 @@ def build_decode_batch(rids: list, input_ids: torch.Tensor, seq_lens: list[int],
     """
     n = len(rids)
     if not isinstance(input_ids, torch.Tensor) or tuple(input_ids.shape) != (n,):
-        raise ValueError(f"input_ids must be a [N]={n} device tensor; got "
-                         f"{tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__}")
+        got = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+        raise ValueError(f"input_ids must be a [N]={n} device tensor; got {got}")
     _check_ints("seq_lens", seq_lens, n, 0)
     _check_ints("working_slots", working_slots, n, 0)
     _check_ints("decode_track_slots", decode_track_slots, n, 0)

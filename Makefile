@@ -12,7 +12,7 @@ export TRITON_INTERPRET ?= 1
 export MPLBACKEND ?= Agg
 endif
 
-.PHONY: setup demo test test-fast lab notebooks clean
+.PHONY: setup demo test test-fast lab notebooks clean help
 
 setup: $(STAMP)
 
@@ -38,8 +38,27 @@ test-fast: $(STAMP)
 notebooks: $(STAMP)
 	$(PY) -m mamba_edu.exercises.stubs --execute
 
+# JupyterLab on the notebooks. As root (containers, cloud machines) Jupyter refuses to start
+# without --allow-root, so it is added when `id -u` is 0 and only then. The announcements plugin
+# (its "Would you like to get notified about official Jupyter news?" pop-up and update checks)
+# is disabled in this .venv, and news_url=None fetches no news feed: nothing asks, nothing is
+# fetched from the internet at start. `jupyter labextension enable ...` undoes it.
+LAB_AS_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks
+	-@$(VENV)/bin/jupyter labextension disable --level=sys_prefix \
+		@jupyterlab/apputils-extension:announcements >/dev/null 2>&1
+	$(VENV)/bin/jupyter lab --LabApp.news_url=None $(LAB_AS_ROOT) notebooks
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+help:
+	@echo "make setup      create .venv and install the pinned set (every target does this first)"
+	@echo "make demo       run the main job on the default device (python -m mamba_edu demo)"
+	@echo "make test       pytest + nbval over every notebook, as CI runs it"
+	@echo "make test-fast  pytest without the slow tests and without the notebooks"
+	@echo "make lab        open JupyterLab on the notebooks (works as root, no news pop-up)"
+	@echo "make notebooks  regenerate the learner notebooks from the solutions and execute both"
+	@echo "make clean      remove .venv and the pytest cache"
+	@echo "make help       this list"

@@ -209,3 +209,36 @@ def test_trace_rejects_a_non_png_out_and_an_empty_folder(capsys, tmp_path):
     assert code == 2 and "ending in .png" in err
     code, _, err = run_main(capsys, "trace", str(tmp_path))
     assert code == 2 and "no trace files" in err
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.skipif(not (REPO / "environment.yml").exists(), reason="not a repository checkout")
+def test_pins_agree_and_the_license_is_an_spdx_string():
+    """requirements-pinned.txt (make, CI) and environment.yml (conda) pin the same set; the
+    license is PEP 639's SPDX string with its file (no setuptools deprecation banner)."""
+    import re
+    import tomllib
+
+    pip = {}
+    for line in (REPO / "requirements-pinned.txt").read_text().splitlines():
+        if "==" in line and not line.lstrip().startswith("#"):
+            name, pin = line.split("==")
+            pip[name.strip().lower()] = pin.strip()
+    conda = {}
+    for line in (REPO / "environment.yml").read_text().splitlines():
+        if m := re.match(r"\s*-\s*([A-Za-z0-9_.-]+)\s*==?\s*([^\s#]+)", line):
+            conda[m.group(1).lower()] = m.group(2)
+    conda.pop("python")
+    assert pip == conda
+    assert pip["nbclient"] == "0.11.0"  # the grader executes notebooks with it
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert project["project"]["license"] == "Apache-2.0"
+    assert project["project"]["license-files"] == ["LICENSE"]
+    assert "Apache License" in (REPO / "LICENSE").read_text()
+    assert any(r.startswith("setuptools>=77") for r in project["build-system"]["requires"])
+    extras = project["project"]["optional-dependencies"]
+    assert any(r.startswith("nbclient") for r in extras["dev"])
+    assert "holistictraceanalysis" not in pip and "playwright" not in pip  # optional extras only

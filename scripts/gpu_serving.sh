@@ -40,6 +40,14 @@ gen = torch.Generator().manual_seed(0)
 prompts = {name: [torch.randint(0, cfg.vocab, (n,), generator=gen).tolist() for n in lens]
            for name, lens in (("tracked", [256, 200, 100]), ("untracked", [60, 40]))}
 results = []
+
+
+def rerun(engine, batch):
+    """A prepared batch runs once: put its slots back to their prepared states, then run it."""
+    engine.reset_prefill(batch)
+    return engine.forward_prefill(batch)
+
+
 for strategy in ("naive", "precomputed", "sync_free", "fused"):
     for label, toks in prompts.items():
         engine = Engine(model, strategy=strategy, max_requests=4, cache_slots=2)
@@ -47,12 +55,13 @@ for strategy in ("naive", "precomputed", "sync_free", "fused"):
         engine.forward_prefill(batch)  # warm-up (Triton compiles on first use)
         torch.cuda.synchronize()
         with count_syncs() as syncs:
-            eager = engine.forward_prefill(batch).clone()
+            eager = rerun(engine, batch).clone()
         torch.cuda.synchronize()
         with cuda_sync_guard(raise_on_sync=False) as guard:
-            engine.forward_prefill(batch)
+            rerun(engine, batch)
         times = []
         for _ in range(5):
+            engine.reset_prefill(batch)  # a batch runs once; re-arm it (host work, untimed)
             torch.cuda.synchronize(); t = time.perf_counter()
             engine.forward_prefill(batch)
             torch.cuda.synchronize(); times.append((time.perf_counter() - t) * 1e3)
@@ -63,7 +72,7 @@ for strategy in ("naive", "precomputed", "sync_free", "fused"):
                    eager_ms_median=statistics.median(times))
         if strategy in ("sync_free", "fused"):
             graph = engine.capture_prefill(batch)
-            graph.restore_states(); ref = engine.forward_prefill(batch).clone()
+            ref = rerun(engine, batch).clone()
             graph.restore_states(); rep = graph.replay().clone()
             torch.cuda.synchronize()
             row["graph_vs_eager_max_abs"] = (rep - ref).abs().max().item()

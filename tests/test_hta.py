@@ -7,7 +7,7 @@ causes, each checked here:
 
 1. **Rounding.** HTA's parser rounds every event of a nanosecond-resolution trace inward to whole
    microseconds (start up, end down; "issue with events overlapping", pytorch PR 122425). Most
-   kernels of this forward last 2–5 µs, and each of the 2387 GPU events loses up to 2 µs (1.0 on
+   kernels of this forward last a few µs, and each of the 2387 GPU events loses up to 2 µs (1.0 on
    average): HTA sees 7.08 ms of GPU work instead of 9.50 ms. With ``HTA_DISABLE_NS_ROUNDING=1``
    its busy time is ours (to 0.03 µs, float64 sums of 13-digit timestamps), and our analysis of
    the rounded trace gives its figure.

@@ -1,4 +1,4 @@
-"""``python -m mamba_edu grade PATH``: execute submitted notebooks and grade their exercises.
+"""python -m mamba_edu grade PATH: execute submitted notebooks and grade their exercises.
 
 PATH is one notebook or a folder of them (not searched recursively). Each notebook runs top to
 bottom in a fresh kernel in its own folder (a failing cell does not stop it); then, in the same
@@ -53,18 +53,19 @@ def execute_and_grade(path: Path, timeout: int) -> list[tuple[int, str, str, str
 
 
 def main(argv=None) -> int:
+    from mamba_edu._cli import HelpFormatter, prog_name
     from mamba_edu.exercises import core
 
-    parser = argparse.ArgumentParser(prog="mamba_edu grade", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=f"{prog_name()} grade", description=__doc__,
+                                     formatter_class=HelpFormatter)
     parser.add_argument("path", type=Path, help="a notebook (.ipynb) or a folder of notebooks")
     parser.add_argument("--timeout", type=int, default=900,
-                        help="seconds one cell may run (default: %(default)s)")
+                        help="seconds one cell may run")
     args = parser.parse_args(argv)
 
     gradable = [p for p in notebooks_in(args.path) if p.stem in core.REGISTRY]
     if not gradable:
-        print(f"mamba_edu grade: no notebook with registered exercises at {args.path} "
+        print(f"{parser.prog}: no notebook with registered exercises at {args.path} "
               f"(expected names like {sorted(core.REGISTRY)[0]}.ipynb)", file=sys.stderr)
         return 2
     passed = total = 0

@@ -85,6 +85,24 @@ def test_prefill_fp16_inputs_interpreter():
     assert rel_err(pool[[1, 0]], ref.final_state) <= 5e-3
 
 
+@interpreted
+def test_prefill_without_qk_l2norm():
+    """Keys used as given (here normalised by the caller), a non-default scale."""
+    lengths = [70, 9]
+    inputs = random_prefill_inputs(lengths, 1, 2, 16, 16, seed=6)
+    inputs["q"], inputs["k"] = (torch.nn.functional.normalize(inputs[n], dim=-1) for n in "qk")
+    pool = random_pool(2, 2, 16, 16)
+    pool0 = pool.clone()
+    meta = build_chunk_meta(lengths, "cpu", state_indices=[1, 0])
+    o, _ = gdn_prefill(**inputs, state_pool=pool, meta=meta, scale=0.3, use_qk_l2norm=False,
+                       backend="triton")
+    cu = [0, 70, 79]
+    ref = chunk_gated_delta_rule(**inputs, scale=0.3, initial_state=pool0[[1, 0]], cu_seqlens=cu,
+                                 use_qk_l2norm=False)
+    assert rel_err(o, ref.o) <= 1e-4
+    assert rel_err(pool[[1, 0]], ref.final_state) <= 1e-4
+
+
 @triton.jit
 def invert_kernel(L_ptr, T_ptr, C: tl.constexpr):
     r = tl.arange(0, C)

@@ -44,7 +44,7 @@ def _conv_rows(x_ptr, w_ptr, bias_ptr, state_ptr, rows, cols, cols_ok, live, sta
     return acc
 
 
-@triton.autotune(tuning_configs((4, 1, {"BD": 128}), (4, 1, {"BD": 64}), (8, 1, {"BD": 256})),
+@triton.autotune(tuning_configs((8, 1, {"BD": 128}), (4, 1, {"BD": 64}), (16, 1, {"BD": 256})),
                  key=["D", "W"], restore_value=["pool_ptr"])
 @triton.jit
 def conv1d_prefill_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr,

@@ -26,12 +26,17 @@ by doubling (:func:`invert_unit_lower`), then a block forward substitution gives
 would cost ten 64×64×64 products) and no intermediate grows large (a power series in L would:
 its terms can reach 1e13 for correlated keys).
 
-Precision on a GPU: ``tl.dot`` on fp32 operands uses tf32 tensor cores; that is what the
-triangular solve uses, where bf16 would cost accuracy. W, U, k̂, Ṽ and h (unless checkpoints are
-requested) are stored in the input dtype (bf16), and the dots that read them (both dots of the
-scan, the three of the output) take operands in that dtype with fp32 accumulation, like
-flash-linear-attention. The state S stays fp32 in registers. Under the interpreter dots are
-plain fp32 (or fp16) matmuls.
+Precision on a GPU: the Gram matrix ``K Kᵀ`` is taken from the raw keys in their own dtype
+(bf16: exact products, fp32 sums) and normalised afterwards, ``K̂K̂ᵀ = diag(r) K Kᵀ diag(r)``.
+``tl.dot`` on fp32 operands uses tf32 tensor cores; that is what the triangular solve uses,
+where bf16 would cost accuracy. W, U, k̂, Ṽ and h (unless checkpoints are requested) are stored
+in the input dtype (bf16), and the dots that read them (both dots of the scan, the three of the
+output) take operands in that dtype with fp32 accumulation, like flash-linear-attention. The
+state S stays fp32 in registers. Under the interpreter dots are plain fp32 (or fp16) matmuls.
+
+Registers: prepare walks the head dim 32 columns at a time, so its tiles are 16×32 and 16×16;
+compiled for sm_90 (Triton 3.9, K = V = 128) it keeps under 50 bytes of spill stack per thread,
+the scan and output kernels none.
 """
 
 import torch
@@ -77,13 +82,10 @@ def invert_unit_lower(L, C: tl.constexpr):
 
 
 @triton.jit
-def _prepare_rows(k_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr, k_hat_ptr,
-                  t0, eos, k_hat_end, hv, gamma_before, stride_k, stride_g, stride_beta,
-                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-                  USE_L2NORM: tl.constexpr, GATED: tl.constexpr):
-    """Rows ``t0 .. t0+16`` of a chunk: the gating, Γ (continuing from ``gamma_before``, the Γ of
-    the row before) and k̂; stores Γ and k̂ (k̂ only below ``k_hat_end``). Returns
-    ``(k̂ [16, BK] fp32, Γ [16], β [16], Γ of the last row)``."""
+def _gate_rows(g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr, t0, eos, hv, gamma_before,
+               stride_g, stride_beta, HV: tl.constexpr, GATED: tl.constexpr):
+    """Rows ``t0 .. t0+16`` of a chunk: the gating and Γ (continuing from ``gamma_before``, the
+    Γ of the row before); stores Γ. Returns ``(Γ [16], β [16], Γ of the last row)``."""
     rows = t0 + tl.arange(0, 16)
     valid = rows < eos
     g = tl.load(g_ptr + rows * stride_g + hv, mask=valid, other=0.0).to(tl.float32)
@@ -94,21 +96,36 @@ def _prepare_rows(k_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr, k_h
     g = tl.where(valid, g, 0.0)
     gamma = gamma_before + tl.cumsum(g, 0)
     tl.store(gamma_ptr + rows * HV + hv, gamma, mask=valid)
-    hk = hv // (HV // H)
-    k = l2norm_rows(load_rows(k_ptr + hk * K, t0, eos, stride_k, 0, K, 16, BK).to(tl.float32),
-                    USE_L2NORM)
-    store_rows(k_hat_ptr + hk * K, k, t0, k_hat_end, H * K, 0, K, 16, BK)
-    return k, gamma, tl.where(valid, beta, 0.0), gamma_before + tl.sum(g, 0)
+    return gamma, tl.where(valid, beta, 0.0), gamma_before + tl.sum(g, 0)
 
 
 @triton.jit
-def _coupling(k_i, k_j, gamma_i, gamma_j, beta_i, DIAGONAL: tl.constexpr):
-    """Block (i, j), i ≥ j, of ``L = strict_lower(β (K̂K̂ᵀ) e^{Γs−Γj})`` from 16-row blocks."""
+def _inverse_norm(sum_sq, USE_L2NORM: tl.constexpr):
+    """The factor that L2-normalises a row with this sum of squares (eps inside the root)."""
+    if USE_L2NORM:
+        return tl.rsqrt(sum_sq + 1e-6)
+    return tl.full(sum_sq.shape, 1.0, tl.float32)
+
+
+@triton.jit
+def _coupling(gram, norm_i, norm_j, gamma_i, gamma_j, beta_i, DIAGONAL: tl.constexpr):
+    """Block (i, j), i ≥ j, of ``L = strict_lower(β (K̂K̂ᵀ) e^{Γs−Γj})`` from the same block of
+    the raw keys' Gram matrix ``K Kᵀ`` and the rows' normalising factors."""
     diff = gamma_i[:, None] - gamma_j[None, :]
     if DIAGONAL:
         r = tl.arange(0, 16)
         diff = tl.where(r[:, None] > r[None, :], diff, float("-inf"))  # masked before exp
-    return beta_i[:, None] * tl.dot(k_i, tl.trans(k_j)) * tl.exp(diff)
+    return (beta_i * norm_i)[:, None] * gram * norm_j[None, :] * tl.exp(diff)
+
+
+@triton.jit
+def _key_rows(k_ptr, k_hat_ptr, t0, eos, k_hat_end, norm, stride_k, col0,
+              H: tl.constexpr, K: tl.constexpr):
+    """Columns ``col0 .. col0+32`` of k̂ for rows ``t0 .. t0+16`` (``[16, 32]`` fp32, from the
+    raw keys and their normalising factors ``norm [16]``); stored as k̂ below ``k_hat_end``."""
+    k = load_rows(k_ptr, t0, eos, stride_k, col0, K, 16, 32).to(tl.float32) * norm[:, None]
+    store_rows(k_hat_ptr, k, t0, k_hat_end, H * K, col0, K, 16, 32)
+    return k
 
 
 @triton.jit
@@ -123,15 +140,15 @@ def _solve_lower(D0, D1, D2, D3, L10, L20, L21, L30, L31, L32, X0, X1, X2, X3):
 
 
 @triton.jit
-def _store_blocks(ptr, Y0, Y1, Y2, Y3, t0, eos, row_stride, n_cols, COLS: tl.constexpr):
-    """Store four 16-row blocks as the rows ``t0 .. t0+64`` of a row-major matrix."""
-    store_rows(ptr, Y0, t0, eos, row_stride, 0, n_cols, 16, COLS)
-    store_rows(ptr, Y1, t0 + 16, eos, row_stride, 0, n_cols, 16, COLS)
-    store_rows(ptr, Y2, t0 + 32, eos, row_stride, 0, n_cols, 16, COLS)
-    store_rows(ptr, Y3, t0 + 48, eos, row_stride, 0, n_cols, 16, COLS)
+def _store_blocks(ptr, Y0, Y1, Y2, Y3, t0, eos, row_stride, col0, n_cols):
+    """Store four ``[16, 32]`` blocks as rows ``t0 .. t0+64``, columns ``col0 .. col0+32``."""
+    store_rows(ptr, Y0, t0, eos, row_stride, col0, n_cols, 16, 32)
+    store_rows(ptr, Y1, t0 + 16, eos, row_stride, col0, n_cols, 16, 32)
+    store_rows(ptr, Y2, t0 + 32, eos, row_stride, col0, n_cols, 16, 32)
+    store_rows(ptr, Y3, t0 + 48, eos, row_stride, col0, n_cols, 16, 32)
 
 
-@triton.autotune(tuning_configs((2, 1), (4, 1), (8, 1)), key=["K", "V"])
+@triton.autotune(tuning_configs((8, 1), (4, 1)), key=["K", "V"])
 @triton.jit
 def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
                          gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr,
@@ -146,8 +163,8 @@ def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
 
     The chunk is handled as four 16-row blocks: L has 10 blocks on or below the diagonal, each
     diagonal block is inverted alone (:func:`invert_unit_lower`), and W, U come out of a block
-    forward substitution (:func:`_solve_lower`). That never forms the 64×64 inverse and costs a
-    few 16-row products instead of several 64×64×64 ones."""
+    forward substitution (:func:`_solve_lower`), 32 columns at a time. That never forms the
+    64×64 inverse and costs a few 16-row products instead of several 64×64×64 ones."""
     i_chunk = tl.program_id(0)
     hv = tl.program_id(1)
     seq = tl.load(chunk_idx_ptr + 2 * i_chunk)
@@ -156,47 +173,95 @@ def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
     # Rows below bos do not exist: the other value heads of the group store no k̂.
     k_hat_end = tl.where(hv % (HV // H) == 0, eos, bos)
 
-    k0, G0, b0, end = _prepare_rows(k_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr,
-                                    k_hat_ptr, bos, eos, k_hat_end, hv, 0.0, stride_k, stride_g,
-                                    stride_beta, H, HV, K, BK, USE_L2NORM, GATED)
-    k1, G1, b1, end = _prepare_rows(k_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr,
-                                    k_hat_ptr, bos + 16, eos, k_hat_end, hv, end, stride_k,
-                                    stride_g, stride_beta, H, HV, K, BK, USE_L2NORM, GATED)
-    k2, G2, b2, end = _prepare_rows(k_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr,
-                                    k_hat_ptr, bos + 32, eos, k_hat_end, hv, end, stride_k,
-                                    stride_g, stride_beta, H, HV, K, BK, USE_L2NORM, GATED)
-    k3, G3, b3, end = _prepare_rows(k_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr,
-                                    k_hat_ptr, bos + 48, eos, k_hat_end, hv, end, stride_k,
-                                    stride_g, stride_beta, H, HV, K, BK, USE_L2NORM, GATED)
+    G0, b0, end = _gate_rows(g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr, bos, eos, hv,
+                             0.0, stride_g, stride_beta, HV, GATED)
+    G1, b1, end = _gate_rows(g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr, bos + 16, eos,
+                             hv, end, stride_g, stride_beta, HV, GATED)
+    G2, b2, end = _gate_rows(g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr, bos + 32, eos,
+                             hv, end, stride_g, stride_beta, HV, GATED)
+    G3, b3, end = _gate_rows(g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr, bos + 48, eos,
+                             hv, end, stride_g, stride_beta, HV, GATED)
 
-    D0 = invert_unit_lower(_coupling(k0, k0, G0, G0, b0, True), 16)
-    D1 = invert_unit_lower(_coupling(k1, k1, G1, G1, b1, True), 16)
-    D2 = invert_unit_lower(_coupling(k2, k2, G2, G2, b2, True), 16)
-    D3 = invert_unit_lower(_coupling(k3, k3, G3, G3, b3, True), 16)
-    L10 = _coupling(k1, k0, G1, G0, b1, False)
-    L20 = _coupling(k2, k0, G2, G0, b2, False)
-    L21 = _coupling(k2, k1, G2, G1, b2, False)
-    L30 = _coupling(k3, k0, G3, G0, b3, False)
-    L31 = _coupling(k3, k1, G3, G1, b3, False)
-    L32 = _coupling(k3, k2, G3, G2, b3, False)
+    # The 10 blocks of the raw keys' Gram matrix on or below the diagonal and the rows' sums of
+    # squares, 32 columns at a time (masked past K): small operands keep every tile in registers.
+    k_rows = k_ptr + (hv // (HV // H)) * K  # value head hv reads key head hv // group
+    S00 = tl.zeros([16, 16], dtype=tl.float32)
+    S10 = S00
+    S11 = S00
+    S20 = S00
+    S21 = S00
+    S22 = S00
+    S30 = S00
+    S31 = S00
+    S32 = S00
+    S33 = S00
+    n0 = tl.zeros([16], dtype=tl.float32)
+    n1 = n0
+    n2 = n0
+    n3 = n0
+    for c in range(0, BK, 32):
+        a0 = load_rows(k_rows, bos, eos, stride_k, c, K, 16, 32)
+        a1 = load_rows(k_rows, bos + 16, eos, stride_k, c, K, 16, 32)
+        a2 = load_rows(k_rows, bos + 32, eos, stride_k, c, K, 16, 32)
+        a3 = load_rows(k_rows, bos + 48, eos, stride_k, c, K, 16, 32)
+        n0 += tl.sum(a0.to(tl.float32) * a0.to(tl.float32), 1)
+        n1 += tl.sum(a1.to(tl.float32) * a1.to(tl.float32), 1)
+        n2 += tl.sum(a2.to(tl.float32) * a2.to(tl.float32), 1)
+        n3 += tl.sum(a3.to(tl.float32) * a3.to(tl.float32), 1)
+        S00 = tl.dot(a0, tl.trans(a0), S00)
+        S10 = tl.dot(a1, tl.trans(a0), S10)
+        S11 = tl.dot(a1, tl.trans(a1), S11)
+        S20 = tl.dot(a2, tl.trans(a0), S20)
+        S21 = tl.dot(a2, tl.trans(a1), S21)
+        S22 = tl.dot(a2, tl.trans(a2), S22)
+        S30 = tl.dot(a3, tl.trans(a0), S30)
+        S31 = tl.dot(a3, tl.trans(a1), S31)
+        S32 = tl.dot(a3, tl.trans(a2), S32)
+        S33 = tl.dot(a3, tl.trans(a3), S33)
+    n0 = _inverse_norm(n0, USE_L2NORM)
+    n1 = _inverse_norm(n1, USE_L2NORM)
+    n2 = _inverse_norm(n2, USE_L2NORM)
+    n3 = _inverse_norm(n3, USE_L2NORM)
 
-    # W = (I + L)⁻¹ (β e^Γ K̂), U = (I + L)⁻¹ (β V); fp32 operands (tf32 on a GPU).
-    W0, W1, W2, W3 = _solve_lower(D0, D1, D2, D3, L10, L20, L21, L30, L31, L32,
-                                  k0 * (b0 * tl.exp(G0))[:, None], k1 * (b1 * tl.exp(G1))[:, None],
-                                  k2 * (b2 * tl.exp(G2))[:, None], k3 * (b3 * tl.exp(G3))[:, None])
-    _store_blocks(w_ptr + hv * K, W0, W1, W2, W3, bos, eos, HV * K, K, BK)
+    D0 = invert_unit_lower(_coupling(S00, n0, n0, G0, G0, b0, True), 16)
+    D1 = invert_unit_lower(_coupling(S11, n1, n1, G1, G1, b1, True), 16)
+    D2 = invert_unit_lower(_coupling(S22, n2, n2, G2, G2, b2, True), 16)
+    D3 = invert_unit_lower(_coupling(S33, n3, n3, G3, G3, b3, True), 16)
+    L10 = _coupling(S10, n1, n0, G1, G0, b1, False)
+    L20 = _coupling(S20, n2, n0, G2, G0, b2, False)
+    L21 = _coupling(S21, n2, n1, G2, G1, b2, False)
+    L30 = _coupling(S30, n3, n0, G3, G0, b3, False)
+    L31 = _coupling(S31, n3, n1, G3, G1, b3, False)
+    L32 = _coupling(S32, n3, n2, G3, G2, b3, False)
+
+    # W = (I + L)⁻¹ (β e^Γ K̂), U = (I + L)⁻¹ (β V), 32 columns at a time; fp32 operands (tf32
+    # on a GPU).
+    k_hat_rows = k_hat_ptr + (hv // (HV // H)) * K
+    for c in range(0, BK, 32):
+        W0, W1, W2, W3 = _solve_lower(
+            D0, D1, D2, D3, L10, L20, L21, L30, L31, L32,
+            _key_rows(k_rows, k_hat_rows, bos, eos, k_hat_end, n0, stride_k, c, H, K)
+            * (b0 * tl.exp(G0))[:, None],
+            _key_rows(k_rows, k_hat_rows, bos + 16, eos, k_hat_end, n1, stride_k, c, H, K)
+            * (b1 * tl.exp(G1))[:, None],
+            _key_rows(k_rows, k_hat_rows, bos + 32, eos, k_hat_end, n2, stride_k, c, H, K)
+            * (b2 * tl.exp(G2))[:, None],
+            _key_rows(k_rows, k_hat_rows, bos + 48, eos, k_hat_end, n3, stride_k, c, H, K)
+            * (b3 * tl.exp(G3))[:, None])
+        _store_blocks(w_ptr + hv * K, W0, W1, W2, W3, bos, eos, HV * K, c, K)
     v_rows = v_ptr + hv * V
-    U0, U1, U2, U3 = _solve_lower(
-        D0, D1, D2, D3, L10, L20, L21, L30, L31, L32,
-        load_rows(v_rows, bos, eos, stride_v, 0, V, 16, BV).to(tl.float32) * b0[:, None],
-        load_rows(v_rows, bos + 16, eos, stride_v, 0, V, 16, BV).to(tl.float32) * b1[:, None],
-        load_rows(v_rows, bos + 32, eos, stride_v, 0, V, 16, BV).to(tl.float32) * b2[:, None],
-        load_rows(v_rows, bos + 48, eos, stride_v, 0, V, 16, BV).to(tl.float32) * b3[:, None])
-    _store_blocks(u_ptr + hv * V, U0, U1, U2, U3, bos, eos, HV * V, V, BV)
+    for c in range(0, BV, 32):
+        U0, U1, U2, U3 = _solve_lower(
+            D0, D1, D2, D3, L10, L20, L21, L30, L31, L32,
+            load_rows(v_rows, bos, eos, stride_v, c, V, 16, 32).to(tl.float32) * b0[:, None],
+            load_rows(v_rows, bos + 16, eos, stride_v, c, V, 16, 32).to(tl.float32) * b1[:, None],
+            load_rows(v_rows, bos + 32, eos, stride_v, c, V, 16, 32).to(tl.float32) * b2[:, None],
+            load_rows(v_rows, bos + 48, eos, stride_v, c, V, 16, 32).to(tl.float32) * b3[:, None])
+        _store_blocks(u_ptr + hv * V, U0, U1, U2, U3, bos, eos, HV * V, c, V)
 
 
 # The pool is read and written in place: autotuning must restore it after each trial run.
-@triton.autotune(tuning_configs((4, 2), (4, 3), (4, 4)), key=["K", "V", "BV"],
+@triton.autotune(tuning_configs((4, 2), (4, 3), (4, 4), (8, 3)), key=["K", "V", "BV"],
                  restore_value=["pool_ptr"])
 @triton.jit
 def chunk_scan_kernel(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool_ptr,

@@ -70,37 +70,23 @@ def plain(text: str | None) -> str:
     return _ROLE.sub(r"\1", text).replace("``", "").replace("**", "")
 
 
-def positive_int(value: str) -> int:
-    """argparse type: an integer of at least 1."""
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
+def _number(kind: type, least, strict: bool, what: str):
+    """An argparse type: ``kind(value)`` that must be ``> least`` (strict) or ``>= least``."""
+    def parse(value: str):
+        try:
+            x = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value!r}") from None
+        if x < least or (strict and x == least):
+            raise argparse.ArgumentTypeError(f"must be {'above' if strict else 'at least'} {least}, got {value}")
+        return x
+    parse.__name__ = what.replace(" ", "_")  # argparse names the type in its error messages
+    return parse
 
 
-def non_negative_int(value: str) -> int:
-    """argparse type: an integer of at least 0."""
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {n}")
-    return n
-
-
-def positive_float(value: str) -> float:
-    """argparse type: a number above 0."""
-    try:
-        x = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
-    if not x > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {value}")
-    return x
+positive_int = _number(int, 1, False, "a whole number")
+non_negative_int = _number(int, 0, False, "a whole number")
+positive_float = _number(float, 0, True, "a number")
 
 
 def unwritable_reason(folder: Path) -> str | None:

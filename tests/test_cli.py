@@ -78,7 +78,7 @@ def test_no_command_is_a_usage_error(capsys):
     (["bench", "--cases", "nope"], "unknown --cases ['nope']"),
     (["bench", "--strategies", "bogus"], "unknown --strategies ['bogus']"),
     (["bench", "--repeats", "0"], "--repeats: must be at least 1"),
-    (["bench", "--warmup", "-1"], "--warmup: must be 0 or more"),
+    (["bench", "--warmup", "-1"], "--warmup: must be at least 0"),
     (["bench", "--dtype", "nope"], "--dtype: invalid choice"),
     (["bench", "--preset", "nope"], "--preset: invalid choice"),
     (["bench", "--max-minutes", "0"], "--max-minutes: must be above 0"),

@@ -14,6 +14,8 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from torch.utils._python_dispatch import TorchDispatchMode
+
 PASS, FAIL, NOT_DONE = "pass", "fail", "not done"
 
 
@@ -115,3 +117,16 @@ def grade_namespace(notebook: str, namespace: dict) -> list[Verdict]:
         else:
             verdicts.append(judge(ex, *(namespace[name] for name in ex.names)))
     return verdicts
+
+
+class OpRecorder(TorchDispatchMode):
+    """Record the name of every aten op that runs inside the block (``with OpRecorder() as r:``),
+    so that a check can refuse an answer that calls the function it asks the learner to write."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))

@@ -7,9 +7,8 @@
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from mamba_edu.exercises.core import checker, exercise
+from mamba_edu.exercises.core import OpRecorder, checker, exercise
 from mamba_edu.profiling import count_syncs
 
 NOTEBOOK = "00_start_here"
@@ -64,17 +63,6 @@ def check_would_sync(fn) -> str:
     return f"all {len(SYNC_QUIZ)} expressions classified as mamba_edu.profiling.count_syncs counts them"
 
 
-class _OpRecorder(TorchDispatchMode):
-    """Record the name of every aten op that runs inside the block."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops: set[str] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.add(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
-
 
 @exercise(NOTEBOOK, 2, "tracked rows without a sync", "my_tracked_rows")
 def check_tracked_rows(fn) -> str:
@@ -85,7 +73,7 @@ def check_tracked_rows(fn) -> str:
              (torch.tensor([False, True, False, True, True]), 4), (torch.tensor([True, True, False, True]), 2),
              (torch.rand(37, generator=gen) < 0.3, 16)]
     for mask, size in cases:
-        recorder = _OpRecorder()
+        recorder = OpRecorder()
         with count_syncs() as syncs, recorder:
             rows = fn(mask.clone(), size)
         used = recorder.ops & {"nonzero", "nonzero_static", "argwhere"}

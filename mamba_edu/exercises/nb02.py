@@ -9,9 +9,8 @@
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from mamba_edu.exercises.core import checker, exercise
+from mamba_edu.exercises.core import OpRecorder, checker, exercise
 from mamba_edu.gdn import (checkpoint_offsets, chunk_gated_delta_rule, gdn_gating, l2norm,
                            recurrent_gated_delta_rule)
 from mamba_edu.testing import check as _check
@@ -28,17 +27,6 @@ def compare(actual, expected, name: str, tol: float = 1e-5) -> None:
     except AssertionError as err:
         raise AssertionError(str(err).removeprefix("FAIL ")) from None
 
-
-class _OpRecorder(TorchDispatchMode):
-    """Record the name of every aten op that runs inside the block."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops: set[str] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.add(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
 
 
 def _chunk_L(gen: torch.Generator, C: int, decay: float) -> torch.Tensor:
@@ -57,7 +45,7 @@ def check_unit_lower_inverse(fn) -> str:
     for C, decay in ((1, 0.1), (7, 0.1), (64, 0.02), (64, 1.0)):
         L = _chunk_L(gen, C, decay)
         eye = torch.eye(C)
-        recorder = _OpRecorder()
+        recorder = OpRecorder()
         with recorder:
             T = fn(L.clone())
         solvers = {op for op in recorder.ops if op.startswith("linalg_") or op in ("triangular_solve", "inverse")}

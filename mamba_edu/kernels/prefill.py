@@ -34,9 +34,10 @@ in the input dtype (bf16), and the dots that read them (both dots of the scan, t
 output) take operands in that dtype with fp32 accumulation, like flash-linear-attention. The
 state S stays fp32 in registers. Under the interpreter dots are plain fp32 (or fp16) matmuls.
 
-Registers: prepare walks the head dim 32 columns at a time, so its tiles are 16×32 and 16×16;
-compiled for sm_90 (Triton 3.9, K = V = 128) it keeps under 50 bytes of spill stack per thread,
-the scan and output kernels none.
+Registers: prepare walks the head dim 32 columns at a time, so its tiles are 16×32 and 16×16.
+Compiled for sm_90 with Triton 3.6 at K = V = 128, the scan never spills, the output only at
+4 warps with fp32 checkpoints, the prepare kernel not at 8 warps (a few bytes at 4 and 2, more
+at 1; with fewer warps its 16×16 tiles are not repeated in every warp, so autotuning decides).
 """
 
 import torch
@@ -148,7 +149,7 @@ def _store_blocks(ptr, Y0, Y1, Y2, Y3, t0, eos, row_stride, col0, n_cols):
     store_rows(ptr, Y3, t0 + 48, eos, row_stride, col0, n_cols, 16, 32)
 
 
-@triton.autotune(tuning_configs((8, 1), (4, 1)), key=["K", "V"])
+@triton.autotune(tuning_configs((8, 1), (4, 1), (2, 1), (1, 1)), key=["K", "V"])
 @triton.jit
 def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
                          gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr,

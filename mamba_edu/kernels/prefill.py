@@ -369,12 +369,12 @@ def _block(d: int) -> int:
 
 
 def _scan_block_v(n_programs_per_tile: int, V: int) -> int:
-    """V-tile of the sequential pass: 64 wide, halved (down to 16) while that gives fewer than
-    128 programs: few sequences are latency-bound, and narrower tiles shorten every chunk step
-    and spread the heads over more SMs of an H200 (132)."""
+    """V-tile of the sequential pass: 64 wide, or 32 when that leaves fewer than 128 programs:
+    few sequences are latency-bound, and narrower tiles shorten every chunk step and spread the
+    heads over more SMs of an H200 (132)."""
     bv = min(64, _block(V))
-    while bv > 16 and n_programs_per_tile * triton.cdiv(V, bv) < 128:
-        bv //= 2
+    if bv > 32 and n_programs_per_tile * triton.cdiv(V, bv) < 128:
+        bv = 32
     return bv
 
 
@@ -422,11 +422,12 @@ def launch_scan(k_hat, w, u, gamma, state_pool, state_indices, meta, h=None,
 
 def _output_block_v(n_tiles: int, V: int) -> int:
     """V-tile of the output kernel: the whole head (q K̂ᵀ computed once per chunk), or 64 wide
-    when whole heads would give fewer than two programs per SM of an H200."""
-    bv = _block(V)
-    if bv > 64 and n_tiles < 2 * 132:
-        bv = 64
-    return bv
+    when whole heads would give fewer than two programs per SM of an H200. Never narrower than
+    64, masked past V: Triton 3.6 miscompiled products 16 or 32 wide at 4 warps on the H200
+    (data/benchmarks/small_head_dims.md)."""
+    if _block(V) > 64 and n_tiles < 2 * 132:
+        return 64
+    return max(64, _block(V))
 
 
 def launch_output(q, k_hat, v_new, h, gamma, meta, scale, use_qk_l2norm):

@@ -119,12 +119,12 @@ def resolve_device(parser: argparse.ArgumentParser, choice: str):
     error (exit 2) that says so."""
     import torch
 
+    from mamba_edu._runtime import default_device
+
     if choice == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA GPU is visible to torch on this machine "
                      "(torch.cuda.is_available() is False); use --device cpu or auto")
-    if choice == "auto":
-        choice = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(choice)
+    return default_device() if choice == "auto" else torch.device(choice)
 
 
 def say(*args, **kwargs) -> None:

@@ -21,6 +21,12 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def synchronize() -> None:
+    """Wait for the GPU's queued work (``torch.cuda.synchronize``); nothing on a CPU."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def triton_interpreted() -> bool:
     """True when Triton kernels run in the CPU interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

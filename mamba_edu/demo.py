@@ -19,11 +19,10 @@ import torch
 from mamba_edu._cli import (DEVICES, HelpFormatter, check_out_dir, positive_int, prog_name,
                             resolve_device, say, wrap)
 from mamba_edu._runtime import data_dir
-from mamba_edu.gdn import chunk_gated_delta_rule, gdn_gating, recurrent_gated_delta_rule
+from mamba_edu.gdn import chunk_gated_delta_rule, cu_offsets, gdn_gating, recurrent_gated_delta_rule
 from mamba_edu.model.config import PRESETS
+from mamba_edu.serving import STRATEGIES
 from mamba_edu.testing import rel_err
-
-STRATEGIES = ("naive", "precomputed", "sync_free", "fused")
 H200_RUNS = data_dir() / "runs"
 H200_CASE = "launch_bound_1x512"
 # The job per device: (preset, prompt lengths). On a CPU a tiny model in the Triton interpreter.
@@ -42,7 +41,7 @@ def reference_report(device: torch.device, seed: int = 0) -> dict:
     rand = lambda *shape: torch.randn(*shape, generator=gen).to(device)  # noqa: E731
     q, k, v = rand(T, H, K), rand(T, H, K), rand(T, HV, V)
     g, beta = gdn_gating(rand(HV), rand(T, HV), rand(T, HV), rand(HV))
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=device)
+    cu = torch.tensor(cu_offsets(lengths), device=device)
     kw = dict(cu_seqlens=cu, initial_state=rand(len(lengths), HV, K, V) * 0.1,
               use_qk_l2norm=True, output_checkpoints=True)
     ref = recurrent_gated_delta_rule(q, k, v, g, beta, **kw)
@@ -64,7 +63,7 @@ def strategy_report(device: torch.device, preset: str, lengths: tuple[int, ...],
     1.8e-2); it is compared with :data:`FUSED_GPU_TOL`. With ``trace_dir`` (on a GPU) one forward
     per strategy is also recorded there. ``progress`` shows a tqdm bar (one step per forward).
     """
-    from mamba_edu.benchmarks.ttft import Prefills, median_ms
+    from mamba_edu.profiling.timing import Prefills, median_ms
     from mamba_edu.engine import Engine
     from mamba_edu.model import build_model
     from mamba_edu.profiling import count_syncs, record_trace

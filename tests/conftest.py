@@ -1,13 +1,9 @@
 """Shared test setup: the Triton interpreter without a GPU, the ``gpu`` marker, seeded inputs."""
 
-import os
-
+import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
-
-import pytest  # noqa: E402
+import mamba_edu  # noqa: F401  (selects the Triton interpreter without a GPU, before any kernel import)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mamba_edu.gdn import causal_conv1d, causal_conv1d_update
+from mamba_edu.gdn import causal_conv1d, causal_conv1d_update, cu_offsets
 
 D, W = 5, 4
 LENGTHS = [1, 2, 3, 5, 9]  # 1 and 2 are shorter than the W−1 = 3 columns of context
@@ -16,7 +16,7 @@ def conv_inputs(lengths, seed=0, dtype=torch.float32):
     x = torch.randn(sum(lengths), D, generator=gen).to(dtype)
     weight = torch.randn(D, W, generator=gen)
     bias = torch.randn(D, generator=gen)
-    cu = torch.tensor([0] + lengths).cumsum(0)
+    cu = torch.tensor(cu_offsets(lengths))
     states = torch.randn(len(lengths), D, W - 1, generator=gen)
     return x, weight, bias, cu, states
 
@@ -86,7 +86,7 @@ def test_decode_update_equals_prefill_of_one_more_token():
     starts = cu[:-1]
     last = starts + torch.tensor(lengths)  # index of each sequence's extra token
     keep = torch.cat([torch.arange(s, e) for s, e in zip(starts.tolist(), last.tolist())])
-    cu_short = torch.tensor([0] + lengths).cumsum(0)
+    cu_short = torch.tensor(cu_offsets(lengths))
     _, s_prefill = causal_conv1d(x[keep], weight, bias, cu_seqlens=cu_short, initial_states=states)
     y_step, s_step = causal_conv1d_update(x[last], s_prefill, weight, bias)
     y_long, s_long = causal_conv1d(x, weight, bias, cu_seqlens=cu, initial_states=states)

@@ -35,7 +35,6 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Callable
 
 import matplotlib.pyplot as plt
 import torch
@@ -44,9 +43,9 @@ from tqdm import tqdm
 from mamba_edu.profiling.bubbles import analyze_trace
 from mamba_edu.profiling.plots import plot_strategy_bars, plot_sweep, plot_timelines
 from mamba_edu.profiling.syncs import count_syncs, cuda_sync_guard
+from mamba_edu.profiling.timing import Prefills, timed_calls
 from mamba_edu.profiling.traces import FORWARD_RANGE, record_trace, trim_trace
-
-STRATEGIES = ("naive", "precomputed", "sync_free", "fused")
+from mamba_edu.serving import STRATEGIES
 CAPTURABLE = ("sync_free", "fused")
 SWEEP_TOKENS = (512, 1024, 2048, 4096, 8192, 16384)
 SWEEP_TRACKED = (0.0, 0.5, 1.0)
@@ -147,82 +146,6 @@ class Result:
     @property
     def label(self) -> str:
         return self.strategy if self.mode == "eager" else f"{self.strategy}+graph"
-
-
-def synchronize() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-class Prefills:
-    """Fresh prefills of one case on one engine, so that every forward starts from the same state.
-
-    :meth:`next` finishes and releases the previous batch, then prepares one of new random
-    prompts: new request ids and tokens, so no prefix hit, and freshly zeroed slots.
-    :meth:`forward` is the timed part, ``engine.forward_prefill``.
-    """
-
-    def __init__(self, engine, lengths: tuple[int, ...], seed: int):
-        self.engine, self.lengths = engine, lengths
-        self.gen = torch.Generator().manual_seed(seed)
-        self.batch, self.logits, self.count = None, None, 0
-
-    def next(self):
-        from mamba_edu.engine import Request
-
-        self.close()
-        vocab = self.engine.config.vocab
-        self.count += 1
-        requests = [Request((self.count, i), torch.randint(vocab, (n,), generator=self.gen).tolist())
-                    for i, n in enumerate(self.lengths)]
-        self.batch = self.engine.prepare_prefill(requests)
-        return self.batch
-
-    def forward(self, batch):
-        self.logits = self.engine.forward_prefill(batch)
-        return self.logits
-
-    def close(self) -> None:
-        """Finish and release the current batch; one that has no logits (never run, or its
-        forward failed) is aborted instead, so no slot leaks and no lock stays."""
-        if self.batch is not None and self.logits is not None:
-            self.engine.finish_prefill(self.batch, self.logits)
-            self.engine.release(self.batch.rids)
-        elif self.batch is not None:
-            self.engine.abort_prefill(self.batch)
-        self.batch, self.logits = None, None
-
-
-def timed_calls(fn: Callable[..., object], setup: Callable[[], object],
-                repeats: int) -> tuple[list[float], list[float]]:
-    """``repeats`` synchronized calls ``fn(setup())``: their wall times and their host times (until
-    ``fn`` returned, before the synchronize), in milliseconds.
-
-    Python's garbage collector is paused while ``fn`` runs (as :mod:`timeit` does): a full
-    collection of a process holding torch, Triton and matplotlib takes tens of milliseconds, and
-    one landing inside a timed forward would be noise as large as the effects measured here.
-    """
-    times, host = [], []
-    for _ in range(repeats):
-        arg = setup()
-        synchronize()
-        gc.disable()
-        try:
-            t0 = time.perf_counter()
-            fn(arg)
-            host.append((time.perf_counter() - t0) * 1e3)
-            synchronize()
-            times.append((time.perf_counter() - t0) * 1e3)
-        finally:
-            gc.enable()
-    return times, host
-
-
-def median_ms(fn: Callable[..., object], setup: Callable[[], object],
-              repeats: int) -> tuple[float, float]:
-    """Median and minimum of ``repeats`` synchronized calls ``fn(setup())``, in milliseconds."""
-    times, _ = timed_calls(fn, setup, repeats)
-    return statistics.median(times), min(times)
 
 
 class ModelBench:

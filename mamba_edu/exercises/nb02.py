@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from mamba_edu.exercises.core import OpRecorder, checker, exercise
-from mamba_edu.gdn import (checkpoint_offsets, chunk_gated_delta_rule, gdn_gating, l2norm,
+from mamba_edu.gdn import (checkpoint_offsets, chunk_gated_delta_rule, cu_offsets, gdn_gating, l2norm,
                            recurrent_gated_delta_rule)
 from mamba_edu.testing import check as _check
 
@@ -68,7 +68,7 @@ def check_checkpoint_row(fn) -> str:
     q, k = torch.randn(2, T, H, K, generator=gen)
     v = torch.randn(T, H, V, generator=gen)
     g, beta = -torch.rand(T, H, generator=gen) * 0.1, torch.rand(T, H, generator=gen)
-    cu = torch.tensor([0] + lengths).cumsum(0)
+    cu = torch.tensor(cu_offsets(lengths))
     ckpts = chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, use_qk_l2norm=True,
                                    output_checkpoints=True).checkpoints
     # What the run holds: rows offsets[n] … offsets[n+1]-1 are the states after 0, 64, 128, … tokens.

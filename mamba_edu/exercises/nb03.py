@@ -22,17 +22,13 @@ from unittest import mock
 import torch
 import triton
 
+from mamba_edu._runtime import default_device
 from mamba_edu.exercises.core import checker, exercise
 from mamba_edu.gdn import l2norm, recurrent_gated_delta_rule
 from mamba_edu.testing import check as compare
 
 NOTEBOOK = "03_triton_kernels"
 check = checker(NOTEBOOK)
-
-
-def _device() -> torch.device:
-    # Triton kernels take CUDA tensors on a GPU and CPU tensors in the interpreter.
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _require_kernel(fn, name: str) -> None:
@@ -53,7 +49,7 @@ def check_l2norm_kernel(kernel) -> str:
     ROWS, one tiny row (Σx² < eps, where the place of eps decides), and guard rows after ``y``
     that must stay untouched (an unmasked store would write there)."""
     _require_kernel(kernel, "my_l2norm_kernel")
-    dev = _device()
+    dev = default_device()  # CUDA tensors on a GPU, CPU tensors in the interpreter
     gen = torch.Generator().manual_seed(3)
     for n_rows, D, ROWS in ((37, 24, 16), (9, 16, 4)):
         wide = torch.randn(n_rows, D + 7, generator=gen)
@@ -100,7 +96,7 @@ def _recorded_grids(lengths, H, HV, K, V) -> list[tuple[str, tuple[int, ...]]]:
                 launches.append((self.name, tuple(int(n) for n in g)))
             return launch
 
-    dev = _device()
+    dev = default_device()  # CUDA tensors on a GPU, CPU tensors in the interpreter
     T, N = sum(lengths), len(lengths)
     meta = build_chunk_meta(lengths, dev, state_indices=list(range(N)))
     e = lambda *shape: torch.empty(*shape, device=dev)  # noqa: E731
@@ -155,7 +151,7 @@ def check_recurrent_kernel(kernel) -> str:
     final states with the recurrent reference. ``o`` and ``ht`` start as NaN, so every element
     must be written."""
     _require_kernel(kernel, "my_recurrent_kernel")
-    dev = _device()
+    dev = default_device()  # CUDA tensors on a GPU, CPU tensors in the interpreter
     gen = torch.Generator().manual_seed(9)
     for lengths, H, HV, K, V in (([5, 1, 13], 2, 4, 16, 32), ([7, 3], 1, 2, 32, 16)):
         T, N = sum(lengths), len(lengths)

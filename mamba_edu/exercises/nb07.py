@@ -15,7 +15,7 @@ import torch
 
 from mamba_edu.exercises.core import checker, exercise
 from mamba_edu.exercises.nb06 import strategy_syncs, toy_batch
-from mamba_edu.gdn import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from mamba_edu.gdn import chunk_gated_delta_rule, cu_offsets, recurrent_gated_delta_rule
 from mamba_edu.profiling import count_syncs
 from mamba_edu.serving.tracking import sglang_track_metadata
 
@@ -67,7 +67,7 @@ def check_checkpoint_row(fn) -> str:
     q, k = torch.randn(2, T, H, K, generator=gen)
     v = torch.randn(T, HV, V, generator=gen)
     g, beta = -torch.rand(T, HV, generator=gen) * 0.1, torch.rand(T, HV, generator=gen)
-    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist())
+    cu = torch.tensor(cu_offsets(lengths))
     h = chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, use_qk_l2norm=True,
                                output_checkpoints=True).checkpoints
     n = 0

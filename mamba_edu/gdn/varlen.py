@@ -7,6 +7,7 @@ lengths from the scheduler as CPU lists).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -62,13 +63,17 @@ def chunk_counts(lengths: Sequence[int], chunk: int = CHUNK) -> list[int]:
     return [-(-n // chunk) for n in lengths]
 
 
+def cu_offsets(lengths: Sequence[int]) -> list[int]:
+    """``[0, L₀, L₀+L₁, …]``: the ``[N+1]`` exclusive cumsum of ``lengths`` as host ints (the
+    ``cu_seqlens`` of sequences of these lengths; ``torch.tensor(cu_offsets(lengths))`` makes the
+    tensor without any device work)."""
+    return [0, *itertools.accumulate(lengths)]
+
+
 def checkpoint_offsets(lengths: Sequence[int], chunk: int = CHUNK) -> list[int]:
     """``[N+1]`` exclusive cumsum of the chunk counts: sequence n's checkpoints are rows
     ``offsets[n] : offsets[n+1]`` of the checkpoint tensor."""
-    out = [0]
-    for c in chunk_counts(lengths, chunk):
-        out.append(out[-1] + c)
-    return out
+    return cu_offsets(chunk_counts(lengths, chunk))
 
 
 def validate_gdn_inputs(q, k, v, g, beta, cu_seqlens, initial_state) -> list[int]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mamba_edu.gdn.varlen import CHUNK, checkpoint_offsets, chunk_counts
+from mamba_edu.gdn.varlen import CHUNK, checkpoint_offsets, chunk_counts, cu_offsets
 
 _HOST_ATTR = "_mamba_edu_host_values"
 
@@ -37,19 +37,27 @@ def host_values(t: torch.Tensor) -> tuple[int, ...] | None:
     return tuple(t.tolist())
 
 
+def upload_host_lists(parts: Sequence[Sequence[int]], device,
+                      dtype: torch.dtype = torch.int64) -> list[torch.Tensor]:
+    """Copy int lists to ``device`` as ``dtype`` in **one** pinned, non-blocking copy; returns
+    views, one per list.
+
+    Pinned (page-locked) memory is what makes ``non_blocking=True`` truly asynchronous; from
+    ordinary pageable memory the host would wait for the copy.
+    """
+    flat = torch.tensor([int(x) for part in parts for x in part], dtype=dtype)
+    if torch.device(device).type == "cuda":
+        flat = flat.pin_memory()
+    flat = flat.to(device, non_blocking=True)
+    return list(flat.split([len(p) for p in parts]))
+
+
 def _upload(parts: Sequence[Sequence[int]], device) -> list[torch.Tensor]:
-    """Concatenate int lists into one int32 buffer, copy it to ``device`` once, return views."""
-    flat = [int(x) for part in parts for x in part]
-    buf = torch.tensor(flat, dtype=torch.int32)
-    device = torch.device(device)
-    if device.type == "cuda":
-        buf = buf.pin_memory().to(device, non_blocking=True)  # pinned: the copy stays asynchronous
-    views, start = [], 0
-    for part in parts:
-        view = buf[start:start + len(part)]
+    """:func:`upload_host_lists` as int32, each view remembering its host list
+    (:func:`host_values`)."""
+    views = upload_host_lists(parts, device, torch.int32)
+    for view, part in zip(views, parts):
         setattr(view, _HOST_ATTR, tuple(int(x) for x in part))
-        views.append(view)
-        start += len(part)
     return views
 
 
@@ -120,9 +128,7 @@ def build_chunk_meta(lengths: Sequence[int], device, *, state_indices: Sequence[
         raise ValueError(f"lengths must be a non-empty list of ints >= 1; got {lengths!r}")
     counts = chunk_counts(lengths, CHUNK)
     offsets = checkpoint_offsets(lengths, CHUNK)
-    cu = [0]
-    for n in lengths:
-        cu.append(cu[-1] + n)
+    cu = cu_offsets(lengths)
     table = [x for seq, count in enumerate(counts) for c in range(count) for x in (seq, c)]
     extras = {name: _check_host_list(name, vals, len(lengths))
               for name, vals in (("state_indices", state_indices), ("track_slots", track_slots),

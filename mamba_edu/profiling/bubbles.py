@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from mamba_edu.profiling.ranges import FORWARD_RANGE
+
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
 OP_CATEGORIES = frozenset({"cpu_op", "user_annotation"})
@@ -269,7 +271,7 @@ def _innermost(stack: Sequence[Event], categories: frozenset[str]) -> str | None
 
 def analyze_trace(
     source: str | Path | dict,
-    range_name: str = "prefill_forward",
+    range_name: str = FORWARD_RANGE,
     *,
     index: int = -1,
     threshold_us: float = 5.0,

@@ -12,6 +12,8 @@ import contextlib
 import torch
 from torch.profiler import record_function
 
+FORWARD_RANGE = "prefill_forward"  # the range :func:`mamba_edu.profiling.record_trace` opens around a forward
+
 
 def profile_range(name: str):
     """``record_function(name)`` while a profiler is recording, else a no-op context manager."""

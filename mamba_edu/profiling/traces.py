@@ -41,9 +41,9 @@ from torch.profiler import (
     tensorboard_trace_handler,
 )
 
+from mamba_edu._runtime import synchronize
 from mamba_edu.profiling.bubbles import forward_range, forward_window, load_trace, trace_events
-
-FORWARD_RANGE = "prefill_forward"
+from mamba_edu.profiling.ranges import FORWARD_RANGE
 
 
 @dataclass(frozen=True)
@@ -83,11 +83,6 @@ def quiet_profiler_logs(prefixes: tuple[str, ...] = PROFILER_LOG_PREFIXES):
             if kept:
                 sys.stderr.write("".join(kept))
                 sys.stderr.flush()
-
-
-def _synchronize() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def record_trace(
@@ -134,10 +129,10 @@ def record_trace(
     with logs, profile(activities=activities, schedule=plan, on_trace_ready=on_trace_ready) as prof:
         for _ in range(wait + warmup + active):
             args = (setup(),) if setup is not None else ()
-            _synchronize()  # the setup's uploads must not overlap the forward
+            synchronize()  # the setup's uploads must not overlap the forward
             with record_function(range_name):
                 fn(*args)
-            _synchronize()
+            synchronize()
             prof.step()
     return RecordedTrace(chrome, run, range_name)
 

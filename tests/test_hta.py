@@ -70,14 +70,14 @@ def test_hta_agrees_without_rounding_and_the_span_explains_the_rest(tmp_path, mo
     lead = first_gpu - ours.start  # idle before the first kernel: ours only
     assert 0 < lead < 500 and last_gpu == ours.end
     assert hta["idle_us"] == pytest.approx(ours.idle_us - lead, abs=0.1)
-    assert hta["idle_pct"] == pytest.approx(100 * ours.bubble_fraction, abs=0.01)  # 95.40 vs 95.41
-    assert round(100 * ours.bubble_fraction, 1) == round(hta["idle_pct"], 1) == 95.4
+    assert hta["idle_pct"] == pytest.approx(100 * ours.idle_fraction, abs=0.01)  # 95.40 vs 95.41
+    assert round(100 * ours.idle_fraction, 1) == round(hta["idle_pct"], 1) == 95.4
 
 
 def test_hta_default_rounding_makes_96_6_percent(tmp_path, monkeypatch):
     ours = analyze_trace(TRACE)
     hta = hta_breakdown(tmp_path, monkeypatch, rounding=True)
-    assert round(hta["idle_pct"], 1) == 96.6 and round(100 * ours.bubble_fraction, 1) == 95.4
+    assert round(hta["idle_pct"], 1) == 96.6 and round(100 * ours.idle_fraction, 1) == 95.4
     # Our analysis of the inward-rounded trace sees HTA's GPU work exactly.
     rounded = analyze_trace(rounded_inward(load_trace(TRACE)))
     assert hta["busy_us"] == pytest.approx(rounded.gpu_busy_us, abs=0.5)

@@ -12,7 +12,7 @@ from mamba_edu.kernels.inputs import random_pool, random_prefill_inputs
 def test_chunk_meta_tables():
     meta = build_chunk_meta([1, 64, 65], "cpu", state_indices=[2, 0, 1])
     assert meta.counts == (1, 1, 2) and meta.offsets == (0, 1, 2, 4)
-    assert (meta.N, meta.T, meta.NT, meta.max_len) == (3, 130, 4, 65)
+    assert (meta.N, meta.T, meta.NT) == (3, 130, 4)
     assert meta.cu_seqlens.tolist() == [0, 1, 65, 130]
     assert meta.chunk_indices.tolist() == [[0, 0], [1, 0], [2, 0], [2, 1]]
     assert meta.chunk_offsets.tolist() == [0, 1, 2, 4]

@@ -66,7 +66,7 @@ def test_exact_busy_idle_and_bubbles():
     assert (a.start, a.end) == (0, 120)  # extended to the last GPU event the range launched
     assert a.gpu_busy == [(5, 42), (70, 90), (105, 120)]  # overlap on two streams counted once
     assert a.gpu_busy_us == 72 and a.idle_us == 48
-    assert a.bubble_fraction == pytest.approx(48 / 120)
+    assert a.idle_fraction == pytest.approx(48 / 120)
     assert [(b.start, b.end) for b in a.bubbles] == [(0, 5), (42, 70), (90, 105)]
     assert a.bubble_us == 48
 

@@ -42,7 +42,7 @@ def test_real_cpu_trace_is_analysed(tmp_path):
     rec, _ = record(tmp_path)
     a = analyze_trace(rec.chrome_trace, rec.range_name, label="naive")
     assert a.wall_us > 0 and a.cpu_busy
-    assert a.gpu_busy == [] and a.bubble_fraction == 1.0  # no GPU: the whole forward is idle
+    assert a.gpu_busy == [] and a.idle_fraction == 1.0  # no GPU: the whole forward is idle
     names = {e.name for e in trace_events(load_trace(rec.chrome_trace))}
     assert {"aten::nonzero", "aten::index"} <= names
     path = tmp_path / "timeline.png"

@@ -9,7 +9,7 @@ one machine:
   before the synchronize): when it is close to TTFT, the forward is launch-bound;
 * **syncs per forward** — counted by the sniffer (:func:`mamba_edu.profiling.count_syncs`), and on
   a GPU also read from the trace (``cudaStreamSynchronize`` and friends);
-* **GPU busy time and bubble fraction** — from one forward recorded with ``torch.profiler``;
+* **GPU busy time and idle fraction** — from one forward recorded with ``torch.profiler``;
 * **speedup** over ``naive`` in the same case;
 * for the sync-free strategies on a GPU, the same prefill **captured in a CUDA graph** and
   replayed: one graph per batch shape, as a serving engine captures one per batch bucket.
@@ -137,7 +137,7 @@ class Result:
     trace_syncs: int | None = None   # host waits in the GPU trace
     sync_guard: bool | None = None   # passed torch.cuda.set_sync_debug_mode("error")
     gpu_busy_ms: float | None = None
-    bubble_fraction: float | None = None
+    idle_fraction: float | None = None
     speedup: float | None = None     # naive eager TTFT / this TTFT, same case
     host_ms: float | None = None     # median time until the call returned (launches, no sync)
     error: str | None = None         # why this measurement failed
@@ -223,7 +223,7 @@ def profile_into(row: Result, forward, setup, trace_dir: Path | None) -> None:
                        min_cpu_us=TRIM_CPU_US)
     if analysis.has_gpu:  # a CPU forward (also --device cpu on a GPU machine) has no GPU lane
         row.gpu_busy_ms = analysis.gpu_busy_us / 1e3
-        row.bubble_fraction = analysis.bubble_fraction
+        row.idle_fraction = analysis.idle_fraction
         row.trace_syncs = analysis.n_syncs
 
 
@@ -279,9 +279,14 @@ def write_results(rows: list[Result], out: Path, meta: dict) -> None:
         writer.writerows(asdict(r) for r in rows)
 
 
+RENAMED_KEYS = {"bubble_fraction": "idle_fraction"}  # results written before the rename
+
+
 def load_results(out: Path) -> list[Result]:
-    """The rows of ``out/results.json``, e.g. measured on a GPU and drawn elsewhere."""
-    return [Result(**row) for row in json.loads((out / "results.json").read_text())["results"]]
+    """The rows of ``out/results.json``, e.g. measured on a GPU and drawn elsewhere (also files
+    written before a field was renamed, see :data:`RENAMED_KEYS`)."""
+    rows = json.loads((out / "results.json").read_text())["results"]
+    return [Result(**{RENAMED_KEYS.get(key, key): value for key, value in row.items()}) for row in rows]
 
 
 def make_figures(rows: list[Result], out: Path) -> list[Path]:
@@ -323,7 +328,7 @@ def format_table(rows: list[Result]) -> str:
     lines = [f"{'case':<22}{'strategy':<18}{'TTFT ms':>9}{'busy ms':>9}{'idle %':>8}"
              f"{'syncs':>7}{'trace':>7}{'speedup':>9}{'host ms':>9}"]
     for r in rows:
-        idle = None if r.bubble_fraction is None else 100 * r.bubble_fraction
+        idle = None if r.idle_fraction is None else 100 * r.idle_fraction
         line = (f"{r.case:<22}{r.label:<18}{cell(r.ttft_ms, '.2f', 9)}{cell(r.gpu_busy_ms, '.2f', 9)}"
                 f"{cell(idle, '.1f', 8)}{cell(r.syncs, 'd', 7)}{cell(r.trace_syncs, 'd', 7)}"
                 f"{cell(r.speedup, '.2f', 9)}{cell(r.host_ms, '.2f', 9)}")

@@ -18,7 +18,7 @@ from mamba_edu.exercises.nb06 import toy_batch
 from mamba_edu.kernels import build_chunk_meta, gdn_prefill
 from mamba_edu.profiling import count_syncs
 from mamba_edu.serving import SCRATCH_SLOT
-from mamba_edu.serving.tracking import host_track_plan
+from mamba_edu.serving.tracking import host_track_indices
 from mamba_edu.testing import check as compare
 
 NOTEBOOK = "08_zero_syncs_and_graphs"
@@ -30,7 +30,7 @@ _FIELDS = ("dst", "conv_positions", "checkpoint", "from_final", "chunks")
 @exercise(NOTEBOOK, 1, "the host plan of sync_free", "my_host_plan")
 def check_host_plan(fn) -> str:
     """Random batches (tracked at a checkpoint or the final state, untracked, after a prefix);
-    compare with ``host_track_plan`` field by field; reading a device tensor is a sync."""
+    compare with ``host_track_indices`` field by field; reading a device tensor is a sync."""
     rng = random.Random(9)
     for trial in range(30):
         size = rng.randint(1, 6)
@@ -38,7 +38,7 @@ def check_host_plan(fn) -> str:
         prefix = [rng.choice([0, 0, 64]) for _ in range(size)]
         W = rng.randint(2, 5)
         batch = toy_batch(prefix, extend, cache_chunk=rng.choice([64, 128]), seed=trial)
-        want = host_track_plan(batch, W)
+        want = host_track_indices(batch, W)
         with count_syncs() as syncs:
             got = fn(batch, W)
         if syncs.count:
@@ -56,7 +56,7 @@ def check_host_plan(fn) -> str:
                                      f"rows keep their place and write the scratch slot {SCRATCH_SLOT} {what}")
             if g != w:
                 raise AssertionError(f"{name} = {g}; expected {w} {what}")
-    return "30 random batches match host_track_plan, one entry per row, 0 syncs"
+    return "30 random batches match host_track_indices, one entry per row, 0 syncs"
 
 
 @exercise(NOTEBOOK, 2, "checkpoint bytes saved by fusing", "my_checkpoint_bytes")

@@ -73,7 +73,7 @@ class ChunkMeta:
 
     Host fields: ``lengths`` (N ints), ``counts`` = ⌈L/64⌉ per sequence, ``offsets`` [N+1]
     (exclusive cumsum of ``counts``: sequence n's checkpoints are rows ``offsets[n]:offsets[n+1]``),
-    ``N``, ``T``, ``NT`` = Σ counts, ``max_len``.
+    ``N``, ``T``, ``NT`` = Σ counts.
 
     Device int32 tensors (views of one uploaded buffer):
         cu_seqlens:     ``[N+1]`` token offsets of the sequences.
@@ -93,8 +93,6 @@ class ChunkMeta:
     N: int
     T: int
     NT: int
-    max_len: int
-    device: torch.device
     cu_seqlens: torch.Tensor
     chunk_indices: torch.Tensor
     chunk_offsets: torch.Tensor
@@ -138,5 +136,5 @@ def build_chunk_meta(lengths: Sequence[int], device, *, state_indices: Sequence[
     uploaded = dict(zip(extras, views[3:]))
     return ChunkMeta(
         lengths=tuple(lengths), counts=tuple(counts), offsets=tuple(offsets), N=len(lengths),
-        T=cu[-1], NT=offsets[-1], max_len=max(lengths), device=torch.device(device),
+        T=cu[-1], NT=offsets[-1],
         cu_seqlens=cu_t, chunk_indices=table_t.view(-1, 2), chunk_offsets=offsets_t, **uploaded)

@@ -44,8 +44,11 @@ import torch
 import triton
 import triton.language as tl
 
+from mamba_edu.gdn.varlen import CHUNK as _CHUNK
 from mamba_edu.kernels.tiles import (as_vector, gate_values, l2norm_rows, load_rows, store_rows,
                                      tuning_configs)
+
+CHUNK = tl.constexpr(_CHUNK)  # rows per chunk (64): a compile-time constant inside the kernels
 
 
 @triton.jit
@@ -169,7 +172,7 @@ def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
     i_chunk = tl.program_id(0)
     hv = tl.program_id(1)
     seq = tl.load(chunk_idx_ptr + 2 * i_chunk)
-    bos = tl.load(cu_ptr + seq) + 64 * tl.load(chunk_idx_ptr + 2 * i_chunk + 1)
+    bos = tl.load(cu_ptr + seq) + CHUNK * tl.load(chunk_idx_ptr + 2 * i_chunk + 1)
     eos = tl.load(cu_ptr + seq + 1)
     # Rows below bos do not exist: the other value heads of the group store no k̂.
     k_hat_end = tl.where(hv % (HV // H) == 0, eos, bos)
@@ -298,22 +301,22 @@ def chunk_scan_kernel(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool
         track_ptr = pool_ptr + (track_slot * HV + hv) * HEAD + slab
 
     work = w_ptr.dtype.element_ty
-    r = tl.arange(0, 64)
+    r = tl.arange(0, CHUNK)
     for c in range(0, n_chunks):
         tl.store(h_ptr + ((first_chunk + c) * HV + hv) * HEAD + slab,
                  S.to(h_ptr.dtype.element_ty), mask=slab_mask)
         if TRACK:
             tl.store(track_ptr, S, mask=slab_mask & (as_vector(track_chunk, rk) == c)[:, None])
-        t0 = bos + 64 * c
+        t0 = bos + CHUNK * c
         valid = t0 + r < eos
-        k = load_rows(k_hat_ptr + hk * K, t0, eos, H * K, 0, K, 64, BK)
-        w = load_rows(w_ptr + hv * K, t0, eos, HV * K, 0, K, 64, BK)
-        u = load_rows(u_ptr + hv * V, t0, eos, HV * V, v0, V, 64, BV).to(tl.float32)
+        k = load_rows(k_hat_ptr + hk * K, t0, eos, H * K, 0, K, CHUNK, BK)
+        w = load_rows(w_ptr + hv * K, t0, eos, HV * K, 0, K, CHUNK, BK)
+        u = load_rows(u_ptr + hv * V, t0, eos, HV * V, v0, V, CHUNK, BV).to(tl.float32)
         gamma = tl.load(gamma_ptr + (t0 + r) * HV + hv, mask=valid, other=0.0)
-        gamma_last = tl.load(gamma_ptr + (tl.minimum(t0 + 64, eos) - 1) * HV + hv)
+        gamma_last = tl.load(gamma_ptr + (tl.minimum(t0 + CHUNK, eos) - 1) * HV + hv)
 
         v_new = u - tl.dot(w, S.to(work))
-        store_rows(v_new_ptr + hv * V, v_new, t0, eos, HV * V, v0, V, 64, BV)
+        store_rows(v_new_ptr + hv * V, v_new, t0, eos, HV * V, v0, V, CHUNK, BV)
         # Row s of Ṽ reaches the chunk end decayed by e^{Γ_C − Γ_s}; mask before exp (padded
         # rows would otherwise give 0·inf).
         to_end = tl.exp(tl.where(valid, gamma_last - gamma, float("-inf")))
@@ -336,17 +339,17 @@ def chunk_output_kernel(q_ptr, k_hat_ptr, v_new_ptr, h_ptr, gamma_ptr, o_ptr, cu
     i_chunk = tl.program_id(1)
     hv = tl.program_id(2)
     seq = tl.load(chunk_idx_ptr + 2 * i_chunk)
-    bos = tl.load(cu_ptr + seq) + 64 * tl.load(chunk_idx_ptr + 2 * i_chunk + 1)
+    bos = tl.load(cu_ptr + seq) + CHUNK * tl.load(chunk_idx_ptr + 2 * i_chunk + 1)
     eos = tl.load(cu_ptr + seq + 1)
     hk = hv // (HV // H)
-    r = tl.arange(0, 64)
+    r = tl.arange(0, CHUNK)
     valid = bos + r < eos
 
     work = k_hat_ptr.dtype.element_ty
-    q = scale * l2norm_rows(load_rows(q_ptr + hk * K, bos, eos, stride_q, 0, K, 64, BK)
+    q = scale * l2norm_rows(load_rows(q_ptr + hk * K, bos, eos, stride_q, 0, K, CHUNK, BK)
                             .to(tl.float32), USE_L2NORM)
-    k = load_rows(k_hat_ptr + hk * K, bos, eos, H * K, 0, K, 64, BK)
-    v_new = load_rows(v_new_ptr + hv * V, bos, eos, HV * V, v0, V, 64, BV)
+    k = load_rows(k_hat_ptr + hk * K, bos, eos, H * K, 0, K, CHUNK, BK)
+    v_new = load_rows(v_new_ptr + hv * V, bos, eos, HV * V, v0, V, CHUNK, BV)
     gamma = tl.load(gamma_ptr + (bos + r) * HV + hv, mask=valid, other=0.0)
     # Row i_chunk of h is this chunk's start state (chunks are numbered like the checkpoints).
     rk = tl.arange(0, BK)
@@ -360,7 +363,7 @@ def chunk_output_kernel(q_ptr, k_hat_ptr, v_new_ptr, h_ptr, gamma_ptr, o_ptr, cu
     attn = tl.dot(q.to(work), tl.trans(k)) * decay
     o = tl.dot((q * tl.exp(gamma)[:, None]).to(h.dtype), h)
     o = tl.dot(attn.to(work), v_new, o)
-    store_rows(o_ptr + hv * V, o, bos, eos, HV * V, v0, V, 64, BV)
+    store_rows(o_ptr + hv * V, o, bos, eos, HV * V, v0, V, CHUNK, BV)
 
 
 def _block(d: int) -> int:

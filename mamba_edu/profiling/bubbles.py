@@ -135,7 +135,7 @@ class TraceAnalysis:
         return sum(b.duration for b in self.bubbles)
 
     @property
-    def bubble_fraction(self) -> float:
+    def idle_fraction(self) -> float:
         return self.idle_us / self.wall_us if self.wall_us > 0 else 0.0
 
     @property
@@ -154,7 +154,7 @@ class TraceAnalysis:
             "wall_ms": self.wall_us / 1e3,
             "gpu_busy_ms": self.gpu_busy_us / 1e3,
             "idle_ms": self.idle_us / 1e3,
-            "bubble_fraction": self.bubble_fraction,
+            "idle_fraction": self.idle_fraction,
             "bubbles": len(self.bubbles),
             "syncs": self.n_syncs,
             "dtoh_copies": self.n_dtoh,

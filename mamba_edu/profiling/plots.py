@@ -43,7 +43,7 @@ def _describe(a: TraceAnalysis) -> str:
     if not a.has_gpu:
         return f"{a.label}: {a.wall_us / 1e3:.2f} ms, CPU-only trace (no GPU lane, so no bubbles)"
     return (f"{a.label}: {a.wall_us / 1e3:.2f} ms, GPU busy {a.gpu_busy_us / 1e3:.2f} ms, "
-            f"idle {100 * a.bubble_fraction:.0f}%, {len(a.bubbles)} bubbles, {a.n_syncs} syncs")
+            f"idle {100 * a.idle_fraction:.0f}%, {len(a.bubbles)} bubbles, {a.n_syncs} syncs")
 
 
 def draw_lanes(ax: Axes, a: TraceAnalysis) -> None:

@@ -78,7 +78,7 @@ def report(a: TraceAnalysis, path: Path, top: int) -> str:
                      f"bubbles (host waits found: {a.n_syncs})")
         return "\n".join(lines)
     lines.append(f"  wall {a.wall_us / 1e3:.2f} ms, GPU busy {a.gpu_busy_us / 1e3:.2f} ms, "
-                 f"idle {a.idle_us / 1e3:.2f} ms = {100 * a.bubble_fraction:.1f} % of the wall time")
+                 f"idle {a.idle_us / 1e3:.2f} ms = {100 * a.idle_fraction:.1f} % of the wall time")
     lines.append(f"  {len(a.bubbles)} bubbles of at least {a.threshold_us:g} µs "
                  f"({a.bubble_us / 1e3:.2f} ms); {a.n_syncs} host waits (syncs), "
                  f"{a.n_dtoh} device-to-host copies")

@@ -44,10 +44,10 @@ class LinearAttentionBackend:
     def init_forward_metadata(self, batch: ForwardBatch) -> ForwardMetadata:
         """Prepare one forward of ``batch``: chunk metadata and the strategy's indices."""
         with profile_range("init_forward_metadata"):
-            plan = self.strategy.host_plan(batch, self.conv_width) if batch.mode == "extend" else None
+            plan = self.strategy.host_indices(batch, self.conv_width) if batch.mode == "extend" else None
             meta = build_chunk_meta(batch.extend_lens, batch.cu_seqlens.device,
                                     state_indices=batch.working_slots, **self.strategy.chunk_meta_args(plan))
-            md = ForwardMetadata(batch, self.conv_width, meta, host_plan=plan)
+            md = ForwardMetadata(batch, self.conv_width, meta, host_indices=plan)
             if batch.mode == "extend":
                 self.strategy.prepare(md)
                 md.prefill_args = dict(meta=meta, state_indices=meta.state_indices,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mamba_edu.kernels.metadata import upload_host_lists
-from mamba_edu.serving.planning import TrackPlan
+from mamba_edu.serving.planning import TrackDecision
 
 
 @dataclass(eq=False)
@@ -21,7 +21,7 @@ class ForwardBatch:
 
     Host (CPU lists, length N): ``rids``, ``prefix_lens`` P, ``extend_lens`` E,
     ``working_slots``, ``track_slots``, ``track_mask``, ``track_lens`` (P + A or −1), ``plans``
-    (:class:`TrackPlan` per request, extend only), ``token_ranges`` ((start, stop) in the packed batch).
+    (:class:`TrackDecision` per request, extend only), ``token_ranges`` ((start, stop) in the packed batch).
 
     Device tensors:
         input_ids, positions: ``[T]`` int64 (positions count from 0 at the sequence start, so a
@@ -64,7 +64,7 @@ class ForwardBatch:
     prefix_kv: list
     attn_masks: list
     n_attn_layers: int
-    plans: list[TrackPlan] = field(default_factory=list)
+    plans: list[TrackDecision] = field(default_factory=list)
     decode_track_slots_t: torch.Tensor | None = None
     kv_out: list = field(default_factory=list)
 
@@ -98,7 +98,7 @@ def _check_ints(name: str, values, n: int | None, minimum: int) -> list[int]:
 
 
 def build_extend_batch(rids: list, token_ids: list[list[int]], prefix_lens: list[int],
-                       working_slots: list[int], plans: list[TrackPlan], prefix_kv: list,
+                       working_slots: list[int], plans: list[TrackDecision], prefix_kv: list,
                        n_attn_layers: int, device) -> ForwardBatch:
     """A prefill (extend) :class:`ForwardBatch` from host lists, uploaded with one pinned copy.
 
@@ -116,8 +116,8 @@ def build_extend_batch(rids: list, token_ids: list[list[int]], prefix_lens: list
             raise ValueError(f"token_ids[{i}] must be a non-empty list of ints >= 0 (not bools)")
     _check_ints("prefix_lens", prefix_lens, n, 0)
     _check_ints("working_slots", working_slots, n, 0)
-    if not isinstance(plans, (list, tuple)) or len(plans) != n or not all(isinstance(p, TrackPlan) for p in plans):
-        raise ValueError(f"plans must be a list of N={n} TrackPlan (from plan_tracking)")
+    if not isinstance(plans, (list, tuple)) or len(plans) != n or not all(isinstance(p, TrackDecision) for p in plans):
+        raise ValueError(f"plans must be a list of N={n} TrackDecision (from plan_tracking)")
     for i, (p, seq, pre) in enumerate(zip(plans, token_ids, prefix_lens)):
         if (p.prefix_len, p.extend_len) != (pre, len(seq)):
             raise ValueError(f"plans[{i}] was planned for P={p.prefix_len}, E={p.extend_len}; the batch has "
@@ -148,7 +148,7 @@ def build_decode_batch(rids: list, input_ids: torch.Tensor, seq_lens: list[int],
 
 
 def build_batch(mode: str, rids: list, token_ids: list[list[int]] | None, prefix_lens: list[int],
-                working_slots: list[int], plans: list[TrackPlan] | None, prefix_kv: list,
+                working_slots: list[int], plans: list[TrackDecision] | None, prefix_kv: list,
                 n_attn_layers: int, device, input_ids: torch.Tensor | None = None,
                 decode_track_slots: list[int] | None = None) -> ForwardBatch:
     """Assemble a :class:`ForwardBatch` from host lists (one upload): :func:`build_extend_batch`

@@ -17,7 +17,7 @@ from mamba_edu.gdn import CHUNK
 
 
 @dataclass(frozen=True)
-class TrackPlan:
+class TrackDecision:
     """One request's tracking decision (all host integers).
 
     ``aligned`` is A (0 when untracked); ``track_len`` is ``P + A`` or −1; ``checkpoint`` is the
@@ -54,7 +54,7 @@ def check_cache_chunk(cache_chunk: int) -> int:
     return cache_chunk
 
 
-def plan_tracking(prefix_len: int, extend_len: int, cache_chunk: int, track_slot: int) -> TrackPlan:
+def plan_tracking(prefix_len: int, extend_len: int, cache_chunk: int, track_slot: int) -> TrackDecision:
     """The tracking decision for one request (see the module docstring)."""
     check_cache_chunk(cache_chunk)
     for name, value, minimum in (("prefix_len", prefix_len, 0), ("extend_len", extend_len, 1),
@@ -63,4 +63,4 @@ def plan_tracking(prefix_len: int, extend_len: int, cache_chunk: int, track_slot
             raise ValueError(f"{name} must be an int >= {minimum} (not a bool); got {value!r}")
     tracked = extend_len >= cache_chunk
     aligned = (extend_len // cache_chunk) * cache_chunk if tracked else 0
-    return TrackPlan(prefix_len, extend_len, tracked, aligned, track_slot)
+    return TrackDecision(prefix_len, extend_len, tracked, aligned, track_slot)

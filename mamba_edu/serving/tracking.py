@@ -90,7 +90,7 @@ def sglang_track_metadata(batch: ForwardBatch, conv_width: int) -> TrackIndices 
 
 
 @dataclass
-class HostTrackPlan:
+class HostTrackIndices:
     """Fixed-size (one entry per row) host lists behind :func:`track_indices_on_host`."""
 
     dst: list[int]
@@ -100,10 +100,10 @@ class HostTrackPlan:
     chunks: list[int]  # A/64 for tracked rows, −1 otherwise (the fused kernel's track_chunks)
 
 
-def host_track_plan(batch: ForwardBatch, conv_width: int) -> HostTrackPlan:
+def host_track_indices(batch: ForwardBatch, conv_width: int) -> HostTrackIndices:
     """Every row's indices from the scheduler's CPU lists; untracked rows go to the scratch slot."""
     offsets = checkpoint_offsets(batch.extend_lens)
-    out = HostTrackPlan([], [], [], [], [])
+    out = HostTrackIndices([], [], [], [], [])
     for i, plan in enumerate(batch.plans):
         start = batch.token_ranges[i][0]
         if plan.tracked:
@@ -121,8 +121,8 @@ def host_track_plan(batch: ForwardBatch, conv_width: int) -> HostTrackPlan:
     return out
 
 
-def track_indices_on_host(batch: ForwardBatch, plan: HostTrackPlan, device) -> TrackIndices:
-    """Upload a :class:`HostTrackPlan` with one pinned non-blocking copy."""
+def track_indices_on_host(batch: ForwardBatch, plan: HostTrackIndices, device) -> TrackIndices:
+    """Upload a :class:`HostTrackIndices` with one pinned non-blocking copy."""
     dst, conv, working, checkpoint, final = upload_host_lists(
         [plan.dst, [p for row in plan.conv_positions for p in row], batch.working_slots,
          plan.checkpoint, plan.from_final], device)
@@ -136,7 +136,7 @@ class ForwardMetadata:
 
     ``chunk_meta`` is the kernels' host-built batch layout (its ``state_indices`` are the
     working slots); ``track`` the strategy's precomputed indices (None if it has none);
-    ``host_plan`` the host lists of sync_free/fused; ``prefill_args`` the keyword arguments every
+    ``host_indices`` the host lists of sync_free/fused; ``prefill_args`` the keyword arguments every
     layer passes to ``gdn_prefill`` (the same for all layers of the forward, so built once).
     """
 
@@ -144,7 +144,7 @@ class ForwardMetadata:
     conv_width: int
     chunk_meta: object
     track: TrackIndices | None = None
-    host_plan: HostTrackPlan | None = None
+    host_indices: HostTrackIndices | None = None
     prefill_args: dict = field(default_factory=dict)
 
 
@@ -157,7 +157,7 @@ class TrackingStrategy:
     name = "base"
     needs_checkpoints = True
 
-    def host_plan(self, batch: ForwardBatch, conv_width: int) -> HostTrackPlan | None:
+    def host_indices(self, batch: ForwardBatch, conv_width: int) -> HostTrackIndices | None:
         """Host lists built before the chunk metadata (sync_free/fused only)."""
         return None
 
@@ -172,7 +172,7 @@ class TrackingStrategy:
         """Per GDN layer, after the kernel: the rows whose SSM state to save, or None."""
         return md.track
 
-    def chunk_meta_args(self, plan: HostTrackPlan | None) -> dict:
+    def chunk_meta_args(self, plan: HostTrackIndices | None) -> dict:
         """Extra host lists to upload with the kernels' chunk metadata."""
         return {}
 
@@ -220,11 +220,11 @@ class SyncFreeTracking(TrackingStrategy):
 
     name = "sync_free"
 
-    def host_plan(self, batch, conv_width):
-        return host_track_plan(batch, conv_width)
+    def host_indices(self, batch, conv_width):
+        return host_track_indices(batch, conv_width)
 
     def prepare(self, md):
-        md.track = track_indices_on_host(md.batch, md.host_plan, md.batch.cu_seqlens.device)
+        md.track = track_indices_on_host(md.batch, md.host_indices, md.batch.cu_seqlens.device)
 
 
 class FusedTracking(SyncFreeTracking):

@@ -29,6 +29,37 @@ def test_uploaded_indices_remember_host_values():
     assert host_values(t) == (5, -1, 2)
 
 
+@pytest.mark.parametrize("field", ["state_indices", "track_slots", "track_chunks", "cu_seqlens",
+                                   "chunk_indices"])
+def test_meta_changed_in_place_after_build_chunk_meta_is_refused(field):
+    """B6: the checks read the host lists the meta was built from; a tensor written in place
+    afterwards (even after a first layer passed) is refused before any state changes."""
+    x = random_prefill_inputs(LENGTHS, 1, 2, 16, 16, seed=0)
+    meta = build_chunk_meta(LENGTHS, "cpu", state_indices=[1, 0], track_slots=[2, 3],
+                            track_chunks=[1, 2])
+    pool = random_pool(4, 2, 16, 16)
+    gdn_prefill(**x, state_pool=pool, meta=meta, backend="torch")  # checked; the verdict is kept
+    before = pool.clone()
+    getattr(meta, field).view(-1)[0] = 3
+    for backend in ("torch", "triton") if triton_interpreted() else ("torch",):
+        with pytest.raises(ValueError, match=r"meta \(its cu_seqlens.*\) was changed in place after"):
+            gdn_prefill(**x, state_pool=pool, meta=meta, backend=backend)
+        with pytest.raises(ValueError, match="was changed in place"):
+            conv1d_prefill(torch.zeros(sum(LENGTHS), 8), torch.zeros(8, 4),
+                           conv_pool=torch.zeros(4, 8, 3), meta=meta, backend=backend)
+    assert torch.equal(pool, before)
+
+
+def test_uploaded_indices_changed_in_place_are_refused():
+    t = upload_indices([0, 1], "cpu")
+    t[1] = 7
+    with pytest.raises(ValueError, match="state_indices was changed in place"):
+        conv1d_decode(torch.zeros(2, 8), torch.zeros(8, 4), conv_pool=torch.zeros(3, 8, 3),
+                      state_indices=t)
+    assert torch.equal(t, torch.tensor([0, 7], dtype=torch.int32))  # plain tensors: read as they are
+    assert host_values(torch.tensor([0, 7])) == (0, 7)
+
+
 def test_chunk_meta_rejects_bad_lengths():
     with pytest.raises(ValueError, match="lengths"):
         build_chunk_meta([3, 0], "cpu")

@@ -22,18 +22,43 @@ import torch
 from mamba_edu.gdn.varlen import CHUNK, checkpoint_offsets, chunk_counts, cu_offsets
 
 _HOST_ATTR = "_mamba_edu_host_values"
+_VERSION_ATTR = "_mamba_edu_host_version"
 
 
-def host_values(t: torch.Tensor) -> tuple[int, ...] | None:
+def _version(t: torch.Tensor) -> int | None:
+    """``t._version``: PyTorch's count of in-place writes to ``t`` and every view of its buffer,
+    kept on the host (reading it is no sync). ``None`` for inference tensors, which keep none."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
+
+
+def check_unchanged(name: str, t: torch.Tensor) -> None:
+    """Raise ``ValueError`` naming ``name`` if ``t`` remembers host values (:func:`host_values`)
+    but was written in place since it was uploaded: the remembered values, which the checks read,
+    may no longer be the ones the kernels would read."""
+    if getattr(t, _HOST_ATTR, None) is not None and _version(t) != getattr(t, _VERSION_ATTR, None):
+        raise ValueError(f"{name} was changed in place after it was uploaded by build_chunk_meta or "
+                         "upload_indices (the views of one upload share one buffer), so its "
+                         "remembered host values are stale; build new metadata or upload new "
+                         "indices instead of writing into them")
+
+
+def host_values(t: torch.Tensor, name: str = "the index tensor") -> tuple[int, ...] | None:
     """The host copy of an index tensor's values: the list it was uploaded from for tensors made
     by this module, a CPU tensor's own values, else ``None`` (unknown without a sync).
 
-    The host copy is what gets validated: if you overwrite such a tensor in place (e.g. a CUDA
-    graph's static buffer), keep the new values in range yourself.
+    The host copy is what gets validated, so a tensor made here must not be written in place
+    afterwards: that is detected from its version counter (host-side, no sync) and raises
+    ``ValueError`` naming ``name`` (:func:`check_unchanged`).
     """
     remembered = getattr(t, _HOST_ATTR, None)
-    if remembered is not None or t.device.type != "cpu":
+    if remembered is not None:
+        check_unchanged(name, t)
         return remembered
+    if t.device.type != "cpu":
+        return None
     return tuple(t.tolist())
 
 
@@ -58,6 +83,7 @@ def _upload(parts: Sequence[Sequence[int]], device) -> list[torch.Tensor]:
     views = upload_host_lists(parts, device, torch.int32)
     for view, part in zip(views, parts):
         setattr(view, _HOST_ATTR, tuple(int(x) for x in part))
+        setattr(view, _VERSION_ATTR, _version(view))
     return views
 
 

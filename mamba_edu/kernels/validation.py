@@ -15,7 +15,7 @@ import math
 import torch
 
 from mamba_edu._runtime import triton_interpreted
-from mamba_edu.kernels.metadata import ChunkMeta, host_values
+from mamba_edu.kernels.metadata import ChunkMeta, check_unchanged, host_values
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 INTS = (torch.int32, torch.int64)
@@ -100,6 +100,9 @@ def check_meta(meta, T: int, device: torch.device) -> None:
         raise ValueError(f"meta describes T={meta.T} tokens; the inputs have T={T}")
     if meta.cu_seqlens.device != device:
         raise ValueError(f"meta was built for {meta.cu_seqlens.device}; the inputs are on {device}")
+    # Every index tensor of the meta is a view of one buffer: one version counter covers them all.
+    check_unchanged("meta (its cu_seqlens, chunk_indices, chunk_offsets, state_indices, "
+                    "track_slots or track_chunks)", meta.cu_seqlens)
 
 
 def checked_once(meta: ChunkMeta, key: tuple, tensors: tuple, check):
@@ -120,7 +123,7 @@ def checked_once(meta: ChunkMeta, key: tuple, tensors: tuple, check):
 def host_ints(name: str, t, n: int, device: torch.device) -> list[int]:
     """Check an ``[n]`` integer tensor and return its host values (never read from a GPU)."""
     check_tensor(name, t, (n,), device=device, dtypes=INTS)
-    values = host_values(t)
+    values = host_values(t, name)
     if values is None:
         raise ValueError(f"{name} is a {t.device} tensor whose values are unknown on the host; "
                          f"build it with build_chunk_meta(..., {name}=...) or upload_indices(...) "

@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from mamba_edu import triton_interpreted
-from mamba_edu.gdn import chunk_gated_delta_rule
+from mamba_edu.gdn import chunk_gated_delta_rule, cu_offsets, gdn_gating, recurrent_gated_delta_rule
 from mamba_edu.kernels import build_chunk_meta, gdn_prefill
 from mamba_edu.kernels.prefill import invert_unit_lower
 from mamba_edu.kernels.inputs import random_pool, random_prefill_inputs
@@ -24,10 +24,7 @@ interpreted = pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_
 
 
 def _reference(inputs, pool0, lengths, slots, checkpoints=True):
-    cu = [0]
-    for n in lengths:
-        cu.append(cu[-1] + n)
-    return chunk_gated_delta_rule(**inputs, initial_state=pool0[slots], cu_seqlens=cu,
+    return chunk_gated_delta_rule(**inputs, initial_state=pool0[slots], cu_seqlens=cu_offsets(lengths),
                                   use_qk_l2norm=True, output_checkpoints=checkpoints)
 
 
@@ -53,6 +50,37 @@ def test_prefill_matches_reference(backend):
         assert rel_err(pool[slot], expected) <= 1e-4, (n, slot, chunk)
     untouched = sorted(set(range(SLOTS)) - set(STATE_SLOTS) - set(TRACK_SLOTS))
     assert torch.equal(pool[untouched], pool0[untouched])
+
+
+@interpreted
+@pytest.mark.parametrize("gating", ["g", "raw"])
+def test_prefill_with_infinite_decay_matches_the_recurrence(gating):
+    """B5: g = −inf (the state wiped at that token), or A_log = 100 with the raw gating (exp
+    overflows; with a softplus that underflowed, inf · 0): the Triton prefill stays finite and
+    matches the token-by-token recurrence."""
+    lengths, slots = [70, 5], [1, 0]
+    x = random_prefill_inputs(lengths, 1, 2, 16, 16, seed=5)
+    T = sum(lengths)
+    if gating == "g":
+        g = x["g"].clone()
+        g[3, 0] = g[66, 1] = g[71, 0] = float("-inf")
+        gates, ref_g, ref_beta = dict(g=g, beta=x["beta"]), g, x["beta"]
+    else:
+        gen = torch.Generator().manual_seed(6)
+        a, b = torch.randn(T, 2, generator=gen), torch.randn(T, 2, generator=gen)
+        a[10, 0] = a[72, 0] = -200.0  # softplus underflows to 0
+        A_log, dt_bias = torch.tensor([100.0, 0.0]), torch.zeros(2)
+        gates = dict(a=a, b=b, A_log=A_log, dt_bias=dt_bias)
+        ref_g, ref_beta = gdn_gating(A_log, a, b, dt_bias)
+    pool = random_pool(2, 2, 16, 16)
+    pool0 = pool.clone()
+    meta = build_chunk_meta(lengths, "cpu", state_indices=slots)
+    o, _ = gdn_prefill(x["q"], x["k"], x["v"], **gates, state_pool=pool, meta=meta, backend="triton")
+    ref = recurrent_gated_delta_rule(x["q"], x["k"], x["v"], ref_g, ref_beta, initial_state=pool0[slots],
+                                     cu_seqlens=cu_offsets(lengths), use_qk_l2norm=True)
+    assert torch.isfinite(o).all() and torch.isfinite(pool).all()
+    assert rel_err(o, ref.o) <= 1e-4
+    assert rel_err(pool[slots], ref.final_state) <= 1e-4
 
 
 @interpreted

@@ -49,6 +49,10 @@ from mamba_edu.kernels.tiles import (as_vector, gate_values, l2norm_rows, load_r
                                      tuning_configs)
 
 CHUNK = tl.constexpr(_CHUNK)  # rows per chunk (64): a compile-time constant inside the kernels
+# g is floored here before Γ is summed: with g = −inf, Γ_s − Γ_j would be (−inf) − (−inf) = NaN.
+# Below about −104 fp32's exp is 0, so every decay factor spanning a floored step is 0 either way
+# (the chunked reference floors at −1000 in fp64); 64 floored steps keep |Γ| ≤ 7040, finite.
+G_FLOOR = tl.constexpr(-110.0)
 
 
 @triton.jit
@@ -97,7 +101,7 @@ def _gate_rows(g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr, t0, eos, hv, 
     if GATED:
         g, beta = gate_values(g, beta, tl.load(A_log_ptr + hv), tl.load(dt_bias_ptr + hv))
     # Padded rows have g = β = 0: Γ stays flat there and their rows of L, W, U are zero.
-    g = tl.where(valid, g, 0.0)
+    g = tl.where(valid, tl.maximum(g, G_FLOOR), 0.0)
     gamma = gamma_before + tl.cumsum(g, 0)
     tl.store(gamma_ptr + rows * HV + hv, gamma, mask=valid)
     return gamma, tl.where(valid, beta, 0.0), gamma_before + tl.sum(g, 0)

@@ -50,7 +50,10 @@ def gate_values(a, b, A_log, dt_bias):
     strength ``β = sigmoid(b)`` from the raw projections, in fp32 (any matching shapes)."""
     x = a.to(tl.float32) + dt_bias.to(tl.float32)
     softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
-    return -tl.exp(A_log.to(tl.float32)) * softplus, tl.sigmoid(b.to(tl.float32))
+    # exp(A_log) capped at the largest fp32, as gdn_gating does: an A_log of 100 would give inf,
+    # and inf · 0 (a softplus that underflowed) is NaN; capped, g is −inf or finite.
+    rate = tl.minimum(tl.exp(A_log.to(tl.float32)), 3.4028234663852886e38)
+    return -rate * softplus, tl.sigmoid(b.to(tl.float32))
 
 
 @triton.jit

@@ -57,20 +57,27 @@ def check_unit_lower_inverse(fn) -> str:
     return "(I + L)·T = I for chunk sizes 1, 7 and 64, without torch.linalg"
 
 
+def packed_checkpoints(lengths: list[int], H: int, HV: int, K: int, V: int, *, seed: int):
+    """A random packed batch (mild decays) through the chunked GDN with checkpoints and the q/k
+    L2 norm: returns ``((q, k, v, g, beta), cu_seqlens as host ints, checkpoints)``."""
+    gen = torch.Generator().manual_seed(seed)
+    T = sum(lengths)
+    q, k = torch.randn(2, T, H, K, generator=gen)
+    v = torch.randn(T, HV, V, generator=gen)
+    g, beta = -torch.rand(T, HV, generator=gen) * 0.1, torch.rand(T, HV, generator=gen)
+    cu = cu_offsets(lengths)
+    ckpts = chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=torch.tensor(cu), use_qk_l2norm=True,
+                                   output_checkpoints=True).checkpoints
+    return (q, k, v, g, beta), cu, ckpts
+
+
 @exercise(NOTEBOOK, 2, "find a checkpoint row", "my_checkpoint_row")
 def check_checkpoint_row(fn) -> str:
     """Ask ``fn`` for every (sequence, token count) of a packed batch. The checkpoint tensor of a
     real run decides: every row named must hold the recurrence's state after that many tokens,
     and ``None`` is right exactly where no row holds it."""
     lengths = [70, 5, 130, 64]
-    gen = torch.Generator().manual_seed(4)
-    T, H, K, V = sum(lengths), 1, 4, 4
-    q, k = torch.randn(2, T, H, K, generator=gen)
-    v = torch.randn(T, H, V, generator=gen)
-    g, beta = -torch.rand(T, H, generator=gen) * 0.1, torch.rand(T, H, generator=gen)
-    cu = torch.tensor(cu_offsets(lengths))
-    ckpts = chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, use_qk_l2norm=True,
-                                   output_checkpoints=True).checkpoints
+    (q, k, v, g, beta), cu, ckpts = packed_checkpoints(lengths, 1, 1, 4, 4, seed=4)
     # What the run holds: rows offsets[n] … offsets[n+1]-1 are the states after 0, 64, 128, … tokens.
     offsets = checkpoint_offsets(lengths)
     held = {(n, 64 * j): offsets[n] + j for n in range(len(lengths)) for j in range(offsets[n + 1] - offsets[n])}

@@ -14,8 +14,9 @@ import random
 import torch
 
 from mamba_edu.exercises.core import checker, exercise
+from mamba_edu.exercises.nb02 import packed_checkpoints
 from mamba_edu.exercises.nb06 import strategy_syncs, toy_batch
-from mamba_edu.gdn import chunk_gated_delta_rule, cu_offsets, recurrent_gated_delta_rule
+from mamba_edu.gdn import recurrent_gated_delta_rule
 from mamba_edu.profiling import count_syncs
 from mamba_edu.serving.tracking import sglang_track_metadata
 
@@ -61,15 +62,8 @@ def check_precomputed_indices(fn) -> str:
 def check_checkpoint_row(fn) -> str:
     """Run the chunked GDN with checkpoints on a packed batch and compare the row ``fn`` names
     with the token-by-token state after ``aligned`` tokens of that request."""
-    gen = torch.Generator().manual_seed(8)
     lengths = [70, 200, 64, 129, 1, 128]
-    T, H, HV, K, V = sum(lengths), 1, 2, 8, 8
-    q, k = torch.randn(2, T, H, K, generator=gen)
-    v = torch.randn(T, HV, V, generator=gen)
-    g, beta = -torch.rand(T, HV, generator=gen) * 0.1, torch.rand(T, HV, generator=gen)
-    cu = torch.tensor(cu_offsets(lengths))
-    h = chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, use_qk_l2norm=True,
-                               output_checkpoints=True).checkpoints
+    (q, k, v, g, beta), cu, h = packed_checkpoints(lengths, 1, 2, 8, 8, seed=8)
     n = 0
     for i, length in enumerate(lengths):
         for aligned in range(64, length, 64):

@@ -1,22 +1,18 @@
 """Holistic Trace Analysis (HTA, ``pip install holistictraceanalysis`` or ``.[hta]``) as a second
 opinion on our idle figures, on the committed launch-bound naive trace. Skipped without HTA.
 
-On ``data/runs/launch_bound_1x512/naive.pt.trace.json.gz`` HTA's temporal breakdown says 96.6 %
-idle where :func:`mamba_edu.profiling.analyze_trace` says 95.4 %. The whole difference has two
-causes, each checked here:
+On ``data/runs/launch_bound_1x512/naive.pt.trace.json.gz`` HTA's temporal breakdown reports more
+idle time than :func:`mamba_edu.profiling.analyze_trace` (notebook 09 prints both). The whole
+difference has two causes, each checked here:
 
 1. **Rounding.** HTA's parser rounds every event of a nanosecond-resolution trace inward to whole
    microseconds (start up, end down; "issue with events overlapping", pytorch PR 122425). Most
-   kernels of this forward last a few µs, and each of the 2387 GPU events loses up to 2 µs (1.0 on
-   average): HTA sees 7.08 ms of GPU work instead of 9.50 ms. With ``HTA_DISABLE_NS_ROUNDING=1``
-   its busy time is ours (to 0.03 µs, float64 sums of 13-digit timestamps), and our analysis of
+   kernels of this forward last a few µs, and each GPU event loses up to 2 µs: HTA sees over 1 ms
+   less GPU work. With ``HTA_DISABLE_NS_ROUNDING=1`` its busy time is ours, and our analysis of
    the rounded trace gives its figure.
-2. **The span.** HTA divides by the time from the first GPU event to the last (206.67 ms); we
-   divide by the forward's window, from the start of its ``prefill_forward`` range (206.88 ms).
-   The 0.21 ms before the first kernel is idle for us and outside the span for HTA: 0.004
-   percentage points here.
-
-Without rounding HTA gives 95.40 % idle, the README's 95.4 %.
+2. **The span.** HTA divides by the time from the first GPU event to the last; we divide by the
+   forward's window, from the start of its ``prefill_forward`` range. The time before the first
+   kernel is idle for us and outside the span for HTA.
 """
 
 import math
@@ -70,18 +66,17 @@ def test_hta_agrees_without_rounding_and_the_span_explains_the_rest(tmp_path, mo
     lead = first_gpu - ours.start  # idle before the first kernel: ours only
     assert 0 < lead < 500 and last_gpu == ours.end
     assert hta["idle_us"] == pytest.approx(ours.idle_us - lead, abs=0.1)
-    assert hta["idle_pct"] == pytest.approx(100 * ours.idle_fraction, abs=0.01)  # 95.40 vs 95.41
-    assert round(100 * ours.idle_fraction, 1) == round(hta["idle_pct"], 1) == 95.4
+    assert hta["idle_pct"] == pytest.approx(100 * hta["idle_us"] / hta["span_us"], abs=0.01)
 
 
-def test_hta_default_rounding_makes_96_6_percent(tmp_path, monkeypatch):
+def test_hta_default_rounding_reports_more_idle_time(tmp_path, monkeypatch):
     ours = analyze_trace(TRACE)
     hta = hta_breakdown(tmp_path, monkeypatch, rounding=True)
-    assert round(hta["idle_pct"], 1) == 96.6 and round(100 * ours.idle_fraction, 1) == 95.4
+    assert hta["idle_pct"] > 100 * ours.idle_fraction
     # Our analysis of the inward-rounded trace sees HTA's GPU work exactly.
     rounded = analyze_trace(rounded_inward(load_trace(TRACE)))
     assert hta["busy_us"] == pytest.approx(rounded.gpu_busy_us, abs=0.5)
-    assert ours.gpu_busy_us - hta["busy_us"] > 2000  # ≥ 2 ms of 9.5 lost to rounding
+    assert ours.gpu_busy_us - hta["busy_us"] > 1000  # over 1 ms of GPU work lost to rounding
     n_gpu = sum(1 for e in load_trace(TRACE)["traceEvents"] if e.get("cat") in GPU_CATEGORIES)
     lost = ours.gpu_busy_us - hta["busy_us"]
     assert n_gpu * 0.5 < lost < 2 * n_gpu  # start rounded up, end down: under 2 µs per event

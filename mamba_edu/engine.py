@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from mamba_edu.model.config import ModelConfig
+from mamba_edu.model.hybrid import ModelOutput
 from mamba_edu.serving import (SCRATCH_SLOT, ForwardBatch, LinearAttentionBackend, PoolExhausted,
                                RadixCache, StatePool, plan_tracking)
 from mamba_edu.serving.batch import build_decode_batch, build_extend_batch
@@ -92,7 +93,8 @@ class EngineStats:
 @dataclass
 class CapturedPrefill:
     """A prefill forward captured in a CUDA graph. ``replay()`` reruns it (same batch, same
-    slots) and returns the static ``logits``; ``restore_states()`` puts back the states the
+    slots) and returns the static ``logits``; ``kv`` is the graph's attention KV per sequence
+    (static too, rewritten by each replay); ``restore_states()`` puts back the states the
     batch's slots held before capture, so the next replay starts where eager would."""
 
     graph: object
@@ -101,6 +103,7 @@ class CapturedPrefill:
     _saved: tuple = field(repr=False)
     _pool: StatePool = field(repr=False)
     _metadata: object = field(default=None, repr=False)  # keeps the graph's index tensors alive
+    kv: list | None = field(default=None, repr=False)
 
     def replay(self) -> torch.Tensor:
         self.graph.replay()
@@ -126,8 +129,8 @@ class PreparedPrefill(ForwardBatch):
     engine's) and each step happens at most once; anything else raises before changing state.
 
     ``requests``: the full prompts; ``matches``: their locked prefix matches;
-    ``track_slot_lists``: each request's 1 (or 2, ping-pong) track slots; ``logits``: what the
-    forward returned (None before it).
+    ``track_slot_lists``: each request's 1 (or 2, ping-pong) track slots; ``logits`` and ``kv``:
+    what the forward returned (:class:`~mamba_edu.model.ModelOutput`; None before it).
     """
 
     engine: object = field(default=None, compare=False)
@@ -136,6 +139,7 @@ class PreparedPrefill(ForwardBatch):
     track_slot_lists: list = field(default_factory=list)
     status: str = PREPARED
     logits: torch.Tensor | None = None
+    kv: list | None = None
     captured: CapturedPrefill | None = None
     _started: bool = False  # a forward began (it may have raised half-way)
 
@@ -320,9 +324,9 @@ class Engine:
             self._restore_prepared_states(batch)
         batch._started = True
         self.backend.init_forward_metadata(batch)
-        logits = self._run_model(batch)
-        batch.logits, batch.status = logits, FORWARDED
-        return logits
+        out = self._run_model(batch)
+        batch.logits, batch.kv, batch.status = out.logits, out.kv, FORWARDED
+        return out.logits
 
     def _restore_prepared_states(self, batch: PreparedPrefill) -> None:
         """Put the batch's slots back to what prepare_prefill left: zeros, and the (locked,
@@ -339,10 +343,9 @@ class Engine:
         working and track slots get back the states ``prepare_prefill`` gave them."""
         self._check_prepared(batch, "reset_prefill")
         self._restore_prepared_states(batch)
-        batch.status, batch.logits, batch._started = PREPARED, None, False
+        batch.status, batch.logits, batch.kv, batch._started = PREPARED, None, None, False
 
-    def _run_model(self, batch: ForwardBatch) -> torch.Tensor:
-        batch.reset_kv_out()
+    def _run_model(self, batch: ForwardBatch) -> ModelOutput:
         return self.model(batch, self.backend)
 
     def _donate(self, req: RunningRequest, slot_index: int, length: int) -> None:
@@ -367,25 +370,24 @@ class Engine:
         ``logits``); None means the batch's own.
         """
         self._check_prepared(batch, "finish_prefill")
-        allowed = [t for t in (batch.logits, batch.captured.logits if batch.captured else None) if t is not None]
-        if not allowed:
+        runs = [run for run in (batch, batch.captured) if run is not None and run.logits is not None]
+        if not runs:
             raise ValueError("batch has not been run: call forward_prefill(batch) before finish_prefill "
                              "(or abort_prefill(batch) to give it back)")
-        if logits is None:
-            logits = allowed[0]
-        elif not any(logits is t for t in allowed):
+        run = runs[0] if logits is None else next((r for r in runs if r.logits is logits), None)
+        if run is None:
             shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
             raise ValueError(f"logits must be the tensor forward_prefill(batch) returned for this batch "
                              f"([{batch.size}, {self.config.vocab}]); got another ({shape}): "
                              f"a batch is finished with its own logits")
-        next_tokens = logits.argmax(-1)
+        next_tokens = run.logits.argmax(-1)
         batch.status = FINISHED
         self.pending.difference_update(batch.rids)
         for m in batch.matches:
             self.cache.unlock(m.node)
         for i, (r, plan) in enumerate(zip(batch.requests, batch.plans)):
             req = RunningRequest(r.rid, list(r.token_ids), batch.working_slots[i], batch.track_slot_lists[i],
-                                 0, batch.kv_out[i], next_tokens[i:i + 1])
+                                 0, run.kv[i], next_tokens[i:i + 1])
             self.running[r.rid] = req
             if plan.tracked:
                 req.next_track = (req.next_track + 1) % self.tracks_per_request
@@ -445,8 +447,8 @@ class Engine:
         captured.restore_states()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            logits = self._run_model(batch)
-        captured.graph, captured.logits = graph, logits
+            out = self._run_model(batch)
+        captured.graph, captured.logits, captured.kv = graph, out.logits, out.kv
         captured.restore_states()
         batch.captured = captured  # its replays are this batch's forwards: finish_prefill accepts their logits
         return captured
@@ -478,10 +480,10 @@ class Engine:
             batch = build_decode_batch([r.rid for r in reqs], ids, seq_lens, [r.working_slot for r in reqs],
                                        dst, [r.kv for r in reqs], self.n_attn_layers, self.model.device)
             self.backend.init_forward_metadata(batch)
-            logits = self._run_model(batch)
+            logits, kv = self._run_model(batch)
             self.backend.track_decode(batch)
-            for i, r in enumerate(reqs):
-                r.kv = batch.kv_out[i]
+            for r, r_kv in zip(reqs, kv):
+                r.kv = r_kv
             ids = logits.argmax(-1)
             generated.append(ids)
             all_logits.append(logits)

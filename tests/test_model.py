@@ -1,11 +1,14 @@
 """The hybrid model: preset shapes (docs/conventions.md), layer layout, seeding, scale, profiler ranges."""
 
+from dataclasses import fields
+
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from mamba_edu.engine import Engine, Request
-from mamba_edu.model import PRESETS, ModelConfig, build_model, get_config
+from mamba_edu.model import PRESETS, GDNMixer, ModelConfig, ModelOutput, build_model, get_config
+from mamba_edu.serving import ForwardBatch, GDNLayerParams
 
 
 def test_presets_match_the_design():
@@ -59,7 +62,7 @@ def test_activations_stay_order_one_over_60_layers():
     rms = {}
 
     def record(layer, _inputs, output):
-        x, pending = output  # the stream and the MLP output the next layer's norm adds
+        x, pending, _kv = output  # the stream and the MLP output the next layer's norm adds
         rms[layer.index] = (x + pending).pow(2).mean().sqrt().item()
 
     hooks = [layer.register_forward_hook(record) for layer in model.layers]
@@ -82,6 +85,41 @@ def test_equal_fresh_prompts_attend_in_one_call_like_one_by_one():
     for i, p in enumerate(prompts):
         alone = Engine(model, strategy="sync_free", max_requests=1).prefill([Request(i, p)])
         torch.testing.assert_close(batched.logits[i], alone.logits[0], rtol=1e-5, atol=1e-5)
+
+
+def test_gdn_layers_satisfy_the_backend_protocol_with_its_shapes():
+    model = build_model("tiny", device="cpu")
+    cfg = model.config
+    H, HV, K, V, W, D = (cfg.gdn_key_heads, cfg.gdn_value_heads, cfg.gdn_key_dim, cfg.gdn_value_dim,
+                         cfg.conv_width, cfg.conv_dim)
+    mixers = [layer.mixer for layer in model.layers if isinstance(layer.mixer, GDNMixer)]
+    assert [m.gdn_index for m in mixers] == list(range(len(cfg.gdn_layers)))
+    for m in mixers:
+        assert isinstance(m, GDNLayerParams)
+        assert m.conv_weight.shape == (D, W) and m.conv_bias.shape == (D,)
+        assert m.A_log.shape == m.dt_bias.shape == (HV,) and m.A_log.dtype == torch.float32
+        q, k, v = m.split_qkv(torch.randn(5, D))
+        assert (q.shape, k.shape, v.shape) == ((5, H, K), (5, H, K), (5, HV, V))
+    assert not isinstance(model.layers[cfg.attn_layers[0]].mixer, GDNLayerParams)
+
+
+def test_the_forward_returns_each_sequence_kv_and_the_batch_holds_inputs_only():
+    model = build_model("tiny", device="cpu")
+    cfg, prompt = model.config, list(range(100))
+    engine = Engine(model, strategy="sync_free", max_requests=2)
+    engine.prefill([Request("seed", prompt[:70])])  # caches a snapshot at 64 tokens
+    engine.release(["seed"])
+    batch = engine.prepare_prefill([Request("hit", prompt[:90]), Request("fresh", prompt[:20])])
+    engine.backend.init_forward_metadata(batch)
+    out = model(batch, engine.backend)
+    assert isinstance(out, ModelOutput) and out.logits.shape == (2, cfg.vocab)
+    assert batch.prefix_lens == [64, 0]
+    assert [len(seq_kv) for seq_kv in out.kv] == [len(cfg.attn_layers)] * 2
+    for seq_kv, n in zip(out.kv, (90, 20)):  # prefix and new tokens
+        for k, v in seq_kv:
+            assert k.shape == v.shape == (n, cfg.attn_kv_heads, cfg.attn_head_dim)
+    torch.testing.assert_close(out.kv[0][0][0][:20], out.kv[1][0][0])  # same tokens, same keys
+    assert "kv_out" not in {f.name for f in fields(ForwardBatch)}
 
 
 def test_profiler_ranges_name_layers_and_tracking():

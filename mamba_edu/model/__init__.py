@@ -4,8 +4,8 @@ The MLP of every layer is a dense stand-in for the model's mixture of experts (a
 """
 
 from mamba_edu.model.config import PRESETS, ModelConfig, get_config
-from mamba_edu.model.hybrid import HybridLayer, HybridModel, build_model
+from mamba_edu.model.hybrid import HybridLayer, HybridModel, ModelOutput, build_model
 from mamba_edu.model.layers import MLP, Attention, GDNMixer, RMSNorm
 
 __all__ = ["MLP", "PRESETS", "Attention", "GDNMixer", "HybridLayer", "HybridModel", "ModelConfig",
-           "RMSNorm", "build_model", "get_config"]
+           "ModelOutput", "RMSNorm", "build_model", "get_config"]

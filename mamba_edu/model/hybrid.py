@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
 from mamba_edu.model.config import ModelConfig, get_config
-from mamba_edu.model.layers import MLP, Attention, GDNMixer, RMSNorm, init_param, rope_tables
+from mamba_edu.model.layers import KV, MLP, Attention, GDNMixer, RMSNorm, init_param, rope_tables
 from mamba_edu.profiling.ranges import profile_range
 
 
@@ -31,19 +33,36 @@ class HybridLayer(nn.Module):
 
     def forward(self, x, pending, batch, backend, rotary):
         """``x [T, hidden]`` the residual stream, ``pending`` the previous layer's MLP output (None
-        in the first layer); returns ``(x, pending)`` for the next layer."""
+        in the first layer); returns ``(x, pending, kv)``: the next layer's inputs, and the
+        attention mixer's per-sequence KV (None in a GDN layer)."""
         with profile_range(self._mixer_range):
             x, h = self.mixer_norm.add(x, pending)
-            delta = self.mixer(h, batch, backend) if self.kind == "gdn" else self.mixer(h, batch, rotary)
+            if self.kind == "gdn":
+                delta, kv = self.mixer(h, batch, backend), None
+            else:
+                delta, kv = self.mixer(h, batch, rotary)
         with profile_range(self._mlp_range):
             x, h = self.mlp_norm.add(x, delta)
-            return x, self.mlp(h)
+            return x, self.mlp(h), kv
+
+
+class ModelOutput(NamedTuple):
+    """What one forward returns.
+
+    ``logits [N, vocab]`` fp32 of the last token of each sequence; ``kv[i][j] = (k, v)``, each
+    ``[P_i + E_i, kv_heads, head_dim]``: the full KV of sequence i (cached prefix and new tokens)
+    in attention layer j (``kv[i]`` is empty in a model without attention).
+    """
+
+    logits: torch.Tensor
+    kv: list[list[KV]]
 
 
 class HybridModel(nn.Module):
     """Random-weight hybrid GDN + attention model (no downloads), built by :func:`build_model`.
 
-    ``forward(batch, backend) -> logits [N, vocab]`` (fp32) for the last token of each sequence.
+    ``forward(batch, backend) ->`` :class:`ModelOutput` ``(logits [N, vocab], kv)``: fp32 logits
+    of the last token of each sequence and each sequence's attention KV.
     ``batch`` is a :class:`mamba_edu.serving.ForwardBatch`; ``backend`` the
     :class:`mamba_edu.serving.LinearAttentionBackend` that owns the state pool.
     """
@@ -84,19 +103,22 @@ class HybridModel(nn.Module):
         return self.embed.dtype
 
     @torch.no_grad()
-    def forward(self, batch, backend) -> torch.Tensor:
+    def forward(self, batch, backend) -> ModelOutput:
         cfg = self.config
         with profile_range("embed"):
             x = self.embed[batch.input_ids]
             rotary = (rope_tables(batch.positions, cfg.attn_head_dim, cfg.rope_theta)
                       if self.has_attention else None)
-        pending = None
+        pending, attn_kv = None, []  # attn_kv[j][i]: attention layer j, sequence i
         for layer in self.layers:
-            x, pending = layer(x, pending, batch, backend, rotary)
+            x, pending, kv = layer(x, pending, batch, backend, rotary)
+            if kv is not None:
+                attn_kv.append(kv)
         with profile_range("lm_head"):
             rows = batch.last_token_index  # only the last tokens need the final add and norm
             _, last = self.norm.add(x[rows], pending[rows])
-            return torch.nn.functional.linear(last, self.lm_head).float()
+            logits = torch.nn.functional.linear(last, self.lm_head).float()
+        return ModelOutput(logits, [[layer_kv[i] for layer_kv in attn_kv] for i in range(batch.size)])
 
 
 def build_model(preset: str | ModelConfig = "tiny", device=None, dtype=torch.float32, seed: int = 0,

@@ -17,6 +17,8 @@ from torch import nn
 from mamba_edu.kernels.fused_ops import add_rms_norm, gated_rms_norm, rms_norm, rope, silu_mul
 from mamba_edu.model.config import ModelConfig
 
+KV = tuple[torch.Tensor, torch.Tensor]  # (k, v) of one sequence in one attention layer
+
 
 def init_param(gen: torch.Generator, shape, std: float, device, dtype) -> nn.Parameter:
     """A seeded N(0, std²) parameter, drawn in fp32 on ``device`` then cast."""
@@ -70,9 +72,11 @@ def rope_tables(positions: torch.Tensor, head_dim: int, theta: float):
 class Attention(nn.Module):
     """Full causal attention with grouped KV heads (GQA) through SDPA.
 
-    Each sequence attends to its cached prefix KV (``batch.prefix_kv``) and its own new tokens;
-    the concatenated KV of every sequence is left in ``batch.kv_out`` for the engine (and the
-    prefix cache) to keep. ``rotary``: the forward's ``(cos, sin)`` from :func:`rope_tables`.
+    Each sequence attends to its cached prefix KV (``batch.prefix_kv``) and its own new tokens.
+    ``forward`` returns ``(out [T, hidden], kv)``: ``kv[i] = (k, v)``, each
+    ``[P_i + E_i, kv_heads, head_dim]``, the full KV of sequence i (its prefix and its new
+    tokens), for the engine (and the prefix cache) to keep. ``rotary``: the forward's
+    ``(cos, sin)`` from :func:`rope_tables`.
     """
 
     def __init__(self, cfg: ModelConfig, attn_index: int, gen, device, dtype, out_std: float):
@@ -84,7 +88,7 @@ class Attention(nn.Module):
         self.out = init_param(gen, (cfg.hidden, self.heads * self.head_dim),
                               out_std * (self.heads * self.head_dim) ** -0.5, device, dtype)
 
-    def forward(self, x: torch.Tensor, batch, rotary) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch, rotary) -> tuple[torch.Tensor, list[KV]]:
         T = x.shape[0]
         qk, v = F.linear(x, self.qkv).split(
             [(self.heads + self.kv_heads) * self.head_dim, self.kv_heads * self.head_dim], -1)
@@ -94,30 +98,30 @@ class Attention(nn.Module):
         v = v.view(T, self.kv_heads, self.head_dim)
         fresh_equal = (batch.mode == "extend" and batch.size > 1 and not any(batch.prefix_lens)
                        and len(set(batch.extend_lens)) == 1)
-        o = self._attend_fresh_equal(q, k, v, batch) if fresh_equal else self._attend_each(q, k, v, batch)
-        return F.linear(o.flatten(1), self.out)
+        attend = self._attend_fresh_equal if fresh_equal else self._attend_each
+        o, kv = attend(q, k, v, batch)
+        return F.linear(o.flatten(1), self.out), kv
 
-    def _attend_fresh_equal(self, q, k, v, batch) -> torch.Tensor:
+    def _attend_fresh_equal(self, q, k, v, batch) -> tuple[torch.Tensor, list[KV]]:
         """N > 1 fresh prompts of one length (a benchmark batch): one SDPA call over
         ``[N, heads, L, D]`` instead of N calls; they share one causal mask. (One prompt takes
         :meth:`_attend_each`, like a prefix hit does: the same SDPA kernel, so a hit and a
         recompute of a prompt agree bit for bit where the arithmetic allows.)"""
-        for i, (start, stop) in enumerate(batch.token_ranges):
-            batch.kv_out[i][self.attn_index] = (k[start:stop], v[start:stop])
+        kv = [(k[start:stop], v[start:stop]) for start, stop in batch.token_ranges]
         q, k, v = (t.unflatten(0, (batch.size, -1)).transpose(1, 2) for t in (q, k, v))
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        return o.transpose(1, 2).flatten(0, 1)
+        return o.transpose(1, 2).flatten(0, 1), kv
 
-    def _attend_each(self, q, k, v, batch) -> torch.Tensor:
+    def _attend_each(self, q, k, v, batch) -> tuple[torch.Tensor, list[KV]]:
         """One SDPA call per sequence, over its cached prefix KV and its new tokens."""
-        outs = []
+        outs, kv = [], []
         for i, (start, stop) in enumerate(batch.token_ranges):
             prefix = batch.prefix_kv[i]
             k_i, v_i = k[start:stop], v[start:stop]
             if prefix is not None:
                 k_i = torch.cat([prefix[self.attn_index][0], k_i])
                 v_i = torch.cat([prefix[self.attn_index][1], v_i])
-            batch.kv_out[i][self.attn_index] = (k_i, v_i)
+            kv.append((k_i, v_i))
             # SDPA wants [1, heads, tokens, D] (4-D: its flash kernel takes no other). After a
             # prefix the mask lets new token t see the prefix + tokens <= t; a fresh prompt is
             # plain causal; a decode token sees all.
@@ -127,7 +131,7 @@ class Attention(nn.Module):
                 q_i, k_i, v_i, attn_mask=mask, is_causal=batch.mode == "extend" and mask is None,
                 enable_gqa=True)
             outs.append(o[0].transpose(0, 1))
-        return torch.cat(outs)
+        return torch.cat(outs), kv
 
 
 class GDNMixer(nn.Module):

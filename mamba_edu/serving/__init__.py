@@ -5,13 +5,14 @@ See ``docs/serving.md`` for the whole flow and ``docs/conventions.md`` for the s
 
 from mamba_edu.serving.backend import LinearAttentionBackend
 from mamba_edu.serving.batch import ForwardBatch, build_batch, upload_host_lists
+from mamba_edu.serving.gdn_layer import GDNLayerParams
 from mamba_edu.serving.planning import TrackDecision, plan_tracking
 from mamba_edu.serving.pool import SCRATCH_SLOT, PoolExhausted, StatePool
 from mamba_edu.serving.prefix_cache import PrefixMatch, RadixCache, RadixNode
 from mamba_edu.serving.tracking import (STRATEGIES, ForwardMetadata, TrackIndices, TrackingStrategy,
                                         get_strategy)
 
-__all__ = ["SCRATCH_SLOT", "STRATEGIES", "ForwardBatch", "ForwardMetadata", "LinearAttentionBackend",
-           "PoolExhausted", "PrefixMatch", "RadixCache", "RadixNode", "StatePool", "TrackIndices",
-           "TrackDecision", "TrackingStrategy", "build_batch", "get_strategy", "plan_tracking",
-           "upload_host_lists"]
+__all__ = ["SCRATCH_SLOT", "STRATEGIES", "ForwardBatch", "ForwardMetadata", "GDNLayerParams",
+           "LinearAttentionBackend", "PoolExhausted", "PrefixMatch", "RadixCache", "RadixNode", "StatePool",
+           "TrackIndices", "TrackDecision", "TrackingStrategy", "build_batch", "get_strategy",
+           "plan_tracking", "upload_host_lists"]

@@ -18,6 +18,7 @@ import torch
 from mamba_edu.kernels import build_chunk_meta, conv1d_decode, conv1d_prefill, gdn_decode, gdn_prefill
 from mamba_edu.profiling.ranges import profile_range
 from mamba_edu.serving.batch import ForwardBatch
+from mamba_edu.serving.gdn_layer import GDNLayerParams
 from mamba_edu.serving.pool import StatePool
 from mamba_edu.serving.tracking import ForwardMetadata, TrackIndices, get_strategy
 
@@ -61,13 +62,14 @@ class LinearAttentionBackend:
             raise ValueError("batch has no forward metadata: call init_forward_metadata(batch) first")
         return self.metadata
 
-    def forward(self, layer, mixed_qkv, a, b, batch: ForwardBatch) -> torch.Tensor:
-        """One GDN layer: ``mixed_qkv [T, D]``, ``a, b [T, HV]`` → ``o [T, HV, V]``."""
+    def forward(self, layer: GDNLayerParams, mixed_qkv, a, b, batch: ForwardBatch) -> torch.Tensor:
+        """One GDN layer: ``mixed_qkv [T, D]``, ``a, b [T, HV]`` → ``o [T, HV, V]``. From ``layer``
+        it reads only what :class:`GDNLayerParams` lists."""
         if batch.mode == "extend":
             return self.forward_extend(layer, mixed_qkv, a, b, batch)
         return self.forward_decode(layer, mixed_qkv, a, b, batch)
 
-    def forward_extend(self, layer, mixed_qkv, a, b, batch: ForwardBatch) -> torch.Tensor:
+    def forward_extend(self, layer: GDNLayerParams, mixed_qkv, a, b, batch: ForwardBatch) -> torch.Tensor:
         md = self._metadata_for(batch)
         conv_pool, ssm_pool = self.pool.layer(layer.gdn_index)
         track = self.strategy.conv_indices(md)
@@ -97,7 +99,7 @@ class LinearAttentionBackend:
             state = torch.where(track.from_final[:, None, None, None], final, h[track.checkpoint].to(final.dtype))
             ssm_pool[track.dst] = state
 
-    def forward_decode(self, layer, mixed_qkv, a, b, batch: ForwardBatch) -> torch.Tensor:
+    def forward_decode(self, layer: GDNLayerParams, mixed_qkv, a, b, batch: ForwardBatch) -> torch.Tensor:
         """One decode token per sequence: ``mixed_qkv [N, D]`` → ``o [N, HV, V]``."""
         md = self._metadata_for(batch)
         conv_pool, ssm_pool = self.pool.layer(layer.gdn_index)

@@ -35,12 +35,12 @@ class ForwardBatch:
     Attention: ``prefix_kv[i]`` = per attention layer ``(k, v)`` of the cached prefix (or of the
     tokens so far, in decode), or None; ``attn_masks[i]`` ``[E, P+E]`` bool for a
     sequence after a cached prefix, None otherwise (a fresh prompt is plain causal: SDPA's
-    ``is_causal``, which takes the flash kernel on a GPU where a mask would force the slow path);
-    ``kv_out[i][layer]`` is filled by the forward with the full KV of sequence i.
+    ``is_causal``, which takes the flash kernel on a GPU where a mask would force the slow path).
 
-    It holds the forward's inputs only (and ``kv_out``, its attention output); the engine's
-    bookkeeping of a prepared prefill (its requests, prefix matches, track slots, lifecycle)
-    lives in :class:`mamba_edu.engine.PreparedPrefill`, a subclass.
+    It holds the forward's inputs only: the model returns its outputs (logits and each
+    sequence's KV, :class:`mamba_edu.model.ModelOutput`). The engine's bookkeeping of a prepared
+    prefill (its requests, prefix matches, track slots, lifecycle) lives in
+    :class:`mamba_edu.engine.PreparedPrefill`, a subclass.
     """
 
     mode: str
@@ -63,18 +63,12 @@ class ForwardBatch:
     track_mask_t: torch.Tensor
     prefix_kv: list
     attn_masks: list
-    n_attn_layers: int
     plans: list[TrackDecision] = field(default_factory=list)
     decode_track_slots_t: torch.Tensor | None = None
-    kv_out: list = field(default_factory=list)
 
     @property
     def size(self) -> int:
         return len(self.rids)
-
-    def reset_kv_out(self) -> None:
-        """Fresh per-forward output slots for the attention KV."""
-        self.kv_out = [[None] * self.n_attn_layers for _ in self.rids]
 
 
 def _token_ranges(lengths: list[int]) -> list[tuple[int, int]]:
@@ -183,13 +177,11 @@ def _assemble(mode, rids, extend_lens, flat_ids, prefix_lens, working_slots, pla
     if mode == "extend" and n_attn_layers:
         attn_masks = [torch.ones(e, p + e, dtype=torch.bool, device=device).tril(p) if p else None
                       for p, e in zip(prefix_lens, extend_lens)]
-    batch = ForwardBatch(
+    return ForwardBatch(
         mode=mode, rids=list(rids), prefix_lens=list(prefix_lens), extend_lens=extend_lens,
         working_slots=list(working_slots), track_slots=track_slots, track_mask=track_mask,
         track_lens=track_lens, token_ranges=ranges, input_ids=ids if input_ids is None else input_ids, positions=pos,
         last_token_index=last, cu_seqlens=cu, prefix_lens_t=prefix_t, working_slots_t=working_t,
         track_slots_t=track_slots_t, track_lens_t=track_lens_t, track_mask_t=mask_t.bool(),
-        prefix_kv=list(prefix_kv), attn_masks=attn_masks, n_attn_layers=n_attn_layers, plans=plans,
+        prefix_kv=list(prefix_kv), attn_masks=attn_masks, plans=plans,
         decode_track_slots_t=decode_dst if decode_track_slots is not None else None)
-    batch.reset_kv_out()
-    return batch

@@ -194,16 +194,20 @@ class Engine:
         cache_slots = 2 * max_requests if cache_slots is None else _positive_int("cache_slots", cache_slots)
         capacity = max_requests * (1 + self.tracks_per_request) + cache_slots
         self.pool = StatePool.for_model(self.config, capacity, model.device, model.dtype)
-        self.cache = RadixCache(self.pool)
+        self.cache = RadixCache(self.pool, working_slots=self._working_slots)
         self.backend = LinearAttentionBackend(self.pool, strategy, self.config.conv_width)
         self.n_attn_layers = len(self.config.attn_layers)
         self.running: dict[Hashable, RunningRequest] = {}
-        self.pending: set[Hashable] = set()  # rids of prepared batches not yet finished/aborted
+        self.pending: dict[Hashable, int] = {}  # rid -> working slot, prepared and not finished/aborted
         self.stats = EngineStats()
 
     @property
     def strategy(self) -> str:
         return self.backend.strategy_name
+
+    def _working_slots(self) -> set[int]:
+        """The slots forwards write now: running requests' and prepared batches' working slots."""
+        return {r.working_slot for r in self.running.values()} | set(self.pending.values())
 
     # ---- prefill ------------------------------------------------------------------------
     def _check_requests(self, requests) -> list[Request]:
@@ -285,7 +289,7 @@ class Engine:
             **{f.name: getattr(inputs, f.name) for f in fields(ForwardBatch)}, engine=self,
             requests=requests, matches=matches,
             track_slot_lists=[slots[i * per_request + 1:(i + 1) * per_request] for i in range(len(requests))])
-        self.pending.update(batch.rids)
+        self.pending.update(zip(batch.rids, batch.working_slots))
         return batch
 
     def _check_prepared(self, batch, action: str) -> PreparedPrefill:
@@ -381,10 +385,7 @@ class Engine:
                              f"([{batch.size}, {self.config.vocab}]); got another ({shape}): "
                              f"a batch is finished with its own logits")
         next_tokens = run.logits.argmax(-1)
-        batch.status = FINISHED
-        self.pending.difference_update(batch.rids)
-        for m in batch.matches:
-            self.cache.unlock(m.node)
+        self._close_prepared(batch, FINISHED)
         for i, (r, plan) in enumerate(zip(batch.requests, batch.plans)):
             req = RunningRequest(r.rid, list(r.token_ids), batch.working_slots[i], batch.track_slot_lists[i],
                                  0, run.kv[i], next_tokens[i:i + 1])
@@ -403,10 +404,16 @@ class Engine:
         cached and no request starts running. Call it at most once, instead of ``finish_prefill``."""
         self._check_prepared(batch, "abort_prefill")
         self.pool.free(batch.owned_slots)
-        batch.status = ABORTED
+        self._close_prepared(batch, ABORTED)
+
+    def _close_prepared(self, batch: PreparedPrefill, status: str) -> None:
+        """End a prepared batch (finished or aborted): it is no longer pending and its prefix
+        matches are unlocked."""
+        batch.status = status
+        for rid in batch.rids:
+            del self.pending[rid]
         for m in batch.matches:
             self.cache.unlock(m.node)
-        self.pending.difference_update(batch.rids)
 
     def prefill(self, requests: list[Request]) -> PrefillResult:
         """Prefill new requests; they keep running (for :meth:`decode`) until :meth:`release`."""

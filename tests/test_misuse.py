@@ -151,6 +151,8 @@ def _kv(n, layers=1):
     (lambda e, s: (P[300:310], SCRATCH_SLOT, _kv(10)), "scratch slot"),
     (lambda e, s: (P[300:310], e.pool.capacity, _kv(10)), "must be allocated"),
     (lambda e, s: (P[300:310], next(iter(e.cache.snapshot_slots())), _kv(10)), "already owned by the cache"),
+    (lambda e, s: (P[300:310], e.running["run"].working_slot, _kv(10)), "must not be a working slot"),
+    (lambda e, s: (P[300:310], e.pending["prep"], _kv(10)), "must not be a working slot"),
     (lambda e, s: (P[300:310], s, _kv(5)), "kv\\[0\\] k must cover the 10 tokens"),
     (lambda e, s: (P[300:310], s, _kv(10, layers=2)), "kv must have one \\(k, v\\) per attention layer"),
     (lambda e, s: (P[300:310], s, [(torch.zeros(10, 2, 16),)]), "kv\\[0\\] must be a pair"),
@@ -270,6 +272,19 @@ def test_decode_steps_and_an_empty_engine():
     engine = busy_engine()
     for steps in (0, True, 1.0, -2):
         raises_unchanged(engine, ValueError, "steps", lambda: engine.decode(steps))
+    empty = Engine(MODEL, max_requests=1)
+    raises_unchanged(empty, ValueError, "decode needs running requests", lambda: empty.decode(1))
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("max_requests", True, "max_requests must be a positive int"), ("max_requests", 0, "max_requests"),
+    ("track_interval", 0, "track_interval must be a positive int"), ("cache_slots", 2.0, "cache_slots"),
+    ("cache_chunk", 100, "cache_chunk must be a positive multiple of 64"), ("cache_chunk", True, "cache_chunk"),
+    ("strategy", "fast", "strategy must be one of"),
+])
+def test_engine_sizes_are_checked_at_construction(field, value, needle):
+    with pytest.raises(ValueError, match=needle):
+        Engine(MODEL, **{field: value})
 
 
 # ---- the model ---------------------------------------------------------------------------------
@@ -280,7 +295,8 @@ def test_build_model_rejects_a_non_float_dtype_at_build_time(dtype):
 
 
 @pytest.mark.parametrize("field, value", [("hidden", 64.0), ("n_layers", True), ("conv_width", "4"),
-                                          ("rope_theta", 0.0), ("norm_eps", -1e-6), ("attn_every", 1.5)])
+                                          ("rope_theta", 0.0), ("norm_eps", -1e-6), ("attn_every", 1.5),
+                                          ("gdn_key_heads", 0), ("gdn_key_dim", 0)])
 def test_config_fields_must_be_numbers_of_the_right_kind(field, value):
     with pytest.raises(ValueError, match=field):
         get_config("tiny", **{field: value})

@@ -13,6 +13,7 @@ leaves and returns their slots to the pool.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -56,10 +57,16 @@ class PrefixMatch:
 
 
 class RadixCache:
-    """Prefix cache. ``pool`` is the :class:`StatePool` whose slots the snapshots occupy."""
+    """Prefix cache. ``pool`` is the :class:`StatePool` whose slots the snapshots occupy.
 
-    def __init__(self, pool):
+    ``working_slots``: called by :meth:`insert`, returns the slots that forwards write now (an
+    engine's running requests' and prepared batches' working slots); none of them may become a
+    snapshot. Without it, only the pool's own rules apply.
+    """
+
+    def __init__(self, pool, working_slots: Callable[[], Collection[int]] = tuple):
         self.pool = pool
+        self.working_slots = working_slots
         self.root = RadixNode((), None, [])
         self._clock = itertools.count(1)
 
@@ -130,8 +137,9 @@ class RadixCache:
         ownership of ``slot``; False if that prefix already has a snapshot (the caller keeps, and
         eventually frees, ``slot``).
 
-        ``slot`` must be allocated in the pool, not the scratch slot and not already a cached
-        snapshot; every argument is checked before the tree changes (``ValueError``).
+        ``slot`` must be allocated in the pool, not the scratch slot, not already a cached
+        snapshot and not a working slot (``working_slots()``); every argument is checked before
+        the tree changes (``ValueError``).
         """
         self._check_insert(token_ids, slot, kv)
         node, depth = self.root, 0
@@ -171,6 +179,10 @@ class RadixCache:
         if slot in self.snapshot_slots():
             raise ValueError(f"slot {slot} is already owned by the cache (another entry's snapshot); "
                              f"insert a slot that holds this prefix's own snapshot")
+        if slot in self.working_slots():
+            raise ValueError(f"slot must not be a working slot (every forward of its request writes it, "
+                             f"so the snapshot would change); slot {slot} is one: insert a track slot "
+                             f"that holds the state after these tokens")
         if not isinstance(kv, (list, tuple)):
             raise ValueError(f"kv must be a list of per-attention-layer (k, v); got {type(kv).__name__}")
         layers = self._kv_layers()

@@ -24,8 +24,8 @@ COMMANDS = {
     "bench": ("mamba_edu.benchmarks.ttft", "TTFT, bubbles and syncs per tracking strategy"),
     "bench-kernels": ("mamba_edu.benchmarks.kernels",
                       "our Triton prefill/decode kernels vs flash-linear-attention (needs a GPU)"),
-    "grade": ("mamba_edu.exercises.grader", "execute submitted notebooks and grade their exercises"),
-    "trace": ("mamba_edu.profiling.trace_cli",
+    "grade": ("mamba_edu._cli_grade", "execute submitted notebooks and grade their exercises"),
+    "trace": ("mamba_edu._cli_trace",
               "bubble summary and PNG timeline of any torch.profiler trace, offline"),
 }
 PASSTHROUGH = ("bench-kernels", "grade")  # their own parsers read the rest of the line

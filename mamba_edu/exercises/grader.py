@@ -1,20 +1,17 @@
-"""python -m mamba_edu grade PATH: execute submitted notebooks and grade their exercises.
+"""Grading a submitted notebook: run it top to bottom in a fresh kernel, then grade its exercises.
 
-PATH is one notebook or a folder of them (not searched recursively). Each notebook runs top to
-bottom in a fresh kernel in its own folder (a failing cell does not stop it); then, in the same
-kernel, every exercise registered for that notebook is checked against the functions the
-notebook defines. The grader calls the checks itself, so an edited check cell changes nothing.
-One line per exercise, then the score. Exit status: 0 when every exercise passes, 1 when one
-does not, 2 when PATH holds no notebook with registered exercises.
+:func:`execute_and_grade` runs the notebook in its own folder (a failing cell does not stop it),
+then appends one cell that calls :func:`mamba_edu.exercises.core.grade_namespace` on the names
+the notebook defined and reports the verdicts on a marked line. The grader calls the checks
+itself, so an edited check cell changes nothing. ``python -m mamba_edu grade PATH`` is its
+command line.
 
 Grading runs the submitted code: run it where you would run the learner's notebook.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 
 MARK = "@@mamba_edu-grade@@"
@@ -50,35 +47,3 @@ def execute_and_grade(path: Path, timeout: int) -> list[tuple[int, str, str, str
     errors = [o for o in nb.cells[-1].outputs if o.output_type == "error"]
     reason = f"{errors[0].ename}: {errors[0].evalue}" if errors else "no output"
     raise RuntimeError(f"{path}: the grading cell did not report ({reason})")
-
-
-def main(argv=None) -> int:
-    from mamba_edu._cli import HelpFormatter, prog_name
-    from mamba_edu.exercises import core
-
-    parser = argparse.ArgumentParser(prog=f"{prog_name()} grade", description=__doc__,
-                                     formatter_class=HelpFormatter)
-    parser.add_argument("path", type=Path, help="a notebook (.ipynb) or a folder of notebooks")
-    parser.add_argument("--timeout", type=int, default=900,
-                        help="seconds one cell may run")
-    args = parser.parse_args(argv)
-
-    gradable = [p for p in notebooks_in(args.path) if p.stem in core.REGISTRY]
-    if not gradable:
-        print(f"{parser.prog}: no notebook with registered exercises at {args.path} "
-              f"(expected names like {sorted(core.REGISTRY)[0]}.ipynb)", file=sys.stderr)
-        return 2
-    passed = total = 0
-    for path in gradable:
-        print(f"{path.name}", flush=True)
-        for number, title, status, message in execute_and_grade(path, args.timeout):
-            total += 1
-            passed += status == core.PASS
-            detail = f" — {message}" if status == core.FAIL else ""
-            print(f"  exercise {number} ({title}): {status}{detail}", flush=True)
-    print(f"score: {passed}/{total} ({100 * passed / total:.0f} %)")
-    return 0 if passed == total else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

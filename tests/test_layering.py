@@ -65,7 +65,8 @@ def test_no_core_module_imports_the_face():
 
 def test_the_import_reader_sees_every_form():
     source = ("import mamba_edu.demo\nfrom mamba_edu import _cli\nfrom .. import benchmarks\n"
-              "def f():\n    from mamba_edu._cli import say\n    importlib.import_module('mamba_edu.__main__')\n")
+              "def f():\n    from mamba_edu._cli import say\n"
+              "    importlib.import_module('mamba_edu.__main__')\n")
     found = imported_modules(source, "mamba_edu.profiling")
     assert {"mamba_edu.demo", "mamba_edu._cli", "mamba_edu.benchmarks", "mamba_edu._cli.say",
             "mamba_edu.__main__"} <= found

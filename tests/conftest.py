@@ -13,3 +13,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(params=["fused", "separate"])
+def output_path(request, monkeypatch):
+    """Run the Triton prefill both ways: the output computed inside the scan (as for few
+    sequence-head chains) and by its own kernel (as for many), whatever the batch's size."""
+    from mamba_edu.kernels import prefill
+    monkeypatch.setattr(prefill, "FEW_CHAINS", 10 ** 9 if request.param == "fused" else 0)
+    return request.param

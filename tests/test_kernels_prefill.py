@@ -33,7 +33,7 @@ def _tracked_state(ref, meta, n, chunk):
 
 
 @pytest.mark.parametrize("backend", [pytest.param("triton", marks=interpreted), "torch"])
-def test_prefill_matches_reference(backend):
+def test_prefill_matches_reference(backend, output_path):
     inputs = random_prefill_inputs(LENGTHS, H, HV, K, V, seed=0)
     pool = random_pool(SLOTS, HV, K, V)
     pool0 = pool.clone()
@@ -54,7 +54,7 @@ def test_prefill_matches_reference(backend):
 
 @interpreted
 @pytest.mark.parametrize("gating", ["g", "raw"])
-def test_prefill_with_infinite_decay_matches_the_recurrence(gating):
+def test_prefill_with_infinite_decay_matches_the_recurrence(gating, output_path):
     """B5: g = −inf (the state wiped at that token), or A_log = 100 with the raw gating (exp
     overflows; with a softplus that underflowed, inf · 0): the Triton prefill stays finite and
     matches the token-by-token recurrence."""
@@ -84,7 +84,7 @@ def test_prefill_with_infinite_decay_matches_the_recurrence(gating):
 
 
 @interpreted
-def test_prefill_one_sequence_no_extras_mha():
+def test_prefill_one_sequence_no_extras_mha(output_path):
     """H == HV, one sequence, no checkpoints, no tracking, plain index tensor on CPU."""
     lengths = [130]
     inputs = random_prefill_inputs(lengths, 2, 2, 32, 16, seed=3)
@@ -101,7 +101,7 @@ def test_prefill_one_sequence_no_extras_mha():
 
 
 @interpreted
-def test_prefill_fp16_inputs_interpreter():
+def test_prefill_fp16_inputs_interpreter(output_path):
     inputs = random_prefill_inputs([70, 5], 1, 2, 16, 16, dtype=torch.float16, seed=4)
     pool = random_pool(2, 2, 16, 16)
     pool0 = pool.clone()
@@ -114,7 +114,7 @@ def test_prefill_fp16_inputs_interpreter():
 
 
 @interpreted
-def test_prefill_without_qk_l2norm():
+def test_prefill_without_qk_l2norm(output_path):
     """Keys used as given (here normalised by the caller), a non-default scale."""
     lengths = [70, 9]
     inputs = random_prefill_inputs(lengths, 1, 2, 16, 16, seed=6)
@@ -181,7 +181,7 @@ def test_invert_unit_lower_gpu_tf32():
 # (data/benchmarks/small_head_dims.md).
 @pytest.mark.gpu
 @pytest.mark.parametrize("dims", [(4, 8, 128, 128), (2, 4, 16, 32), (2, 4, 32, 32)])
-def test_prefill_gpu_bf16_close_to_fp32_reference(dims):
+def test_prefill_gpu_bf16_close_to_fp32_reference(dims, output_path):
     inputs, pool, meta = _gpu_case(torch.bfloat16, dims=dims)
     pool0 = pool.clone()
     o, ckpt = gdn_prefill(**inputs, state_pool=pool, meta=meta, output_checkpoints=True)
@@ -211,7 +211,7 @@ def test_prefill_gpu_is_sync_free():
 
 
 @pytest.mark.gpu
-def test_prefill_gpu_graph_replay_equals_eager():
+def test_prefill_gpu_graph_replay_equals_eager(output_path):
     inputs, pool, meta = _gpu_case(torch.bfloat16, seed=5)
     pool_eager = pool.clone()
     o_eager, _ = gdn_prefill(**inputs, state_pool=pool_eager, meta=meta)
@@ -228,3 +228,11 @@ def test_prefill_gpu_graph_replay_equals_eager():
     torch.cuda.synchronize()
     assert torch.equal(o_graph, o_eager)
     assert torch.equal(pool, pool_eager)
+
+
+def test_output_is_fused_into_the_scan_only_for_few_chains():
+    """One long prompt (N·HV = 32 at Qwen3-Next's heads) leaves the scan few programs: it computes
+    the output itself; eight prompts (N·HV = 256) keep the parallel output kernel."""
+    from mamba_edu.kernels.prefill import FEW_CHAINS, fuse_output
+    assert fuse_output(1 * 32) and fuse_output(1 * 8) and fuse_output(FEW_CHAINS - 1)
+    assert not fuse_output(8 * 32) and not fuse_output(FEW_CHAINS)

@@ -8,7 +8,7 @@ and 16×256. Rows of ``kernels.json``, by ``kind``:
 - ``prefill``: our ``gdn_prefill`` and fla's ``chunk_gated_delta_rule`` (if importable; never a
   dependency), eager and CUDA-graph replay (medians of ``triton.testing.do_bench`` /
   ``do_bench_cudagraph``, inputs rotated over several copies so that L2 does not flatter us),
-  ``ratio_graph`` = ours / fla, per-stage times of our three kernels (graph replay), achieved
+  ``ratio_graph`` = ours / fla, per-stage times of our kernels (graph replay), achieved
   bandwidth against the byte model of fla's unfused pipeline and against our own byte count, and
   the relative error of both against the fp32 torch reference;
 - ``conv``: the causal conv1d prefill, its byte floor (x read once, y written once) and the
@@ -51,14 +51,18 @@ def _conv_dim(H: int, HV: int) -> int:
 
 
 def _our_bytes(T: int, N: int, H: int, HV: int, act: int = 2) -> int:
-    """HBM bytes our three kernels move at minimum (each tensor read or written once)."""
+    """HBM bytes our kernels move at minimum (each tensor read or written once). With the output
+    computed in the scan (few chains) there is no Ṽ or h round trip."""
+    from mamba_edu.kernels.prefill import fuse_output
     NT = T // 64 + N  # upper bound on the number of chunks
     k_or_q = T * H * K * act
     h = NT * HV * K * V * act
     prepare = (k_or_q + T * HV * V * act + 2 * T * HV * 4                 # k, v, g, β
                + T * HV * 4 + k_or_q + T * HV * (K + V) * act)            # Γ, k̂, W, U
-    scan = (k_or_q + T * HV * ((K + V) * act + 4) + 2 * N * HV * K * V * 4  # k̂, W, U, Γ, S
-            + T * HV * V * act + h)                                        # Ṽ, h
+    scan = k_or_q + T * HV * ((K + V) * act + 4) + 2 * N * HV * K * V * 4  # k̂, W, U, Γ, S
+    if fuse_output(N * HV):
+        return prepare + scan + k_or_q + T * HV * V * act                  # q, o
+    scan += T * HV * V * act + h                                           # Ṽ, h
     output = 2 * k_or_q + T * HV * (V * act + 4) + h + T * HV * V * act    # q, k̂, Ṽ, Γ, h, o
     return prepare + scan + output
 
@@ -153,14 +157,19 @@ def _bench_fla(fla, sets, meta, HV, row):
 
 
 def _stage_times(x, pool, meta, row):
-    """Graph-replayed time of each of our three kernels alone."""
-    from mamba_edu.kernels.prefill import launch_output, launch_prepare, launch_scan
+    """Graph-replayed time of each of our kernels alone; for few (sequence, head) chains the scan
+    computes the output itself (``output_in_scan``) and its time includes it."""
+    from mamba_edu.kernels.prefill import fuse_output, launch_output, launch_prepare, launch_scan
     prepare = lambda: launch_prepare(x["k"], x["v"], x["g"], x["beta"], meta, True)  # noqa: E731
     row["ours_prepare_ms"] = _time(prepare, graph=True)
     gamma, k_hat, w, u = prepare()
-    row["ours_scan_ms"] = _time(lambda: launch_scan(k_hat, w, u, gamma, pool, meta.state_indices,
-                                                    meta), graph=True)
-    v_new, h = launch_scan(k_hat, w, u, gamma, pool, meta.state_indices, meta)
+    scan = lambda **kw: launch_scan(k_hat, w, u, gamma, pool, meta.state_indices, meta, **kw)  # noqa: E731
+    row["output_in_scan"] = fuse_output(meta.N * row["HV"])
+    if row["output_in_scan"]:
+        row["ours_scan_ms"] = _time(lambda: scan(queries=(x["q"], K ** -0.5, True)), graph=True)
+        return
+    row["ours_scan_ms"] = _time(scan, graph=True)
+    v_new, h = scan()
     row["ours_output_ms"] = _time(lambda: launch_output(x["q"], k_hat, v_new, h, gamma, meta,
                                                         K ** -0.5, True), graph=True)
 

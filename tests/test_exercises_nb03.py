@@ -3,12 +3,15 @@
 The correct answers live in notebooks/solutions/03_triton_kernels.ipynb (CI runs it with nbval).
 """
 
+from unittest import mock
+
 import torch
 import triton
 import triton.language as tl
 
 from mamba_edu.exercises.core import FAIL, NOT_DONE, judge, lookup
 from mamba_edu.exercises.nb03 import NOTEBOOK
+from mamba_edu.kernels import prefill
 
 
 def _stub(*args, **kwargs):
@@ -96,7 +99,12 @@ def test_program_counts_rejects_wrong_answers():
     def batch_chunks(lengths, H, HV, K, V):  # ⌈T/64⌉ chunks, as if chunks could straddle sequences
         return {**_expected_counts(lengths, H, HV, K, V), "prepare": triton.cdiv(sum(lengths), 64) * HV}
 
-    for wrong in (off_by_one, fixed_scan_tile, batch_chunks):
+    def always_output(lengths, H, HV, K, V):  # an output kernel even where the scan computes o
+        with mock.patch.object(prefill, "FEW_CHAINS", 0):  # the grids of the separate path
+            separate = _expected_counts(lengths, H, HV, K, V)
+        return {**_expected_counts(lengths, H, HV, K, V), "output": separate["output"]}
+
+    for wrong in (off_by_one, fixed_scan_tile, batch_chunks, always_output):
         assert judge(ex, wrong).status == FAIL, wrong.__name__
 
 

@@ -16,9 +16,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(params=["fused", "separate"])
-def output_path(request, monkeypatch):
+def output_path(request):
     """Run the Triton prefill both ways: the output computed inside the scan (as for few
     sequence-head chains) and by its own kernel (as for many), whatever the batch's size."""
-    from mamba_edu.kernels import prefill
-    monkeypatch.setattr(prefill, "FEW_CHAINS", 10 ** 9 if request.param == "fused" else 0)
-    return request.param
+    from mamba_edu.kernels.prefill import forced_output_path
+    with forced_output_path(request.param == "fused"):
+        yield request.param

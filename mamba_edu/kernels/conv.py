@@ -6,10 +6,11 @@ conv state (its previous ``W−1`` raw inputs) followed by its tokens (docs/conv
 Prefill grid ``(NT, ⌈D/BD⌉)``: one program per 64-token chunk and channel block. The conv is
 memory-bound (4 multiply-adds per element read), so the main tile only reads x, with loads that
 are contiguous along the channels; only the first ``W−1`` rows of a sequence reach into the conv
-state, whose ``[D, W−1]`` layout makes those reads strided, so chunk 0 computes them in a small
-second tile. That program also writes the new state (the last ``W−1`` columns of ``x̃``) after
-a barrier: no other program reads the slot, so there is no race. A negative slot index means no
-state (zeros) and no write.
+state, whose ``[D, W−1]`` layout makes those reads strided, so the programs of a sequence's first
+chunk compute them in a small second tile (:func:`_conv_head`, a branch the other programs skip).
+That program also writes the new state (the last ``W−1`` columns of ``x̃``) after a barrier: no
+other program reads the slot, so there is no race. A negative slot index means no state (zeros)
+and no write.
 """
 
 import torch
@@ -70,12 +71,20 @@ def conv1d_prefill_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr
     tl.store(y_ptr + rows.to(tl.int64)[:, None] * D + cols[None, :], y.to(y_ptr.dtype.element_ty),
              mask=keep)
 
-    # The first W−1 rows, in chunk 0 only (a mask, not a branch: the interpreter rejects scalar
-    # booleans in masks); a negative slot reads no state (zeros).
-    first = cols_ok & (as_vector(chunk, cols) == 0)
+    if chunk == 0:  # the first W−1 rows and the new state: one program per sequence and block
+        _conv_head(x_ptr, w_ptr, bias_ptr, y_ptr, state_ptr, cols, cols_ok, slot, bos, eos, D,
+                   stride_x, W, HEAD, HAS_BIAS, SILU)
+
+
+@triton.jit
+def _conv_head(x_ptr, w_ptr, bias_ptr, y_ptr, state_ptr, cols, cols_ok, slot, bos, eos, D,
+               stride_x, W: tl.constexpr, HEAD: tl.constexpr, HAS_BIAS: tl.constexpr,
+               SILU: tl.constexpr):
+    """A sequence's first ``W−1`` outputs (they reach into the conv state) and its new conv state,
+    for the channels ``cols``; a negative slot reads no state (zeros) and writes none."""
     has_state = as_vector(slot, cols) >= 0
     head = bos + tl.arange(0, HEAD)
-    live = ((head < eos) & (head < bos + W - 1))[:, None] & first[None, :]
+    live = ((head < eos) & (head < bos + W - 1))[:, None] & cols_ok[None, :]
     y = _conv_rows(x_ptr, w_ptr, bias_ptr, state_ptr, head, cols, cols_ok, live,
                    live & has_state[None, :], bos, stride_x, W, True, HAS_BIAS, SILU)
     tl.store(y_ptr + head.to(tl.int64)[:, None] * D + cols[None, :], y.to(y_ptr.dtype.element_ty),
@@ -83,7 +92,7 @@ def conv1d_prefill_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr
 
     # New state = the last W−1 columns of x̃ (old state columns when the sequence is short).
     tl.debug_barrier()  # every read of the old state above happens before it is overwritten
-    writes = first & has_state
+    writes = cols_ok & has_state
     length = as_vector(eos - bos, cols)
     for p in tl.static_range(W - 1):
         rel = length - (W - 1) + p               # position in x̃ relative to the first token
@@ -91,7 +100,7 @@ def conv1d_prefill_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr
                      mask=writes & (rel >= 0), other=0.0)
         sp = tl.load(state_ptr + tl.maximum(rel + (W - 1), 0), mask=writes & (rel < 0), other=0.0)
         tl.store(state_ptr + p, (xp.to(tl.float32) + sp.to(tl.float32)).to(
-            pool_ptr.dtype.element_ty), mask=writes)
+            state_ptr.dtype.element_ty), mask=writes)
 
 
 @triton.jit

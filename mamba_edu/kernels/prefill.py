@@ -42,6 +42,8 @@ from H200 measurements (:func:`_scan_config`), not autotuned: an autotuner keyed
 dims would reuse the choice of whichever batch ran first.
 """
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -301,6 +303,18 @@ PREPARE_WARPS = 4        # 209 µs at 1×8192 (8 warps: 419 µs)
 def fuse_output(n_chains: int) -> bool:
     """Whether the scan computes the output itself (``n_chains`` = N·HV)."""
     return n_chains < FEW_CHAINS
+
+
+@contextlib.contextmanager
+def forced_output_path(fused: bool):
+    """Within the block, every prefill takes one output path whatever its batch (for the tests
+    and the benchmark, which compare the two)."""
+    global FEW_CHAINS
+    saved, FEW_CHAINS = FEW_CHAINS, (2 ** 62 if fused else 0)
+    try:
+        yield
+    finally:
+        FEW_CHAINS = saved
 
 
 def _scan_config(n_chains: int, V: int) -> tuple[int, int, int]:

@@ -392,17 +392,16 @@ def _summary(results) -> str:
 
 
 def _cases(quick: bool) -> list[tuple]:
-    """``(kind, preset, lengths)``: the quick rows without fla first, then the prefill cases, so
-    that a tight budget still measures every kind."""
+    """``(kind, preset, lengths)``: the quick rows without fla first, then the prefill cases, the
+    decode row last, so that a tight budget still measures every prefill target."""
     cases = [("conv", "qwen3-next", [1024] * 8), ("gdn_layer", "qwen3.5-tp8", [512]),
              ("host", "qwen3.5-tp8", [512]), ("prefill", "qwen3.5-tp8", [512]),
              ("prefill", "qwen3-next", [8192]), ("prefill", "qwen3-next", [1024] * 8),
              ("conv", "qwen3.5-tp8", [512]), ("prefill", "qwen3-next", [2048]),
-             ("prefill", "qwen3-next", [256] * 8), ("prefill", "qwen3.5-tp8", [256] * 16),
-             ("decode", "qwen3-next", [])]
+             ("prefill", "qwen3-next", [256] * 8), ("prefill", "qwen3.5-tp8", [256] * 16)]
     if not quick:
         cases += [("prefill", "qwen3-next", [32768]), ("prefill", "qwen3-next", [4096] * 8)]
-    return cases
+    return cases + [("decode", "qwen3-next", [])]
 
 
 def _run_case(kind, preset, lengths, fla, results):

@@ -17,8 +17,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(params=["fused", "separate"])
 def output_path(request):
-    """Run the Triton prefill both ways: the output computed inside the scan (as for few
-    sequence-head chains) and by its own kernel (as for many), whatever the batch's size."""
+    """Run the Triton prefill both ways: the output computed inside the scan, and by its own
+    kernel (the default)."""
     from mamba_edu.kernels.prefill import forced_output_path
     with forced_output_path(request.param == "fused"):
         yield request.param

@@ -230,9 +230,10 @@ def test_prefill_gpu_graph_replay_equals_eager(output_path):
     assert torch.equal(pool, pool_eager)
 
 
-def test_output_is_fused_into_the_scan_only_for_few_chains():
-    """One long prompt (N·HV = 32 at Qwen3-Next's heads) leaves the scan few programs: it computes
-    the output itself; eight prompts (N·HV = 256) keep the parallel output kernel."""
-    from mamba_edu.kernels.prefill import FEW_CHAINS, fuse_output
-    assert fuse_output(1 * 32) and fuse_output(1 * 8) and fuse_output(FEW_CHAINS - 1)
-    assert not fuse_output(8 * 32) and not fuse_output(FEW_CHAINS)
+def test_scan_tile_follows_the_number_of_chains():
+    """One long prompt (N·HV = 32 at Qwen3-Next's heads) gives the scan 32-wide V-tiles, eight
+    prompts (N·HV = 256) 64-wide ones; the output kernel runs after the scan by default."""
+    from mamba_edu.kernels.prefill import FEW_CHAINS, OUTPUT_IN_SCAN, _scan_config
+    assert _scan_config(1 * 32, 128)[0] == 32 and _scan_config(FEW_CHAINS - 1, 128)[0] == 32
+    assert _scan_config(8 * 32, 128)[0] == 64 and _scan_config(FEW_CHAINS, 128)[0] == 64
+    assert not OUTPUT_IN_SCAN

@@ -52,15 +52,15 @@ def _conv_dim(H: int, HV: int) -> int:
 
 def _our_bytes(T: int, N: int, H: int, HV: int, act: int = 2) -> int:
     """HBM bytes our kernels move at minimum (each tensor read or written once). With the output
-    computed in the scan (few chains) there is no Ṽ or h round trip."""
-    from mamba_edu.kernels.prefill import fuse_output
+    computed in the scan there is no Ṽ or h round trip."""
+    from mamba_edu.kernels import prefill
     NT = T // 64 + N  # upper bound on the number of chunks
     k_or_q = T * H * K * act
     h = NT * HV * K * V * act
     prepare = (k_or_q + T * HV * V * act + 2 * T * HV * 4                 # k, v, g, β
                + T * HV * 4 + k_or_q + T * HV * (K + V) * act)            # Γ, k̂, W, U
     scan = k_or_q + T * HV * ((K + V) * act + 4) + 2 * N * HV * K * V * 4  # k̂, W, U, Γ, S
-    if fuse_output(N * HV):
+    if prefill.OUTPUT_IN_SCAN:
         return prepare + scan + k_or_q + T * HV * V * act                  # q, o
     scan += T * HV * V * act + h                                           # Ṽ, h
     output = 2 * k_or_q + T * HV * (V * act + 4) + h + T * HV * V * act    # q, k̂, Ṽ, Γ, h, o
@@ -157,14 +157,15 @@ def _bench_fla(fla, sets, meta, HV, row):
 
 
 def _stage_times(x, pool, meta, row):
-    """Graph-replayed time of each of our kernels alone; for few (sequence, head) chains the scan
-    computes the output itself (``output_in_scan``) and its time includes it."""
-    from mamba_edu.kernels.prefill import fuse_output, launch_output, launch_prepare, launch_scan
+    """Graph-replayed time of each of our kernels alone; when the scan computes the output itself
+    (``output_in_scan``) its time includes it."""
+    from mamba_edu.kernels import prefill
+    from mamba_edu.kernels.prefill import launch_output, launch_prepare, launch_scan
     prepare = lambda: launch_prepare(x["k"], x["v"], x["g"], x["beta"], meta, True)  # noqa: E731
     row["ours_prepare_ms"] = _time(prepare, graph=True)
     gamma, k_hat, w, u = prepare()
     scan = lambda **kw: launch_scan(k_hat, w, u, gamma, pool, meta.state_indices, meta, **kw)  # noqa: E731
-    row["output_in_scan"] = fuse_output(meta.N * row["HV"])
+    row["output_in_scan"] = prefill.OUTPUT_IN_SCAN
     if row["output_in_scan"]:
         row["ours_scan_ms"] = _time(lambda: scan(queries=(x["q"], K ** -0.5, True)), graph=True)
         return
@@ -176,7 +177,7 @@ def _stage_times(x, pool, meta, row):
 
 def bench_prefill(preset, lengths, fla, results, seed=0):
     from mamba_edu.kernels import gdn_prefill
-    from mamba_edu.kernels.prefill import forced_output_path, fuse_output
+    from mamba_edu.kernels import prefill
     H, HV = PRESETS[preset]
     sets, pools, meta = _make_prefill_case(lengths, H, HV, seed)
     T, N = meta.T, meta.N
@@ -186,8 +187,8 @@ def bench_prefill(preset, lengths, fla, results, seed=0):
     ours = [lambda x=x, p=p: gdn_prefill(**x, state_pool=p, meta=meta) for x, p in zip(sets, pools)]
     row["ours_eager_ms"] = _time(_rotating(ours), graph=False)
     row["ours_graph_ms"] = _time(_rotating(ours), graph=True)
-    # The output path the policy did not choose, measured too: the data behind fuse_output.
-    with forced_output_path(not fuse_output(N * HV)):
+    # The other output path, measured too: the data behind the default (prefill.OUTPUT_IN_SCAN).
+    with prefill.forced_output_path(not prefill.OUTPUT_IN_SCAN):
         row["ours_graph_ms_other_output_path"] = _time(_rotating(ours), graph=True)
     _stage_times(sets[0], pools[0], meta, row)
 

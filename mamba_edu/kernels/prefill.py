@@ -15,12 +15,14 @@
 Why a separate output kernel: a chunk's output needs that chunk's start state, but nothing later
 needs the output. Computing it inside the serial pass makes every chunk step longer and leaves
 only ``(V/BV)·N·HV`` programs for all of that work. Writing ``h`` and ``Ṽ`` to memory costs
-bandwidth but lets the output run over every (chunk, head, tile) at once. That trade reverses
-when there are few (sequence, value head) chains, e.g. one long prompt: the scan then leaves most
-SMs idle, and the output is cheaper computed inside it, from the state already in registers,
-with no ``h``/``Ṽ`` round trip and one launch less (:func:`fuse_output`; ``h`` is then written
-only when checkpoints are asked for). ``h`` is stored in the input dtype (bf16 on a GPU), or in
-fp32 when checkpoints are requested: then the checkpoints *are* ``h``.
+bandwidth but lets the output run over every (chunk, head, tile) at once. The scan can also
+compute the output itself (``OUTPUT``, switched on by :func:`forced_output_path`): no ``h``/``Ṽ``
+round trip, one launch less. It seemed the better trade for few chains (one long prompt leaves
+most SMs idle during the scan), but on the H200 it was slower at every shape tried: its three
+extra products sit on the serial path of every chunk step (data/benchmarks/kernels.json,
+``ours_graph_ms_other_output_path``). So the output kernel is the default, and the fused path is
+kept for that comparison. ``h`` is stored in the input dtype (bf16 on a GPU), or in fp32 when
+checkpoints are requested: then the checkpoints *are* ``h``.
 
 The inverse is a block doubling on the whole 64×64 tile (:func:`invert_unit_lower`): every
 intermediate is an entry of T or of L, so it stays bounded (a power series in L would not: its
@@ -294,32 +296,27 @@ def _block(d: int) -> int:
 
 # Launch choices, measured on the H200 (K = V = 128, bf16; data/benchmarks/). A whole
 # sequence's chunks are one serial chain, so when few (sequence, value head) pairs exist the scan
-# leaves most SMs idle: it then takes 32-wide V-tiles (more programs, shorter steps) and computes
-# the output itself, which saves the output kernel, the Ṽ and h traffic and one launch.
-FEW_CHAINS = 64          # N·HV below this: the small-batch scan
+# takes 32-wide V-tiles: more programs and shorter steps (1×8192: 0.16 ms, against 0.21 ms 64 wide).
+FEW_CHAINS = 64          # N·HV below this: the small-batch scan tile
 PREPARE_WARPS = 4        # 209 µs at 1×8192 (8 warps: 419 µs)
-
-
-def fuse_output(n_chains: int) -> bool:
-    """Whether the scan computes the output itself (``n_chains`` = N·HV)."""
-    return n_chains < FEW_CHAINS
+OUTPUT_IN_SCAN = False   # the output kernel runs after the scan (module docstring)
 
 
 @contextlib.contextmanager
-def forced_output_path(fused: bool):
-    """Within the block, every prefill takes one output path whatever its batch (for the tests
-    and the benchmark, which compare the two)."""
-    global FEW_CHAINS
-    saved, FEW_CHAINS = FEW_CHAINS, (2 ** 62 if fused else 0)
+def forced_output_path(in_scan: bool):
+    """Within the block, every prefill computes its output inside the scan (``in_scan``) or with
+    the output kernel: for the tests and the benchmark, which compare the two."""
+    global OUTPUT_IN_SCAN
+    saved, OUTPUT_IN_SCAN = OUTPUT_IN_SCAN, in_scan
     try:
         yield
     finally:
-        FEW_CHAINS = saved
+        OUTPUT_IN_SCAN = saved
 
 
 def _scan_config(n_chains: int, V: int) -> tuple[int, int, int]:
-    """``(BV, num_warps, num_stages)`` of the scan: 32-wide tiles with a deeper load pipeline for
-    few chains (each program walks many chunks), else 64-wide."""
+    """``(BV, num_warps, num_stages)`` of the scan (``n_chains`` = N·HV): 32-wide tiles with a
+    deeper load pipeline for few chains (each program walks many chunks), else 64-wide."""
     if n_chains < FEW_CHAINS:
         return min(32, _block(V)), 4, 3
     return min(64, _block(V)), 4, 2
@@ -400,13 +397,13 @@ def launch_output(q, k_hat, v_new, h, gamma, meta, scale, use_qk_l2norm):
 def prefill_triton(q, k, v, g, beta, state_pool, state_indices, meta, scale, use_qk_l2norm,
                    output_checkpoints, track_slots, track_chunks, gating=None):
     """The kernels on validated inputs (see :func:`mamba_edu.kernels.gdn_prefill`); returns
-    ``(o, checkpoints or None)``. Three kernels, or two when :func:`fuse_output` says so."""
+    ``(o, checkpoints or None)``. Three kernels, or two with the output in the scan."""
     T, H, K = q.shape
     HV, V = v.shape[1:]
     gamma, k_hat, w, u = launch_prepare(k, v, g, beta, meta, use_qk_l2norm, gating)
     ckpt = (torch.empty(meta.NT, HV, K, V, device=q.device, dtype=torch.float32)
             if output_checkpoints else None)
-    if fuse_output(meta.N * HV):
+    if OUTPUT_IN_SCAN:
         o = launch_scan(k_hat, w, u, gamma, state_pool, state_indices, meta, ckpt,
                         track_slots, track_chunks, queries=(q, scale, use_qk_l2norm))
         return o, ckpt

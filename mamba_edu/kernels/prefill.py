@@ -294,9 +294,9 @@ def _block(d: int) -> int:
     return max(64, triton.next_power_of_2(d))
 
 
-# Launch choices, measured on the H200 (K = V = 128, bf16; data/benchmarks/). A whole
-# sequence's chunks are one serial chain, so when few (sequence, value head) pairs exist the scan
-# takes 32-wide V-tiles: more programs and shorter steps (1×8192: 0.16 ms, against 0.21 ms 64 wide).
+# Launch choices, measured on the H200 (K = V = 128, bf16; data/benchmarks/stage_sweep.md). A
+# whole sequence's chunks are one serial chain, so when few (sequence, value head) pairs exist the
+# scan takes 32-wide V-tiles: more programs, shorter steps (1×8192: 0.16 ms; 64 wide: 0.21 ms).
 FEW_CHAINS = 64          # N·HV below this: the small-batch scan tile
 PREPARE_WARPS = 4        # 209 µs at 1×8192 (8 warps: 419 µs)
 OUTPUT_IN_SCAN = False   # the output kernel runs after the scan (module docstring)

@@ -3,8 +3,6 @@
 The correct answers live in notebooks/solutions/03_triton_kernels.ipynb (CI runs it with nbval).
 """
 
-from unittest import mock
-
 import torch
 import triton
 import triton.language as tl
@@ -99,12 +97,16 @@ def test_program_counts_rejects_wrong_answers():
     def batch_chunks(lengths, H, HV, K, V):  # ⌈T/64⌉ chunks, as if chunks could straddle sequences
         return {**_expected_counts(lengths, H, HV, K, V), "prepare": triton.cdiv(sum(lengths), 64) * HV}
 
-    def always_output(lengths, H, HV, K, V):  # an output kernel even where the scan computes o
-        with mock.patch.object(prefill, "FEW_CHAINS", 0):  # the grids of the separate path
-            separate = _expected_counts(lengths, H, HV, K, V)
-        return {**_expected_counts(lengths, H, HV, K, V), "output": separate["output"]}
+    def never_output(lengths, H, HV, K, V):  # forgets the output kernel
+        return {k: n for k, n in _expected_counts(lengths, H, HV, K, V).items() if k != "output"}
 
-    for wrong in (off_by_one, fixed_scan_tile, batch_chunks, always_output):
+    def old_fused_rule(lengths, H, HV, K, V):  # no output kernel for few chains (the old default)
+        counts = _expected_counts(lengths, H, HV, K, V)
+        if len(lengths) * HV < prefill.FEW_CHAINS:
+            del counts["output"]
+        return counts
+
+    for wrong in (off_by_one, fixed_scan_tile, batch_chunks, never_output, old_fused_rule):
         assert judge(ex, wrong).status == FAIL, wrong.__name__
 
 

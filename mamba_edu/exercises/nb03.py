@@ -3,8 +3,8 @@
 1. ``my_l2norm_kernel`` — a ``@triton.jit`` kernel that L2-normalises the rows of a row-strided
    matrix (eps inside the square root). The check launches it itself.
 2. ``my_program_counts`` — how many programs each prefill kernel launches for a batch, checked
-   against the grids the package really launches (no ``output`` entry when the scan computes the
-   output itself).
+   against the grids the package really launches (prepare, scan and output kernel for every
+   batch by default; a kernel that is not launched has no entry).
 3. ``my_recurrent_kernel`` — a ``@triton.jit`` kernel, one program per (sequence, value head),
    that runs the gated delta rule token by token over a packed batch and writes o and the final
    state. The check launches it and compares with :func:`mamba_edu.gdn.recurrent_gated_delta_rule`.

@@ -68,6 +68,40 @@ def test_conv_prefill_matches_reference(backend):
     assert torch.equal(pool[[2, 5, 8]], pool0[[2, 5, 8]])
 
 
+def _check_conv_candidates(device, dtype, tol):
+    """Every launch candidate of the prefill conv against the reference (the autotuner may pick
+    any of them on a GPU; under the interpreter it only runs the first)."""
+    from mamba_edu.kernels.conv import CANDIDATES, conv1d_prefill_triton
+    lengths, slots = [1, 2, 63, 64, 65, 150], [6, 1, 4, 0, 3, -1]
+    x, weight, bias = (t.to(device, dtype) for t in _conv_case(lengths, D=200))
+    pool0 = torch.randn(9, 200, 3).to(device, dtype)
+    meta = build_chunk_meta(lengths, device, state_indices=slots)
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    init = torch.cat([pool0[slots[:-1]], torch.zeros_like(pool0[:1])]).float()
+    y_ref, finals = causal_conv1d(x.float(), weight.float(), bias.float(), cu_seqlens=cu,
+                                  initial_states=init)
+    for candidate in CANDIDATES:
+        pool = pool0.clone()
+        y = conv1d_prefill_triton(x, weight, bias, pool, meta.state_indices, meta, True,
+                                  candidate=candidate)
+        assert rel_err(y, y_ref) <= tol, candidate
+        assert torch.equal(pool[slots[:-1]], finals[:-1].to(dtype)), candidate
+        assert torch.equal(pool[[2, 5, 7, 8]], pool0[[2, 5, 7, 8]]), candidate
+
+
+@pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_conv_prefill_every_launch_candidate(dtype):
+    _check_conv_candidates("cpu", dtype, 1e-5 if dtype == torch.float32 else 2e-3)
+
+
+@pytest.mark.gpu
+def test_conv_prefill_every_launch_candidate_gpu_bf16():
+    _check_conv_candidates("cuda", torch.bfloat16, 1e-2)
+
+
 @pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1")
 def test_conv_prefill_continues_a_prefix():
     """Run a sequence in two pieces through the pool; equal to running it whole."""

@@ -92,9 +92,8 @@ def _check_conv_candidates(device, dtype, tol):
 
 
 @pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_conv_prefill_every_launch_candidate(dtype):
-    _check_conv_candidates("cpu", dtype, 1e-5 if dtype == torch.float32 else 2e-3)
+def test_conv_prefill_every_launch_candidate():
+    _check_conv_candidates("cpu", torch.float32, 1e-5)
 
 
 @pytest.mark.gpu

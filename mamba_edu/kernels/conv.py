@@ -3,14 +3,14 @@
 ``y[t, c] = silu(bias[c] + Σ_j weight[c, j] · x̃[t − (W−1) + j, c])`` with ``x̃`` = the sequence's
 conv state (its previous ``W−1`` raw inputs) followed by its tokens (docs/conventions.md).
 
-Prefill grid ``(NT, ⌈D/BD⌉)``: one program per 64-token chunk and channel block. The conv is
-memory-bound (4 multiply-adds per element read), so the main tile only reads x, with loads that
-are contiguous along the channels; only the first ``W−1`` rows of a sequence reach into the conv
-state, whose ``[D, W−1]`` layout makes those reads strided, so the programs of a sequence's first
-chunk compute them in a small second tile (:func:`_conv_head`, a branch the other programs skip).
-That program also writes the new state (the last ``W−1`` columns of ``x̃``) after a barrier: no
-other program reads the slot, so there is no race. A negative slot index means no state (zeros)
-and no write.
+Prefill grid ``(NT, ⌈D/BD⌉)`` or ``(⌈D/BD⌉, NT)`` (:data:`CANDIDATES`): one program per 64-token
+chunk and channel block. The conv is memory-bound (4 multiply-adds per element read), so the
+main tile only reads x, with loads that are contiguous along the channels; only the first ``W−1``
+rows of a sequence reach into the conv state, whose ``[D, W−1]`` layout makes those reads
+strided, so the programs of a sequence's first chunk compute them in a small second tile
+(:func:`_conv_head`, a branch the other programs skip). That program also writes the new state
+(the last ``W−1`` columns of ``x̃``) after a barrier: no other program reads the slot, so there
+is no race. A negative slot index means no state (zeros) and no write.
 """
 
 import torch
@@ -45,57 +45,23 @@ def _conv_rows(x_ptr, w_ptr, bias_ptr, state_ptr, rows, cols, cols_ok, live, sta
     return acc
 
 
-@triton.jit
-def _conv_rows_by_shifts(x_ptr, w_ptr, bias_ptr, t0, bos, eos, cols, cols_ok, stride_x,
-                         W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
-    """Outputs ``[64, BD]`` (fp32) of the rows ``t0 .. t0+63``, x read once: the 64-row tile and
-    a 16-row halo above it (only its last ``W−1`` rows live, none before ``bos``). Tap j needs x
-    shifted down by ``W−1−j`` rows, a product with a 0/1 shift matrix: exact for 16-bit x (one
-    nonzero term per output, fp32 sums)."""
-    r = tl.arange(0, 64)
-    x = tl.load(x_ptr + (t0 + r).to(tl.int64)[:, None] * stride_x + cols[None, :],
-                mask=(t0 + r < eos)[:, None] & cols_ok[None, :], other=0.0)
-    h = tl.arange(0, 16)
-    halo_rows = t0 - 16 + h
-    halo = tl.load(x_ptr + tl.maximum(halo_rows, 0).to(tl.int64)[:, None] * stride_x
-                   + cols[None, :],
-                   mask=((halo_rows >= bos) & (halo_rows >= t0 - (W - 1)))[:, None]
-                   & cols_ok[None, :], other=0.0)
-    acc = tl.zeros(x.shape, dtype=tl.float32)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=cols_ok, other=0.0).to(tl.float32)[None, :]
-    for j in tl.static_range(W):
-        shift = W - 1 - j
-        from_tile = tl.where(r[None, :] == r[:, None] - shift, 1.0, 0.0).to(x.dtype)
-        from_halo = tl.where(h[None, :] == r[:, None] - shift + 16, 1.0, 0.0).to(x.dtype)
-        xj = tl.dot(from_tile, x) + tl.dot(from_halo, halo)
-        acc += xj * tl.load(w_ptr + cols * W + j, mask=cols_ok, other=0.0).to(tl.float32)[None, :]
-    if SILU:
-        acc = acc * tl.sigmoid(acc)
-    return acc
+# Launch candidates ``(num_warps, BD, CHANNELS_FIRST)``, timed by the autotuner on a GPU.
+# CHANNELS_FIRST orders the grid with channel blocks fastest, so that the programs running
+# together read whole rows of x (picked at 8×1024 with 8192 channels on the H200).
+CANDIDATES = ((8, 128, False), (4, 64, False), (16, 256, False), (8, 128, True), (4, 64, True))
 
 
-# Launch candidates ``(num_warps, BD, SHIFTS, CHANNELS_FIRST)``, timed by the autotuner on a
-# GPU: tap loads or shift products, and the grid order (channel blocks fastest: the programs
-# running together then read whole rows of x).
-CANDIDATES = ((8, 128, False, False), (4, 64, False, False), (16, 256, False, False),
-              (8, 128, False, True), (4, 64, False, True), (4, 64, True, True),
-              (4, 128, True, True), (8, 128, True, False))
-
-
-@triton.autotune(tuning_configs(*((w, 1, {"BD": bd, "SHIFTS": sh, "CHANNELS_FIRST": cf})
-                                  for w, bd, sh, cf in CANDIDATES)),
+@triton.autotune(tuning_configs(*((w, 1, {"BD": bd, "CHANNELS_FIRST": cf})
+                                  for w, bd, cf in CANDIDATES)),
                  key=["D", "W"], restore_value=["pool_ptr"])
 @triton.jit
 def conv1d_prefill_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr,
                           cu_ptr, chunk_idx_ptr, D, stride_x,
                           W: tl.constexpr, HEAD: tl.constexpr, HAS_BIAS: tl.constexpr,
-                          SILU: tl.constexpr, BD: tl.constexpr, SHIFTS: tl.constexpr,
-                          CHANNELS_FIRST: tl.constexpr):
+                          SILU: tl.constexpr, BD: tl.constexpr, CHANNELS_FIRST: tl.constexpr):
     """One (chunk, channel block) of ``y [T, D]``; chunk 0 of a sequence also does its first
     ``W−1`` rows (``HEAD`` = that, rounded up to a power of two) and the new conv state.
-    ``SHIFTS``: the main tile by :func:`_conv_rows_by_shifts` (16-bit x only); the grid is
-    ``(NT, ⌈D/BD⌉)``, or ``(⌈D/BD⌉, NT)`` with ``CHANNELS_FIRST``."""
+    The grid is ``(NT, ⌈D/BD⌉)``, or ``(⌈D/BD⌉, NT)`` with ``CHANNELS_FIRST``."""
     if CHANNELS_FIRST:
         i_chunk = tl.program_id(1)
         cols = tl.program_id(0) * BD + tl.arange(0, BD)
@@ -112,12 +78,8 @@ def conv1d_prefill_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr
 
     rows = bos + 64 * chunk + tl.arange(0, 64)
     keep = ((rows < eos) & (rows >= bos + W - 1))[:, None] & cols_ok[None, :]
-    if SHIFTS and x_ptr.dtype.element_ty != tl.float32:  # fp32 products would round to tf32
-        y = _conv_rows_by_shifts(x_ptr, w_ptr, bias_ptr, bos + 64 * chunk, bos, eos, cols,
-                                 cols_ok, stride_x, W, HAS_BIAS, SILU)
-    else:
-        y = _conv_rows(x_ptr, w_ptr, bias_ptr, state_ptr, rows, cols, cols_ok, keep, keep, bos,
-                       stride_x, W, False, HAS_BIAS, SILU)
+    y = _conv_rows(x_ptr, w_ptr, bias_ptr, state_ptr, rows, cols, cols_ok, keep, keep, bos,
+                   stride_x, W, False, HAS_BIAS, SILU)
     tl.store(y_ptr + rows.to(tl.int64)[:, None] * D + cols[None, :], y.to(y_ptr.dtype.element_ty),
              mask=keep)
 
@@ -194,9 +156,9 @@ def conv1d_prefill_triton(x, weight, bias, conv_pool, state_indices, meta, silu,
     y = torch.empty(T, D, device=x.device, dtype=x.dtype)
     kernel, options = conv1d_prefill_kernel, {}
     if candidate is not None:
-        warps, bd, shifts, channels_first = candidate
+        warps, bd, channels_first = candidate
         kernel = conv1d_prefill_kernel.fn
-        options = dict(BD=bd, SHIFTS=shifts, CHANNELS_FIRST=channels_first, num_warps=warps)
+        options = dict(BD=bd, CHANNELS_FIRST=channels_first, num_warps=warps)
 
     def grid(cfg):
         cfg = {**cfg, **options}

@@ -30,8 +30,9 @@ terms can reach 1e13 for correlated keys), and all of it runs on tensor cores in
 
 Precision on a GPU: the Gram matrix ``K Kᵀ`` is taken from the raw keys in their own dtype
 (bf16: exact products, fp32 sums) and normalised afterwards, ``K̂K̂ᵀ = diag(n) K Kᵀ diag(n)``.
-``tl.dot`` on fp32 operands uses tf32 tensor cores; that is what the inverse uses, where bf16
-would cost accuracy. T, W, U, k̂, Ṽ and h (unless checkpoints are requested) are stored or cast
+``tl.dot`` on fp32 operands uses tf32 tensor cores; with 16-bit inputs the inverse's products
+take fp16 operands instead (tf32's mantissa at twice its rate; bf16 would cost accuracy there,
+:func:`invert_unit_lower`). T, W, U, k̂, Ṽ and h (unless checkpoints are requested) are stored or cast
 to the input dtype (bf16), and the dots that read them (W, U themselves, both dots of the scan,
 the output's) take operands in that dtype with fp32 accumulation, like flash-linear-attention.
 The state S stays fp32 in registers. Under the interpreter dots are plain fp32 (or fp16) matmuls.
@@ -61,20 +62,20 @@ G_FLOOR = tl.constexpr(-110.0)
 
 
 @triton.jit
-def _merge_blocks(X, L, r, SIZE: tl.constexpr, BF16: tl.constexpr):
+def _merge_blocks(X, L, r, SIZE: tl.constexpr, FP16: tl.constexpr):
     """One doubling step of :func:`invert_unit_lower`: from the inverses of the SIZE-blocks on
     the diagonal (in ``X``) to those of the 2·SIZE-blocks."""
     same_pair = (r[:, None] // (2 * SIZE)) == (r[None, :] // (2 * SIZE))
     other_block = (r[:, None] // SIZE) != (r[None, :] // SIZE)
     B = tl.where(same_pair & other_block, L, 0.0)
-    if BF16:
-        X_op = X.to(tl.bfloat16)
-        return X - tl.dot(X_op, tl.dot(B.to(tl.bfloat16), X_op).to(tl.bfloat16))
+    if FP16:
+        X_op = X.to(tl.float16)
+        return X - tl.dot(X_op, tl.dot(B.to(tl.float16), X_op).to(tl.float16))
     return X - tl.dot(X, tl.dot(B, X))
 
 
 @triton.jit
-def invert_unit_lower(L, C: tl.constexpr, BF16: tl.constexpr = False):
+def invert_unit_lower(L, C: tl.constexpr, FP16: tl.constexpr = False):
     """``(I + L)⁻¹`` of a strictly lower ``[C, C]`` fp32 tile (C = 16, 32 or 64) by doubling.
 
     A diagonal block of size 2s is ``[[A, 0], [B, D]]``; knowing the inverses of A and D, its
@@ -82,20 +83,23 @@ def invert_unit_lower(L, C: tl.constexpr, BF16: tl.constexpr = False):
     the diagonal, that is ``X ← X − X (B X)`` for all blocks at once, B = the entries of L inside
     a 2s-block but outside both of its s-blocks (:func:`_merge_blocks`). The 2×2 blocks need no
     product: ``[[1, 0], [l, 1]]⁻¹ = [[1, 0], [−l, 1]]``. Then log₂ C − 1 doubling steps.
-    The products take fp32 operands (tf32 on a GPU), or bf16 ones with ``BF16`` (fp32 sums and
-    X kept in fp32 either way).
+    The products take fp32 operands (tf32 on a GPU), or fp16 ones with ``FP16``: the same
+    10-bit mantissa as tf32 at twice its tensor-core rate. Sums and X stay fp32 either way. fp16's
+    range suffices because every operand is an entry of L, of T or of B·X: with unit keys,
+    β ≤ 1 and g ≤ 0 the entries of L and T stay within ±1 (measured on correlated keys), those
+    of B·X within ±64. bf16 operands (8-bit mantissa) tripled W's and U's error there.
     """
     r = tl.arange(0, C)
     diagonal = r[:, None] == r[None, :]
     same_pair = (r[:, None] // 2) == (r[None, :] // 2)
     X = tl.where(diagonal, 1.0, tl.where(same_pair, -L, 0.0))
-    X = _merge_blocks(X, L, r, 2, BF16)
-    X = _merge_blocks(X, L, r, 4, BF16)
-    X = _merge_blocks(X, L, r, 8, BF16)
+    X = _merge_blocks(X, L, r, 2, FP16)
+    X = _merge_blocks(X, L, r, 4, FP16)
+    X = _merge_blocks(X, L, r, 8, FP16)
     if C > 16:
-        X = _merge_blocks(X, L, r, 16, BF16)
+        X = _merge_blocks(X, L, r, 16, FP16)
     if C > 32:
-        X = _merge_blocks(X, L, r, 32, BF16)
+        X = _merge_blocks(X, L, r, 32, FP16)
     return X
 
 
@@ -153,9 +157,9 @@ def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
     r = tl.arange(0, CHUNK)
     diff = tl.where(r[:, None] > r[None, :], gamma[:, None] - gamma[None, :], float("-inf"))
     L = (beta * norm)[:, None] * tl.dot(k, tl.trans(k)) * norm[None, :] * tl.exp(diff)
-    # With bf16 storage the inverse's products take bf16 operands too: W and U read T in bf16
-    # anyway, and the doubling was ~45 % of this kernel's time in tf32 (1×8192, H200).
-    T = invert_unit_lower(L, CHUNK, w_ptr.dtype.element_ty == tl.bfloat16)
+    # With 16-bit storage the inverse's products take fp16 operands: in tf32 the doubling was
+    # ~45 % of this kernel's time (1×8192, H200), fp16 runs at twice tf32's rate, as precisely.
+    T = invert_unit_lower(L, CHUNK, w_ptr.dtype.element_ty != tl.float32)
 
     k_hat = k_f32 * norm[:, None]
     # Rows below bos do not exist: the other value heads of the group store no k̂.

@@ -30,11 +30,12 @@ terms can reach 1e13 for correlated keys), and all of it runs on tensor cores in
 
 Precision on a GPU: the Gram matrix ``K Kᵀ`` is taken from the raw keys in their own dtype
 (bf16: exact products, fp32 sums) and normalised afterwards, ``K̂K̂ᵀ = diag(n) K Kᵀ diag(n)``.
-``tl.dot`` on fp32 operands uses tf32 tensor cores; with 16-bit inputs the inverse's products
-take fp16 operands instead (tf32's mantissa at twice its rate; bf16 would cost accuracy there,
-:func:`invert_unit_lower`). T, W, U, k̂, Ṽ and h (unless checkpoints are requested) are stored or cast
-to the input dtype (bf16), and the dots that read them (W, U themselves, both dots of the scan,
-the output's) take operands in that dtype with fp32 accumulation, like flash-linear-attention.
+``tl.dot`` on fp32 operands uses tf32 tensor cores; with 16-bit inputs the inverse's
+products take fp16 operands instead (tf32's mantissa at twice its rate; bf16 would cost
+accuracy there, :func:`invert_unit_lower`). T, W, U, k̂, Ṽ and h (unless checkpoints are
+requested) are stored or cast to the input dtype (bf16), and the dots that read them (W, U
+themselves, both dots of the scan, the output's) take operands in that dtype with fp32
+accumulation, like flash-linear-attention.
 The state S stays fp32 in registers. Under the interpreter dots are plain fp32 (or fp16) matmuls.
 
 Tiles over a head dim are at least 64 wide (:func:`_block`, masked past K or V): Triton 3.6
@@ -157,9 +158,10 @@ def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
     r = tl.arange(0, CHUNK)
     diff = tl.where(r[:, None] > r[None, :], gamma[:, None] - gamma[None, :], float("-inf"))
     L = (beta * norm)[:, None] * tl.dot(k, tl.trans(k)) * norm[None, :] * tl.exp(diff)
-    # With 16-bit storage the inverse's products take fp16 operands: in tf32 the doubling was
-    # ~45 % of this kernel's time (1×8192, H200), fp16 runs at twice tf32's rate, as precisely.
-    T = invert_unit_lower(L, CHUNK, w_ptr.dtype.element_ty != tl.float32)
+    # With 16-bit storage and unit keys the inverse's products take fp16 operands: in tf32 the
+    # doubling was ~45 % of this kernel's time (1×8192, H200); fp16 runs at twice tf32's rate,
+    # as precisely. Keys normalised here bound L and T (invert_unit_lower), others may not.
+    T = invert_unit_lower(L, CHUNK, USE_L2NORM and w_ptr.dtype.element_ty != tl.float32)
 
     k_hat = k_f32 * norm[:, None]
     # Rows below bos do not exist: the other value heads of the group store no k̂.

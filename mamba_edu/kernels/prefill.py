@@ -135,12 +135,13 @@ def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
                          stride_k, stride_v, stride_g, stride_beta,
                          H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                          BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
-                         GATED: tl.constexpr):
+                         GATED: tl.constexpr, FP16_INVERSE: tl.constexpr):
     """One (chunk, value head): Γ ``[T, HV]``, W ``[T, HV, K]``, U ``[T, HV, V]`` for its 64 rows,
     and the normalised keys k̂ ``[T, H, K]`` (written by the first value head of each group).
     With ``GATED``, ``g_ptr``/``beta_ptr`` hold the raw projections a, b and the gating is
     computed here (with ``A_log``, ``dt_bias``). Inputs are read with their row strides.
-    ``BK``, ``BV`` are at least 64 (masked past K, V): see the module docstring."""
+    ``BK``, ``BV`` are at least 64 (masked past K, V): see the module docstring.
+    ``FP16_INVERSE``: the inverse's products on fp16 operands (:func:`launch_prepare`)."""
     i_chunk = tl.program_id(0)
     hv = tl.program_id(1)
     seq = tl.load(chunk_idx_ptr + 2 * i_chunk)
@@ -158,10 +159,7 @@ def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
     r = tl.arange(0, CHUNK)
     diff = tl.where(r[:, None] > r[None, :], gamma[:, None] - gamma[None, :], float("-inf"))
     L = (beta * norm)[:, None] * tl.dot(k, tl.trans(k)) * norm[None, :] * tl.exp(diff)
-    # With 16-bit storage and unit keys the inverse's products take fp16 operands: in tf32 the
-    # doubling was ~45 % of this kernel's time (1×8192, H200); fp16 runs at twice tf32's rate,
-    # as precisely. Keys normalised here bound L and T (invert_unit_lower), others may not.
-    T = invert_unit_lower(L, CHUNK, USE_L2NORM and w_ptr.dtype.element_ty != tl.float32)
+    T = invert_unit_lower(L, CHUNK, FP16_INVERSE)
 
     k_hat = k_f32 * norm[:, None]
     # Rows below bos do not exist: the other value heads of the group store no k̂.
@@ -359,10 +357,15 @@ def launch_prepare(k, v, g, beta, meta, use_qk_l2norm, gating=None):
     w = torch.empty(T, HV, K, device=k.device, dtype=k_hat.dtype)
     u = torch.empty(T, HV, V, device=k.device, dtype=k_hat.dtype)
     A_log, dt_bias = gating or (g, g)  # unread without gating
+    # fp16 operands for the inverse's products with 16-bit storage and keys normalised in the
+    # kernel (unit keys bound L and T, :func:`invert_unit_lower`): in tf32 the doubling was ~45 %
+    # of the kernel's time (1×8192, H200), and fp16 runs at twice tf32's rate, as precisely.
+    fp16_inverse = use_qk_l2norm and w.dtype != torch.float32
     chunk_prepare_kernel[(meta.NT, HV)](
         k, v, g, beta, A_log, dt_bias, gamma, k_hat, w, u, meta.cu_seqlens, meta.chunk_indices,
         k.stride(0), v.stride(0), g.stride(0), beta.stride(0), H, HV, K, V,
-        _block(K), _block(V), use_qk_l2norm, gating is not None, num_warps=PREPARE_WARPS)
+        _block(K), _block(V), use_qk_l2norm, gating is not None, fp16_inverse,
+        num_warps=PREPARE_WARPS)
     return gamma, k_hat, w, u
 
 

@@ -88,7 +88,8 @@ def invert_unit_lower(L, C: tl.constexpr, FP16: tl.constexpr = False):
     10-bit mantissa as tf32 at twice its tensor-core rate. Sums and X stay fp32 either way. fp16's
     range suffices because every operand is an entry of L, of T or of B·X: with unit keys,
     β ≤ 1 and g ≤ 0 the entries of L and T stay within ±1 (measured on correlated keys), those
-    of B·X within ±64. bf16 operands (8-bit mantissa) tripled W's and U's error there.
+    of B·X within ±64. bf16 operands (8-bit mantissa) tripled U's error on such chunks
+    (notebook 03, section B5).
     """
     r = tl.arange(0, C)
     diagonal = r[:, None] == r[None, :]

@@ -176,8 +176,7 @@ def _stage_times(x, pool, meta, row):
 
 
 def bench_prefill(preset, lengths, fla, results, seed=0):
-    from mamba_edu.kernels import gdn_prefill
-    from mamba_edu.kernels import prefill
+    from mamba_edu.kernels import gdn_prefill, prefill
     H, HV = PRESETS[preset]
     sets, pools, meta = _make_prefill_case(lengths, H, HV, seed)
     T, N = meta.T, meta.N
@@ -377,7 +376,8 @@ def _write(results, meta, out: Path):
 
 def _summary(results) -> str:
     """A fixed-width table of the headline numbers (``-`` where a value is missing)."""
-    columns = [("ours graph", "ours_graph_ms", ".4f"), ("other path", "ours_graph_ms_other_output_path", ".4f"),
+    columns = [("ours graph", "ours_graph_ms", ".4f"),
+               ("other path", "ours_graph_ms_other_output_path", ".4f"),
                ("fla graph", "fla_graph_ms", ".4f"),
                ("ratio", "ratio_graph", ".2f"), ("ours eager", "ours_eager_ms", ".3f"),
                ("fla eager", "fla_eager_ms", ".3f"), ("prepare", "ours_prepare_ms", ".4f"),

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from mamba_edu.gdn import causal_conv1d, causal_conv1d_update, gdn_gating, recurrent_gated_delta_rule
 from mamba_edu.kernels import build_chunk_meta, conv1d_decode, conv1d_prefill, gdn_decode, upload_indices
@@ -99,6 +100,56 @@ def test_conv_prefill_every_launch_candidate():
 @pytest.mark.gpu
 def test_conv_prefill_every_launch_candidate_gpu_bf16():
     _check_conv_candidates("cuda", torch.bfloat16, 1e-2)
+
+
+def _check_tracked_windows(lengths, slots, track_slots, track_chunks, device, dtype, backend):
+    """The ``fused`` strategy's conv snapshot: ``conv_pool[track_slots[n]]`` must equal the conv
+    state after the first ``min(64·chunk, L)`` tokens, i.e. the final state of the reference run
+    on that prefix alone; every other slot keeps its value or gets the final state."""
+    x, weight, bias = (t.to(device, dtype) for t in _conv_case(lengths, D=72))
+    pool0 = torch.randn(10, 72, 3).to(device, dtype)
+    meta = build_chunk_meta(lengths, device, state_indices=slots, track_slots=track_slots,
+                            track_chunks=track_chunks)
+    pool = pool0.clone()
+    conv1d_prefill(x, weight, bias, conv_pool=pool, meta=meta, backend=backend)
+    starts = [sum(lengths[:n]) for n in range(len(lengths))]
+    expected = pool0.clone()
+    for n, (start, length) in enumerate(zip(starts, lengths)):
+        state = pool0[slots[n]][None].float()
+        _, final = causal_conv1d(x[start:start + length].float(), weight.float(), bias.float(),
+                                 initial_states=state)
+        expected[slots[n]] = final[0].to(dtype)
+        end = min(64 * track_chunks[n], length)
+        if track_chunks[n] >= 0:
+            expected[track_slots[n]] = (pool0[slots[n]] if end == 0 else causal_conv1d(
+                x[start:start + end].float(), weight.float(), bias.float(),
+                initial_states=state)[1][0].to(dtype))
+    assert torch.equal(pool, expected)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_conv_prefill_saves_tracked_windows(backend):
+    # windows at token 0 (the old state), 64 = L (the final state), 128 < L, and past L (final)
+    _check_tracked_windows([2, 63, 64, 130, 150], [6, 1, 4, 0, 3], [8, -1, 2, 5, 7],
+                           [0, -1, 1, 2, 3], "cpu", torch.float32, backend)
+
+
+@pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1")
+@settings(max_examples=8, deadline=None)
+@given(st.lists(st.integers(1, 140), min_size=1, max_size=4), st.data())
+def test_conv_prefill_tracked_windows_property(lengths, data):
+    """Any batch shape and any tracked chunk boundary (or none) per sequence, in the kernel."""
+    n = len(lengths)
+    chunks = [data.draw(st.integers(-1, -(-length // 64))) for length in lengths]
+    slots = list(range(n))
+    track_slots = [n + i if c >= 0 else -1 for i, c in enumerate(chunks)]
+    _check_tracked_windows(lengths, slots, track_slots, chunks, "cpu", torch.float32, "triton")
+
+
+@pytest.mark.gpu
+def test_conv_prefill_saves_tracked_windows_gpu_bf16():
+    _check_tracked_windows([2, 63, 64, 130, 150], [6, 1, 4, 0, 3], [8, -1, 2, 5, 7],
+                           [0, -1, 1, 2, 3], "cuda", torch.bfloat16, "triton")
 
 
 @pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1")

@@ -90,6 +90,17 @@ def _check_gates(g, beta, raw, T, HV, dev, dtype):
     return None
 
 
+def _indices_from_meta(meta, state_indices, track_slots, track_chunks):
+    """The index arguments a prefill call left out (``None``), taken from ``meta``."""
+    if meta is None:
+        return state_indices, track_slots, track_chunks
+    if state_indices is None:
+        state_indices = getattr(meta, "state_indices", None)
+    if track_slots is None and track_chunks is None:
+        track_slots, track_chunks = getattr(meta, "track_slots", None), getattr(meta, "track_chunks", None)
+    return state_indices, track_slots, track_chunks
+
+
 def _check_prefill_indices(state_indices, track_slots, track_chunks, meta, slots, dev):
     """Host values of the working slots and the tracking writes ``(row, slot, chunk)``."""
     if state_indices is None:
@@ -120,10 +131,8 @@ def gdn_prefill(q, k, v, g=None, beta=None, *, a=None, b=None, A_log=None, dt_bi
     Returns:
         ``(o [T, HV, V] in q's dtype, checkpoints or None)``.
     """
-    if state_indices is None and meta is not None:
-        state_indices = getattr(meta, "state_indices", None)
-    if track_slots is None and track_chunks is None and meta is not None:
-        track_slots, track_chunks = getattr(meta, "track_slots", None), getattr(meta, "track_chunks", None)
+    state_indices, track_slots, track_chunks = _indices_from_meta(
+        meta, state_indices, track_slots, track_chunks)
     dev, (T, H, K, HV, V) = _check_qkv(q, k, v)
     gating = _check_gates(g, beta, (a, b, A_log, dt_bias), T, HV, dev, v.dtype)
     backend = resolve_backend(backend, dev, q.dtype)
@@ -181,14 +190,8 @@ def _check_conv(x, weight, bias, conv_pool):
     return _check_pool("conv_pool", conv_pool, (D, weight.shape[1] - 1), x.device)
 
 
-def _check_conv_indices(state_indices, meta, slots, dev):
-    if state_indices is None:
-        raise ValueError("state_indices is required (or build meta with state_indices=...)")
-    return slot_indices("state_indices", state_indices, meta.N, slots, dev, allow_padding=False)
-
-
 def conv1d_prefill(x, weight, bias=None, *, conv_pool, state_indices=None, meta,
-                   activation="silu", backend="auto"):
+                   activation="silu", track_slots=None, track_chunks=None, backend="auto"):
     """Causal depthwise conv1d over a packed batch, conv states in a pool (updated in place).
 
     Args:
@@ -196,20 +199,28 @@ def conv1d_prefill(x, weight, bias=None, *, conv_pool, state_indices=None, meta,
         conv_pool: ``[slots, D, W−1]``; sequence n reads its previous inputs from
             ``conv_pool[state_indices[n]]`` (zeros for a fresh slot) and leaves its last ``W−1``.
         state_indices: ``[N]`` int, distinct, in ``[0, slots)``; ``None`` = ``meta.state_indices``.
+        track_slots, track_chunks: ``[N]`` int (the ``fused`` strategy), as in
+            :func:`gdn_prefill`: save the conv state after ``min(64·track_chunks[n], L)`` tokens
+            (the ``W−1`` inputs before that point) into ``conv_pool[track_slots[n]]``
+            (negative chunk = nothing). ``None`` = take them from ``meta`` (if there).
     Returns:
         ``y [T, D]`` in x's dtype.
     """
-    if state_indices is None and meta is not None:
-        state_indices = getattr(meta, "state_indices", None)
+    state_indices, track_slots, track_chunks = _indices_from_meta(
+        meta, state_indices, track_slots, track_chunks)
     slots = _check_conv(x, weight, bias, conv_pool)
     silu = _check_activation(activation)
     backend = resolve_backend(backend, x.device, x.dtype, "x")
     check_meta(meta, x.shape[0], x.device)
-    state_slots = checked_once(meta, ("conv", slots), (state_indices,),
-                               lambda: _check_conv_indices(state_indices, meta, slots, x.device))
+    state_slots, targets = checked_once(
+        meta, ("conv", slots), (state_indices, track_slots, track_chunks),
+        lambda: _check_prefill_indices(state_indices, track_slots, track_chunks, meta, slots,
+                                       x.device))
     if backend == "torch":
-        return conv1d_prefill_torch(x, weight, bias, conv_pool, state_slots, meta, activation)
-    return conv1d_prefill_triton(x, weight, bias, conv_pool, state_indices, meta, silu)
+        return conv1d_prefill_torch(x, weight, bias, conv_pool, state_slots, meta, activation,
+                                    targets)
+    return conv1d_prefill_triton(x, weight, bias, conv_pool, state_indices, meta, silu,
+                                 track_slots, track_chunks)
 
 
 def conv1d_decode(x, weight, bias=None, *, conv_pool, state_indices, activation="silu",

@@ -11,6 +11,10 @@ strided, so the programs of a sequence's first chunk compute them in a small sec
 (:func:`_conv_head`, a branch the other programs skip). That program also writes the new state
 (the last ``W−1`` columns of ``x̃``) after a barrier: no other program reads the slot, so there
 is no race. A negative slot index means no state (zeros) and no write.
+
+With ``TRACK`` (the ``fused`` tracking strategy) the same program also saves the conv window at a
+chunk boundary of the sequence, ``x̃``'s ``W−1`` columns before token ``min(64·chunk, L)``, into
+the sequence's track slot: the prefix cache's conv snapshot, with no gather/scatter kernels.
 """
 
 import torch
@@ -56,12 +60,14 @@ CANDIDATES = ((8, 128, False), (4, 64, False), (16, 256, False), (8, 128, True),
                  key=["D", "W"], restore_value=["pool_ptr"])
 @triton.jit
 def conv1d_prefill_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr,
-                          cu_ptr, chunk_idx_ptr, D, stride_x,
+                          track_slot_ptr, track_chunk_ptr, cu_ptr, chunk_idx_ptr, D, stride_x,
                           W: tl.constexpr, HEAD: tl.constexpr, HAS_BIAS: tl.constexpr,
-                          SILU: tl.constexpr, BD: tl.constexpr, CHANNELS_FIRST: tl.constexpr):
+                          SILU: tl.constexpr, TRACK: tl.constexpr, BD: tl.constexpr,
+                          CHANNELS_FIRST: tl.constexpr):
     """One (chunk, channel block) of ``y [T, D]``; chunk 0 of a sequence also does its first
-    ``W−1`` rows (``HEAD`` = that, rounded up to a power of two) and the new conv state.
-    The grid is ``(NT, ⌈D/BD⌉)``, or ``(⌈D/BD⌉, NT)`` with ``CHANNELS_FIRST``."""
+    ``W−1`` rows (``HEAD`` = that, rounded up to a power of two), the tracked window when
+    ``TRACK`` and the new conv state. The grid is ``(NT, ⌈D/BD⌉)``, or ``(⌈D/BD⌉, NT)`` with
+    ``CHANNELS_FIRST``."""
     if CHANNELS_FIRST:
         i_chunk = tl.program_id(1)
         cols = tl.program_id(0) * BD + tl.arange(0, BD)
@@ -84,16 +90,19 @@ def conv1d_prefill_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr
              mask=keep)
 
     if chunk == 0:  # the first W−1 rows and the new state: one program per sequence and block
-        _conv_head(x_ptr, w_ptr, bias_ptr, y_ptr, state_ptr, cols, cols_ok, slot, bos, eos, D,
-                   stride_x, W, HEAD, HAS_BIAS, SILU)
+        _conv_head(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_ptr, track_slot_ptr,
+                   track_chunk_ptr, cols, cols_ok, seq, slot, bos, eos, D, stride_x, W, HEAD,
+                   HAS_BIAS, SILU, TRACK)
 
 
 @triton.jit
-def _conv_head(x_ptr, w_ptr, bias_ptr, y_ptr, state_ptr, cols, cols_ok, slot, bos, eos, D,
-               stride_x, W: tl.constexpr, HEAD: tl.constexpr, HAS_BIAS: tl.constexpr,
-               SILU: tl.constexpr):
-    """A sequence's first ``W−1`` outputs (they reach into the conv state) and its new conv state,
-    for the channels ``cols``; a negative slot reads no state (zeros) and writes none."""
+def _conv_head(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_ptr, track_slot_ptr,
+               track_chunk_ptr, cols, cols_ok, seq, slot, bos, eos, D, stride_x,
+               W: tl.constexpr, HEAD: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+               TRACK: tl.constexpr):
+    """A sequence's first ``W−1`` outputs (they reach into the conv state), its tracked window
+    (``TRACK``) and its new conv state, for the channels ``cols``; a negative slot reads no state
+    (zeros) and writes none, a negative track chunk saves nothing."""
     has_state = as_vector(slot, cols) >= 0
     head = bos + tl.arange(0, HEAD)
     live = ((head < eos) & (head < bos + W - 1))[:, None] & cols_ok[None, :]
@@ -101,18 +110,31 @@ def _conv_head(x_ptr, w_ptr, bias_ptr, y_ptr, state_ptr, cols, cols_ok, slot, bo
                    live & has_state[None, :], bos, stride_x, W, True, HAS_BIAS, SILU)
     tl.store(y_ptr + head.to(tl.int64)[:, None] * D + cols[None, :], y.to(y_ptr.dtype.element_ty),
              mask=live)
-
-    # New state = the last W−1 columns of x̃ (old state columns when the sequence is short).
+    if TRACK:
+        track_chunk = tl.load(track_chunk_ptr + seq)
+        track_slot = tl.maximum(tl.load(track_slot_ptr + seq).to(tl.int64), 0)
+        _save_window(x_ptr, state_ptr, pool_ptr + track_slot * D * (W - 1) + cols * (W - 1),
+                     cols, cols_ok & (as_vector(track_chunk, cols) >= 0), has_state, bos,
+                     tl.minimum(64 * track_chunk, eos - bos), stride_x, W)
     tl.debug_barrier()  # every read of the old state above happens before it is overwritten
-    writes = cols_ok & has_state
-    length = as_vector(eos - bos, cols)
+    _save_window(x_ptr, state_ptr, state_ptr, cols, cols_ok & has_state, has_state, bos,
+                 eos - bos, stride_x, W)
+
+
+@triton.jit
+def _save_window(x_ptr, state_ptr, dst_ptr, cols, writes, has_state, bos, end, stride_x,
+                 W: tl.constexpr):
+    """Write ``x̃``'s ``W−1`` columns before token ``end`` of the sequence to ``dst_ptr [BD]``
+    (column 0 of each channel ``cols``) where ``writes``; where ``end < W−1`` they come from the
+    old state at ``state_ptr`` (zeros without ``has_state``)."""
     for p in tl.static_range(W - 1):
-        rel = length - (W - 1) + p               # position in x̃ relative to the first token
+        rel = as_vector(end - (W - 1) + p, cols)  # position in x̃ relative to the first token
         xp = tl.load(x_ptr + (bos + tl.maximum(rel, 0)).to(tl.int64) * stride_x + cols,
                      mask=writes & (rel >= 0), other=0.0)
-        sp = tl.load(state_ptr + tl.maximum(rel + (W - 1), 0), mask=writes & (rel < 0), other=0.0)
-        tl.store(state_ptr + p, (xp.to(tl.float32) + sp.to(tl.float32)).to(
-            state_ptr.dtype.element_ty), mask=writes)
+        sp = tl.load(state_ptr + tl.maximum(rel + (W - 1), 0),
+                     mask=writes & has_state & (rel < 0), other=0.0)
+        tl.store(dst_ptr + p, (xp.to(tl.float32) + sp.to(tl.float32)).to(
+            dst_ptr.dtype.element_ty), mask=writes)
 
 
 @triton.jit
@@ -147,10 +169,13 @@ _BD = 128  # channels per program of the decode update
 
 
 def conv1d_prefill_triton(x, weight, bias, conv_pool, state_indices, meta, silu,
-                          candidate=None):
+                          track_slots=None, track_chunks=None, candidate=None):
     """Launch the prefill conv on validated inputs (``x`` may be a row-strided column slice);
-    returns a contiguous ``y [T, D]``, updates the pool. ``candidate``: one entry of
-    :data:`CANDIDATES` instead of the autotuner's choice (the tests run each)."""
+    returns a contiguous ``y [T, D]``, updates the pool and saves the tracked windows
+    (``track_slots, track_chunks`` as in :func:`~mamba_edu.kernels.conv1d_prefill`).
+    ``candidate``: one entry of :data:`CANDIDATES` instead of the autotuner's choice (the tests
+    run each)."""
+    track = track_slots is not None
     T, D = x.shape
     W = weight.shape[1]
     y = torch.empty(T, D, device=x.device, dtype=x.dtype)
@@ -166,8 +191,9 @@ def conv1d_prefill_triton(x, weight, bias, conv_pool, state_indices, meta, silu,
         return (blocks, meta.NT) if cfg["CHANNELS_FIRST"] else (meta.NT, blocks)
     kernel[grid](
         x, weight, weight if bias is None else bias, y, conv_pool, state_indices,
+        track_slots if track else state_indices, track_chunks if track else state_indices,
         meta.cu_seqlens, meta.chunk_indices, D, x.stride(0), W, triton.next_power_of_2(W - 1),
-        bias is not None, silu, **options)
+        bias is not None, silu, track, **options)
     return y
 
 

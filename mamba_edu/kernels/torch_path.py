@@ -48,10 +48,19 @@ def decode_torch(q, k, v, a, b, A_log, dt_bias, state_pool, slots: list[int], sc
     return res.o
 
 
-def conv1d_prefill_torch(x, weight, bias, conv_pool, slots: list[int], meta, activation):
+def conv1d_prefill_torch(x, weight, bias, conv_pool, slots: list[int], meta, activation,
+                         targets: list[tuple[int, int, int]]):
+    """The reference conv on the gathered states; ``targets`` = ``(row, slot, chunk)``: save the
+    ``W−1`` columns of ``x̃ = [state, tokens]`` before token ``min(64·chunk, L)`` to ``slot``."""
     index = torch.tensor(slots, device=conv_pool.device)
-    y, finals = causal_conv1d(x, weight, bias, cu_seqlens=_cu_list(meta.lengths),
-                              initial_states=conv_pool[index], activation=activation)
+    initial = conv_pool[index]
+    cu = _cu_list(meta.lengths)
+    y, finals = causal_conv1d(x, weight, bias, cu_seqlens=cu, initial_states=initial,
+                              activation=activation)
+    for n, slot, chunk in targets:
+        end = min(64 * chunk, meta.lengths[n])
+        x_tilde = torch.cat([initial[n], x[cu[n]:cu[n + 1]].T.to(initial.dtype)], dim=1)
+        conv_pool[slot] = x_tilde[:, end:end + initial.shape[2]]
     conv_pool[index] = finals.to(conv_pool.dtype)
     return y
 

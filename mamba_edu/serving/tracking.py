@@ -1,12 +1,12 @@
 """The four tracking strategies: *when* and *how* the tracked rows' indices are found.
 
-Every strategy ends in the same two per-layer copies (:meth:`LinearAttentionBackend
+The first three end in the same two per-layer copies (:meth:`LinearAttentionBackend
 <mamba_edu.serving.backend.LinearAttentionBackend>` does them):
 
 * ``track.conv`` (before the conv): ``conv_pool[dst] = mixed_qkv[conv_positions]ᵀ``;
 * ``track.ssm`` (after the GDN kernel): ``ssm_pool[dst] = final state or checkpoint h[…]``.
 
-They differ only in where the :class:`TrackIndices` come from. ``naive`` and ``precomputed``
+They differ only in where the :class:`TrackIndices` come from; ``fused`` has no copies at all. ``naive`` and ``precomputed``
 reproduce SGLang (``hybrid_linear_attn_backend.py`` and ``gdn_backend.py``) before and after its
 PR #20522, host syncs included (L = number of GDN layers; see ``docs/sglang.md``):
 
@@ -22,8 +22,9 @@ precomputed :func:`sglang_track_metadata`, then ``has_mamba_track_mask  11 when 
             test a Python bool and index                               0 inside the layers
 sync_free   built on the host from the scheduler's lists, one pinned  0
             copy; fixed size N, untracked rows write the scratch slot
-fused       as sync_free for the conv; the GDN kernel itself writes     0
-            the tracked SSM state (no fp32 h returned, no copy)
+fused       the same host lists, given to the kernels: the conv kernel   0
+            saves the tracked conv window, the GDN kernel the tracked
+            SSM state (no fp32 h returned, no copy kernels)
 =========== ======================================================= =========================
 """
 
@@ -228,10 +229,17 @@ class SyncFreeTracking(TrackingStrategy):
 
 
 class FusedTracking(SyncFreeTracking):
-    """As sync_free for the conv window; the GDN kernel writes the tracked SSM state itself."""
+    """The kernels write the snapshots themselves: the conv kernel the tracked conv window, the
+    GDN kernel the tracked SSM state (both read ``track_slots``/``track_chunks`` from the meta)."""
 
     name = "fused"
     needs_checkpoints = False
+
+    def prepare(self, md):
+        """Nothing to upload: the chunk meta already carries the kernels' two lists."""
+
+    def conv_indices(self, md):
+        return None
 
     def ssm_indices(self, md, conv_track):
         return None

@@ -53,6 +53,7 @@ import triton
 import triton.language as tl
 
 from mamba_edu.gdn.varlen import CHUNK as _CHUNK
+from mamba_edu.kernels.launch import await_previous_kernel, pdl_options
 from mamba_edu.kernels.tiles import as_vector, gate_values, l2norm_rows, load_rows, store_rows
 
 CHUNK = tl.constexpr(_CHUNK)  # rows per chunk (64): a compile-time constant inside the kernels
@@ -136,13 +137,14 @@ def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
                          stride_k, stride_v, stride_g, stride_beta,
                          H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                          BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
-                         GATED: tl.constexpr, FP16_INVERSE: tl.constexpr):
+                         GATED: tl.constexpr, FP16_INVERSE: tl.constexpr, USE_PDL: tl.constexpr):
     """One (chunk, value head): Γ ``[T, HV]``, W ``[T, HV, K]``, U ``[T, HV, V]`` for its 64 rows,
     and the normalised keys k̂ ``[T, H, K]`` (written by the first value head of each group).
     With ``GATED``, ``g_ptr``/``beta_ptr`` hold the raw projections a, b and the gating is
     computed here (with ``A_log``, ``dt_bias``). Inputs are read with their row strides.
     ``BK``, ``BV`` are at least 64 (masked past K, V): see the module docstring.
     ``FP16_INVERSE``: the inverse's products on fp16 operands (:func:`launch_prepare`)."""
+    await_previous_kernel(USE_PDL)
     i_chunk = tl.program_id(0)
     hv = tl.program_id(1)
     seq = tl.load(chunk_idx_ptr + 2 * i_chunk)
@@ -205,13 +207,14 @@ def chunk_scan_kernel(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool
                       cu_ptr, chunk_off_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr,
                       H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, TRACK: tl.constexpr,
-                      STORE_H: tl.constexpr, OUTPUT: tl.constexpr, USE_L2NORM: tl.constexpr):
+                      STORE_H: tl.constexpr, OUTPUT: tl.constexpr, USE_L2NORM: tl.constexpr, USE_PDL: tl.constexpr):
     """One (V-tile, sequence, value head): the sequential state pass over the sequence's chunks.
     Reads the initial state from the pool slot, writes the final state back into the slot and,
     with ``TRACK``, the tracked state into its track slot. With ``STORE_H`` it writes
     ``h [NT, HV, K, V]`` (start state of every chunk). Without ``OUTPUT`` it writes
     ``Ṽ [T, HV, V]`` for :func:`chunk_output_kernel`; with ``OUTPUT`` it computes the chunk's
     output ``o [T, HV, V]`` itself from q (``q_ptr``, row stride ``stride_q``) and writes no Ṽ."""
+    await_previous_kernel(USE_PDL)
     i_v = tl.program_id(0)
     seq = tl.program_id(1)
     hv = tl.program_id(2)
@@ -274,9 +277,11 @@ def chunk_scan_kernel(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool
 def chunk_output_kernel(q_ptr, k_hat_ptr, v_new_ptr, h_ptr, gamma_ptr, o_ptr, cu_ptr,
                         chunk_idx_ptr, scale, stride_q,
                         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                        BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr):
+                        BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
+                      USE_PDL: tl.constexpr):
     """One (V-tile, chunk, value head): its 64 rows of ``o [T, HV, V]`` from ``h`` and ``Ṽ``.
     The V-tiles of a chunk are neighbours in the grid, so its q and k̂ are read from L2."""
+    await_previous_kernel(USE_PDL)
     v0 = tl.program_id(0) * BV
     i_chunk = tl.program_id(1)
     hv = tl.program_id(2)
@@ -366,7 +371,7 @@ def launch_prepare(k, v, g, beta, meta, use_qk_l2norm, gating=None):
         k, v, g, beta, A_log, dt_bias, gamma, k_hat, w, u, meta.cu_seqlens, meta.chunk_indices,
         k.stride(0), v.stride(0), g.stride(0), beta.stride(0), H, HV, K, V,
         _block(K), _block(V), use_qk_l2norm, gating is not None, fp16_inverse,
-        num_warps=PREPARE_WARPS)
+        num_warps=PREPARE_WARPS, **pdl_options(u.device))
     return gamma, k_hat, w, u
 
 
@@ -395,7 +400,7 @@ def launch_scan(k_hat, w, u, gamma, state_pool, state_indices, meta, h=None,
         meta.cu_seqlens, meta.chunk_offsets, state_indices,
         track_slots if track else state_indices, track_chunks if track else state_indices,
         H, HV, K, V, _block(K), BV, track, store_h, queries is not None, use_qk_l2norm,
-        num_warps=warps, num_stages=stages)
+        num_warps=warps, num_stages=stages, **pdl_options(u.device))
     return out if queries is not None else (out, h)
 
 
@@ -407,7 +412,8 @@ def launch_output(q, k_hat, v_new, h, gamma, meta, scale, use_qk_l2norm):
     BV = _output_block_v(meta.NT * HV, V)
     chunk_output_kernel[(triton.cdiv(V, BV), meta.NT, HV)](
         q, k_hat, v_new, h, gamma, o, meta.cu_seqlens, meta.chunk_indices, scale,
-        q.stride(0), H, HV, K, V, _block(K), BV, use_qk_l2norm, num_warps=4)
+        q.stride(0), H, HV, K, V, _block(K), BV, use_qk_l2norm, num_warps=4,
+        **pdl_options(o.device))
     return o
 
 

@@ -6,7 +6,8 @@ projections; the backend owns the slots, the kernels and the tracking strategy. 
 1. ``init_forward_metadata(batch)`` — once: the kernels' chunk metadata (host-built), whatever
    the strategy precomputes, and every other argument that is the same in all layers;
 2. per GDN layer, extend: [track.conv] → conv1d (working slots) → split q/k/v (views) →
-   GDN core with the gating inside (working slots; checkpoints ``h`` unless fused) → [track.ssm];
+   GDN core with the gating inside (working slots; checkpoints ``h`` unless fused) → [track.ssm]
+   (with ``fused`` the two kernels save the snapshots and both copies are skipped);
 3. per GDN layer, decode: conv1d step → GDN step; after the model, :meth:`track_decode` copies
    the rows due for tracking into their track slots, all layers in one op.
 """

@@ -12,8 +12,13 @@ next kernel launch. Waiting before any load keeps it safe whatever the kernel re
 kernel's predecessor has itself waited for its own, so everything earlier has finished too.
 cuBLAS GEMMs between our kernels are ordinary launches and keep their usual ordering.
 
-``MAMBA_EDU_PDL=0`` in the environment (read at import) or :func:`programmatic_launch` switches
-it off; it is off under the interpreter and on GPUs older than Hopper.
+It is **off by default**: measured on the H200 (``data/benchmarks/pdl_ab.md``), it shortened
+chains of our own kernels (the conv alone, replayed: 5.17 → 4.82 µs) but not the prefill
+forward (1 × 512 ``fused`` replay: 6.99 → 7.08 ms TTFT), where most of our kernels follow a
+cuBLAS GEMM, which never lets its successor launch early. Blocks parked at the wait also count
+as GPU busy time in a profile, so busy and idle fractions are not comparable between the two.
+``MAMBA_EDU_PDL=1`` in the environment (read at import) or :func:`programmatic_launch` switches
+it on; it stays off under the interpreter and on GPUs older than Hopper.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from triton.language.extra import cuda as tl_cuda
 
 from mamba_edu._runtime import triton_interpreted
 
-ENABLED = os.environ.get("MAMBA_EDU_PDL", "1") != "0"
+ENABLED = os.environ.get("MAMBA_EDU_PDL", "0") == "1"
 
 
 @triton.jit

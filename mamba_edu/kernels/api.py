@@ -97,7 +97,8 @@ def _indices_from_meta(meta, state_indices, track_slots, track_chunks):
     if state_indices is None:
         state_indices = getattr(meta, "state_indices", None)
     if track_slots is None and track_chunks is None:
-        track_slots, track_chunks = getattr(meta, "track_slots", None), getattr(meta, "track_chunks", None)
+        track_slots = getattr(meta, "track_slots", None)
+        track_chunks = getattr(meta, "track_chunks", None)
     return state_indices, track_slots, track_chunks
 
 

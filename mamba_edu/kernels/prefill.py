@@ -137,7 +137,8 @@ def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
                          stride_k, stride_v, stride_g, stride_beta,
                          H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                          BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
-                         GATED: tl.constexpr, FP16_INVERSE: tl.constexpr, USE_PDL: tl.constexpr):
+                         GATED: tl.constexpr, FP16_INVERSE: tl.constexpr,
+                         USE_PDL: tl.constexpr):
     """One (chunk, value head): Γ ``[T, HV]``, W ``[T, HV, K]``, U ``[T, HV, V]`` for its 64 rows,
     and the normalised keys k̂ ``[T, H, K]`` (written by the first value head of each group).
     With ``GATED``, ``g_ptr``/``beta_ptr`` hold the raw projections a, b and the gating is
@@ -207,7 +208,8 @@ def chunk_scan_kernel(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool
                       cu_ptr, chunk_off_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr,
                       H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, TRACK: tl.constexpr,
-                      STORE_H: tl.constexpr, OUTPUT: tl.constexpr, USE_L2NORM: tl.constexpr, USE_PDL: tl.constexpr):
+                      STORE_H: tl.constexpr, OUTPUT: tl.constexpr, USE_L2NORM: tl.constexpr,
+                      USE_PDL: tl.constexpr):
     """One (V-tile, sequence, value head): the sequential state pass over the sequence's chunks.
     Reads the initial state from the pool slot, writes the final state back into the slot and,
     with ``TRACK``, the tracked state into its track slot. With ``STORE_H`` it writes
@@ -278,7 +280,7 @@ def chunk_output_kernel(q_ptr, k_hat_ptr, v_new_ptr, h_ptr, gamma_ptr, o_ptr, cu
                         chunk_idx_ptr, scale, stride_q,
                         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                         BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
-                      USE_PDL: tl.constexpr):
+                        USE_PDL: tl.constexpr):
     """One (V-tile, chunk, value head): its 64 rows of ``o [T, HV, V]`` from ``h`` and ``Ṽ``.
     The V-tiles of a chunk are neighbours in the grid, so its q and k̂ are read from L2."""
     await_previous_kernel(USE_PDL)

@@ -6,9 +6,10 @@ The first three end in the same two per-layer copies (:meth:`LinearAttentionBack
 * ``track.conv`` (before the conv): ``conv_pool[dst] = mixed_qkv[conv_positions]ᵀ``;
 * ``track.ssm`` (after the GDN kernel): ``ssm_pool[dst] = final state or checkpoint h[…]``.
 
-They differ only in where the :class:`TrackIndices` come from; ``fused`` has no copies at all. ``naive`` and ``precomputed``
-reproduce SGLang (``hybrid_linear_attn_backend.py`` and ``gdn_backend.py``) before and after its
-PR #20522, host syncs included (L = number of GDN layers; see ``docs/sglang.md``):
+They differ only in where the :class:`TrackIndices` come from; ``fused`` has no copies at all.
+``naive`` and ``precomputed`` reproduce SGLang (``hybrid_linear_attn_backend.py`` and
+``gdn_backend.py``) before and after its PR #20522, host syncs included (L = number of GDN
+layers; see ``docs/sglang.md``):
 
 =========== ======================================================= =========================
 strategy    indices                                                  host syncs / forward

@@ -109,17 +109,35 @@ def test_prefill_rejects(case, name, value, message):
         _call(inputs, pool, **{"meta": meta, **over})
 
 
-@pytest.mark.parametrize("slots, chunks, message", [
+BAD_TRACKING = [
     ([2, 3], [0], "track_chunks must have shape"),
     ([2, 4], [0, 1], r"track_slots\[1\]=4 is out of range"),
     ([2, 3], [0, 3], r"track_chunks\[1\]=3 is out of range"),
     ([2, 2], [0, 1], "must be distinct"),
     ([2, 1], [0, 1], "differ from every state_indices slot"),
-])
+]
+
+
+@pytest.mark.parametrize("slots, chunks, message", BAD_TRACKING)
 def test_prefill_rejects_bad_tracking(case, slots, chunks, message):
     inputs, pool, meta = case
     with pytest.raises(ValueError, match=message):
         _call(inputs, pool, meta, track_slots=torch.tensor(slots), track_chunks=torch.tensor(chunks))
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.skipif(
+    not triton_interpreted(), reason="Triton on CPU tensors needs TRITON_INTERPRET=1"))])
+@pytest.mark.parametrize("slots, chunks, message", BAD_TRACKING)
+def test_conv_prefill_rejects_bad_tracking_and_writes_nothing(slots, chunks, message, backend):
+    """The conv takes the same tracking lists as the prefill: refused the same way, pool intact."""
+    x, weight = torch.randn(sum(LENGTHS), 8), torch.randn(8, 4)
+    pool = torch.randn(4, 8, 3)
+    before = pool.clone()
+    meta = build_chunk_meta(LENGTHS, "cpu", state_indices=[0, 1])
+    with pytest.raises(ValueError, match=message):
+        conv1d_prefill(x, weight, conv_pool=pool, meta=meta, track_slots=torch.tensor(slots),
+                       track_chunks=torch.tensor(chunks), backend=backend)
+    assert torch.equal(pool, before)
 
 
 def test_prefill_track_needs_both(case):

@@ -14,8 +14,9 @@ cuBLAS GEMMs between our kernels are ordinary launches and keep their usual orde
 
 It is **off by default**: measured on the H200 (``data/benchmarks/pdl_ab.md``), it shortened
 chains of our own kernels (the conv alone, replayed: 5.17 → 4.82 µs) but not the prefill
-forward (1 × 512 ``fused`` replay: 6.99 → 7.08 ms TTFT), where most of our kernels follow a
-cuBLAS GEMM, which never lets its successor launch early. Blocks parked at the wait also count
+forward (1 × 512 ``fused`` replay: 6.98 → 7.08 ms TTFT). A likely reason: half of our kernels
+follow a cuBLAS GEMM, and a kernel that does not signal early releases its successor only when
+it ends (whether cuBLAS's kernels signal was not checked). Blocks parked at the wait also count
 as GPU busy time in a profile, so busy and idle fractions are not comparable between the two.
 ``MAMBA_EDU_PDL=1`` in the environment (read at import) or :func:`programmatic_launch` switches
 it on; it stays off under the interpreter and on GPUs older than Hopper.

@@ -91,9 +91,8 @@ def _check_gates(g, beta, raw, T, HV, dev, dtype):
 
 
 def _indices_from_meta(meta, state_indices, track_slots, track_chunks):
-    """The index arguments a prefill call left out (``None``), taken from ``meta``."""
-    if meta is None:
-        return state_indices, track_slots, track_chunks
+    """The index arguments a prefill call left out (``None``), taken from ``meta`` (a missing or
+    wrong ``meta`` is refused later, by ``check_meta``)."""
     if state_indices is None:
         state_indices = getattr(meta, "state_indices", None)
     if track_slots is None and track_chunks is None:

@@ -15,10 +15,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(params=["fused", "separate"])
+@pytest.fixture(params=["in_scan", "separate", "chained"])
 def output_path(request):
-    """Run the Triton prefill both ways: the output computed inside the scan, and by its own
-    kernel (the default)."""
+    """Run the Triton prefill three ways: the output computed inside the scan, by its own kernel
+    (the default for larger batches), and the three stages in one launch (the default for small
+    ones)."""
+    from mamba_edu.kernels.chained import forced_chained
     from mamba_edu.kernels.prefill import forced_output_path
-    with forced_output_path(request.param == "fused"):
+    with forced_output_path(request.param == "in_scan"), forced_chained(request.param == "chained"):
         yield request.param

@@ -175,8 +175,19 @@ def _stage_times(x, pool, meta, row):
                                                         K ** -0.5, True), graph=True)
 
 
+def _other_launch_path(fns, meta, HV, row):
+    """``one_launch``: whether the prefill ran in one launch (kernels/chained.py); for batches of
+    at most 2048 chunk-heads, also the graph-replayed time of the other launch path."""
+    from mamba_edu.kernels.chained import forced_chained, use_chained
+    row["one_launch"] = use_chained()
+    if meta.NT * HV <= 2048:
+        with forced_chained(not row["one_launch"]):
+            row["ours_graph_ms_other_launch_path"] = _time(_rotating(fns), graph=True)
+
+
 def bench_prefill(preset, lengths, fla, results, seed=0):
     from mamba_edu.kernels import gdn_prefill, prefill
+    from mamba_edu.kernels.chained import forced_chained
     H, HV = PRESETS[preset]
     sets, pools, meta = _make_prefill_case(lengths, H, HV, seed)
     T, N = meta.T, meta.N
@@ -186,9 +197,11 @@ def bench_prefill(preset, lengths, fla, results, seed=0):
     ours = [lambda x=x, p=p: gdn_prefill(**x, state_pool=p, meta=meta) for x, p in zip(sets, pools)]
     row["ours_eager_ms"] = _time(_rotating(ours), graph=False)
     row["ours_graph_ms"] = _time(_rotating(ours), graph=True)
-    # The other output path, measured too: the data behind the default (prefill.OUTPUT_IN_SCAN).
-    with prefill.forced_output_path(not prefill.OUTPUT_IN_SCAN):
+    # The other paths, measured too: the data behind the defaults (prefill.OUTPUT_IN_SCAN, and
+    # chained.ONE_LAUNCH, for the smaller batches).
+    with prefill.forced_output_path(not prefill.OUTPUT_IN_SCAN), forced_chained(False):
         row["ours_graph_ms_other_output_path"] = _time(_rotating(ours), graph=True)
+    _other_launch_path(ours, meta, HV, row)
     _stage_times(sets[0], pools[0], meta, row)
 
     def ours_out(x, h0):
@@ -289,6 +302,7 @@ def bench_layer(preset, lengths, results):
                H=c["H"], HV=c["HV"], K=K, V=V, dtype="bf16", tracking="fused (in-kernel)")
     row["ours_graph_ms"] = _time(lambda: _layer_call(c), graph=True)
     row["ours_eager_ms"] = _time(lambda: _layer_call(c), graph=False)
+    _other_launch_path([lambda: _layer_call(c)], c["meta"], c["HV"], row)
     row["conv_graph_ms"] = _time(lambda: conv1d_prefill(c["x"], c["weight"],
                                                         conv_pool=c["conv_pool"], meta=c["meta"]),
                                  graph=True)
@@ -378,6 +392,7 @@ def _summary(results) -> str:
     """A fixed-width table of the headline numbers (``-`` where a value is missing)."""
     columns = [("ours graph", "ours_graph_ms", ".4f"),
                ("other path", "ours_graph_ms_other_output_path", ".4f"),
+               ("other launch", "ours_graph_ms_other_launch_path", ".4f"),
                ("fla graph", "fla_graph_ms", ".4f"),
                ("ratio", "ratio_graph", ".2f"), ("ours eager", "ours_eager_ms", ".3f"),
                ("fla eager", "fla_eager_ms", ".3f"), ("prepare", "ours_prepare_ms", ".4f"),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from mamba_edu.gdn import gdn_gating
+from mamba_edu.kernels.chained import prefill_chained, use_chained
 from mamba_edu.kernels.conv import conv1d_prefill_triton, conv1d_update_triton
 from mamba_edu.kernels.decode import decode_triton
 from mamba_edu.kernels.prefill import prefill_triton
@@ -150,8 +151,9 @@ def gdn_prefill(q, k, v, g=None, beta=None, *, a=None, b=None, A_log=None, dt_bi
     check_head_dims(K, V)
     if gating is not None:
         g, beta = a, b
-    return prefill_triton(q, k, v, g, beta, state_pool, state_indices, meta, scale,
-                          use_qk_l2norm, output_checkpoints, track_slots, track_chunks, gating)
+    launch = prefill_chained if use_chained() else prefill_triton
+    return launch(q, k, v, g, beta, state_pool, state_indices, meta, scale, use_qk_l2norm,
+                  output_checkpoints, track_slots, track_chunks, gating)
 
 
 def gdn_decode(q, k, v, a, b, A_log, dt_bias, *, state_pool, state_indices, scale=None,
@@ -183,8 +185,8 @@ def _check_conv(x, weight, bias, conv_pool):
     check_tensor("x", x, (None, None), device=device_of("x", x), rows=True)
     D = x.shape[1]
     check_tensor("weight", weight, (D, None), device=x.device)
-    if weight.shape[1] < 2:
-        raise ValueError(f"weight must be [D, W] with W >= 2; got {list(weight.shape)}")
+    if not 2 <= weight.shape[1] <= 65:  # the conv state's reach lies in a sequence's first chunk
+        raise ValueError(f"weight must be [D, W] with 2 <= W <= 65; got {list(weight.shape)}")
     if bias is not None:
         check_tensor("bias", bias, (D,), device=x.device)
     return _check_pool("conv_pool", conv_pool, (D, weight.shape[1] - 1), x.device)

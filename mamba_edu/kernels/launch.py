@@ -39,12 +39,14 @@ ENABLED = os.environ.get("MAMBA_EDU_PDL", "0") == "1"
 
 
 @triton.jit
-def await_previous_kernel(USE_PDL: tl.constexpr):
+def await_previous_kernel(USE_PDL: tl.constexpr, RELEASE_NEXT: tl.constexpr = True):
     """First statement of every kernel: with ``USE_PDL``, wait until the previous kernel has
-    finished, then allow the next one to be scheduled."""
+    finished, then allow the next one to be scheduled (unless not ``RELEASE_NEXT``: then it is
+    scheduled when this one ends)."""
     if USE_PDL:
         tl_cuda.gdc_wait()
-        tl_cuda.gdc_launch_dependents()
+        if RELEASE_NEXT:
+            tl_cuda.gdc_launch_dependents()
 
 
 def pdl_options(device: torch.device) -> dict:

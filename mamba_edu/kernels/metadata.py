@@ -107,6 +107,8 @@ class ChunkMeta:
         chunk_offsets:  ``[N+1]`` = ``offsets`` on the device.
         state_indices, track_slots, track_chunks: ``[N]`` or ``None``, when given to
             :func:`build_chunk_meta` (they remember their host values, see :func:`host_values`).
+        workspace:      ``[2 + 2N]`` zeros: the counters of the one-launch prefill
+            (:mod:`mamba_edu.kernels.chained`), which leaves them zero again.
 
     ``verdicts`` holds what the input checks concluded about these index tensors for a pool of a
     given size: every layer of a forward passes the same ones, so only the first layer's call
@@ -122,6 +124,7 @@ class ChunkMeta:
     cu_seqlens: torch.Tensor
     chunk_indices: torch.Tensor
     chunk_offsets: torch.Tensor
+    workspace: torch.Tensor
     state_indices: torch.Tensor | None = None
     track_slots: torch.Tensor | None = None
     track_chunks: torch.Tensor | None = None
@@ -157,10 +160,10 @@ def build_chunk_meta(lengths: Sequence[int], device, *, state_indices: Sequence[
     extras = {name: _check_host_list(name, vals, len(lengths))
               for name, vals in (("state_indices", state_indices), ("track_slots", track_slots),
                                  ("track_chunks", track_chunks)) if vals is not None}
-    views = _upload([cu, table, offsets, *extras.values()], device)
-    cu_t, table_t, offsets_t = views[:3]
-    uploaded = dict(zip(extras, views[3:]))
+    views = _upload([cu, table, offsets, [0] * (2 + 2 * len(lengths)), *extras.values()], device)
+    cu_t, table_t, offsets_t, workspace = views[:4]
+    uploaded = dict(zip(extras, views[4:]))
     return ChunkMeta(
         lengths=tuple(lengths), counts=tuple(counts), offsets=tuple(offsets), N=len(lengths),
-        T=cu[-1], NT=offsets[-1],
-        cu_seqlens=cu_t, chunk_indices=table_t.view(-1, 2), chunk_offsets=offsets_t, **uploaded)
+        T=cu[-1], NT=offsets[-1], cu_seqlens=cu_t, chunk_indices=table_t.view(-1, 2),
+        chunk_offsets=offsets_t, workspace=workspace, **uploaded)

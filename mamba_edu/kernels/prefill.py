@@ -132,22 +132,19 @@ def _inverse_norm(sum_sq, USE_L2NORM: tl.constexpr):
 
 
 @triton.jit
-def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
-                         gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr,
-                         stride_k, stride_v, stride_g, stride_beta,
-                         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                         BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
-                         GATED: tl.constexpr, FP16_INVERSE: tl.constexpr,
-                         USE_PDL: tl.constexpr):
-    """One (chunk, value head): Γ ``[T, HV]``, W ``[T, HV, K]``, U ``[T, HV, V]`` for its 64 rows,
-    and the normalised keys k̂ ``[T, H, K]`` (written by the first value head of each group).
+def prepare_chunk(i_chunk, hv, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
+                  gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr,
+                  stride_k, stride_v, stride_g, stride_beta,
+                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
+                  GATED: tl.constexpr, FP16_INVERSE: tl.constexpr):
+    """Program (chunk ``i_chunk``, value head ``hv``) of kernel 1: Γ ``[T, HV]``, W ``[T, HV, K]``,
+    U ``[T, HV, V]`` for its 64 rows, and the normalised keys k̂ ``[T, H, K]`` (written by the
+    first value head of each group); returns the chunk's sequence.
     With ``GATED``, ``g_ptr``/``beta_ptr`` hold the raw projections a, b and the gating is
     computed here (with ``A_log``, ``dt_bias``). Inputs are read with their row strides.
     ``BK``, ``BV`` are at least 64 (masked past K, V): see the module docstring.
     ``FP16_INVERSE``: the inverse's products on fp16 operands (:func:`launch_prepare`)."""
-    await_previous_kernel(USE_PDL)
-    i_chunk = tl.program_id(0)
-    hv = tl.program_id(1)
     seq = tl.load(chunk_idx_ptr + 2 * i_chunk)
     bos = tl.load(cu_ptr + seq) + CHUNK * tl.load(chunk_idx_ptr + 2 * i_chunk + 1)
     eos = tl.load(cu_ptr + seq + 1)
@@ -177,6 +174,23 @@ def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
     v = load_rows(v_ptr + hv * V, bos, eos, stride_v, 0, V, CHUNK, BV).to(tl.float32)
     u = tl.dot(T, (v * beta[:, None]).to(work))
     store_rows(u_ptr + hv * V, u, bos, eos, HV * V, 0, V, CHUNK, BV)
+    return seq
+
+
+@triton.jit
+def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
+                         gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr,
+                         stride_k, stride_v, stride_g, stride_beta,
+                         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                         BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
+                         GATED: tl.constexpr, FP16_INVERSE: tl.constexpr,
+                         USE_PDL: tl.constexpr):
+    """Kernel 1, grid ``(NT, HV)``: :func:`prepare_chunk` for every (chunk, value head)."""
+    await_previous_kernel(USE_PDL)
+    prepare_chunk(tl.program_id(0), tl.program_id(1), k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr,
+                  dt_bias_ptr, gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr,
+                  stride_k, stride_v, stride_g, stride_beta, H, HV, K, V, BK, BV, USE_L2NORM,
+                  GATED, FP16_INVERSE)
 
 
 @triton.jit
@@ -203,23 +217,19 @@ def _chunk_output(q, k, v_new, h, gamma, valid):
 
 
 @triton.jit
-def chunk_scan_kernel(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool_ptr,
-                      q_ptr, o_ptr, scale, stride_q,
-                      cu_ptr, chunk_off_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr,
-                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      BK: tl.constexpr, BV: tl.constexpr, TRACK: tl.constexpr,
-                      STORE_H: tl.constexpr, OUTPUT: tl.constexpr, USE_L2NORM: tl.constexpr,
-                      USE_PDL: tl.constexpr):
-    """One (V-tile, sequence, value head): the sequential state pass over the sequence's chunks.
+def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool_ptr,
+                  q_ptr, o_ptr, scale, stride_q,
+                  cu_ptr, chunk_off_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr,
+                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BK: tl.constexpr, BV: tl.constexpr, TRACK: tl.constexpr,
+                  STORE_H: tl.constexpr, OUTPUT: tl.constexpr, USE_L2NORM: tl.constexpr):
+    """Program (V-tile ``i_v``, sequence ``seq``, value head ``hv``) of kernel 2: the sequential
+    state pass over the sequence's chunks.
     Reads the initial state from the pool slot, writes the final state back into the slot and,
     with ``TRACK``, the tracked state into its track slot. With ``STORE_H`` it writes
     ``h [NT, HV, K, V]`` (start state of every chunk). Without ``OUTPUT`` it writes
-    ``Ṽ [T, HV, V]`` for :func:`chunk_output_kernel`; with ``OUTPUT`` it computes the chunk's
+    ``Ṽ [T, HV, V]`` for :func:`output_chunk`; with ``OUTPUT`` it computes the chunk's
     output ``o [T, HV, V]`` itself from q (``q_ptr``, row stride ``stride_q``) and writes no Ṽ."""
-    await_previous_kernel(USE_PDL)
-    i_v = tl.program_id(0)
-    seq = tl.program_id(1)
-    hv = tl.program_id(2)
     bos = tl.load(cu_ptr + seq)
     eos = tl.load(cu_ptr + seq + 1)
     first_chunk = tl.load(chunk_off_ptr + seq).to(tl.int64)
@@ -276,17 +286,30 @@ def chunk_scan_kernel(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool
 
 
 @triton.jit
-def chunk_output_kernel(q_ptr, k_hat_ptr, v_new_ptr, h_ptr, gamma_ptr, o_ptr, cu_ptr,
-                        chunk_idx_ptr, scale, stride_q,
-                        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                        BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
-                        USE_PDL: tl.constexpr):
-    """One (V-tile, chunk, value head): its 64 rows of ``o [T, HV, V]`` from ``h`` and ``Ṽ``.
-    The V-tiles of a chunk are neighbours in the grid, so its q and k̂ are read from L2."""
+def chunk_scan_kernel(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool_ptr,
+                      q_ptr, o_ptr, scale, stride_q,
+                      cu_ptr, chunk_off_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr,
+                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      BK: tl.constexpr, BV: tl.constexpr, TRACK: tl.constexpr,
+                      STORE_H: tl.constexpr, OUTPUT: tl.constexpr, USE_L2NORM: tl.constexpr,
+                      USE_PDL: tl.constexpr):
+    """Kernel 2, grid ``(⌈V/BV⌉, N, HV)``: :func:`scan_sequence` for every (V-tile, sequence,
+    value head)."""
     await_previous_kernel(USE_PDL)
-    v0 = tl.program_id(0) * BV
-    i_chunk = tl.program_id(1)
-    hv = tl.program_id(2)
+    scan_sequence(tl.program_id(0), tl.program_id(1), tl.program_id(2), k_hat_ptr, w_ptr, u_ptr,
+                  gamma_ptr, v_new_ptr, h_ptr, pool_ptr, q_ptr, o_ptr, scale, stride_q, cu_ptr,
+                  chunk_off_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr, H, HV, K, V,
+                  BK, BV, TRACK, STORE_H, OUTPUT, USE_L2NORM)
+
+
+@triton.jit
+def output_chunk(i_v, i_chunk, hv, q_ptr, k_hat_ptr, v_new_ptr, h_ptr, gamma_ptr, o_ptr, cu_ptr,
+                 chunk_idx_ptr, scale, stride_q,
+                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                 BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr):
+    """Program (V-tile ``i_v``, chunk ``i_chunk``, value head ``hv``) of kernel 3: its 64 rows of
+    ``o [T, HV, V]`` from ``h`` and ``Ṽ``."""
+    v0 = i_v * BV
     seq = tl.load(chunk_idx_ptr + 2 * i_chunk)
     bos = tl.load(cu_ptr + seq) + CHUNK * tl.load(chunk_idx_ptr + 2 * i_chunk + 1)
     eos = tl.load(cu_ptr + seq + 1)
@@ -304,6 +327,20 @@ def chunk_output_kernel(q_ptr, k_hat_ptr, v_new_ptr, h_ptr, gamma_ptr, o_ptr, cu
     h = tl.load(h_ptr + h_offs, mask=(rk < K)[:, None] & (cv < V)[None, :], other=0.0)
     o = _chunk_output(q, k, v_new, h, gamma, valid)
     store_rows(o_ptr + hv * V, o, bos, eos, HV * V, v0, V, CHUNK, BV)
+
+
+@triton.jit
+def chunk_output_kernel(q_ptr, k_hat_ptr, v_new_ptr, h_ptr, gamma_ptr, o_ptr, cu_ptr,
+                        chunk_idx_ptr, scale, stride_q,
+                        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                        BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
+                        USE_PDL: tl.constexpr):
+    """Kernel 3, grid ``(⌈V/BV⌉, NT, HV)``: :func:`output_chunk` for every (V-tile, chunk, value
+    head). The V-tiles of a chunk are neighbours in the grid, so its q and k̂ are read from L2."""
+    await_previous_kernel(USE_PDL)
+    output_chunk(tl.program_id(0), tl.program_id(1), tl.program_id(2), q_ptr, k_hat_ptr,
+                 v_new_ptr, h_ptr, gamma_ptr, o_ptr, cu_ptr, chunk_idx_ptr, scale, stride_q, H,
+                 HV, K, V, BK, BV, USE_L2NORM)
 
 
 def _block(d: int) -> int:
@@ -354,6 +391,14 @@ def work_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in (torch.float16, torch.bfloat16) else torch.float32
 
 
+def fp16_inverse(use_qk_l2norm: bool, work: torch.dtype) -> bool:
+    """Whether the inverse's products take fp16 operands: with 16-bit storage and keys normalised
+    in the kernel (unit keys bound L and T, :func:`invert_unit_lower`). In tf32 the doubling was
+    ~45 % of the prepare kernel's time (1×8192, H200); fp16 runs at twice tf32's rate, as
+    precisely."""
+    return use_qk_l2norm and work != torch.float32
+
+
 def launch_prepare(k, v, g, beta, meta, use_qk_l2norm, gating=None):
     """Kernel 1 on validated inputs: returns ``(gamma [T, HV] fp32, k_hat [T, H, K],
     w [T, HV, K], u [T, HV, V])`` (all but gamma in :func:`work_dtype`). ``gating``:
@@ -365,14 +410,11 @@ def launch_prepare(k, v, g, beta, meta, use_qk_l2norm, gating=None):
     w = torch.empty(T, HV, K, device=k.device, dtype=k_hat.dtype)
     u = torch.empty(T, HV, V, device=k.device, dtype=k_hat.dtype)
     A_log, dt_bias = gating or (g, g)  # unread without gating
-    # fp16 operands for the inverse's products with 16-bit storage and keys normalised in the
-    # kernel (unit keys bound L and T, :func:`invert_unit_lower`): in tf32 the doubling was ~45 %
-    # of the kernel's time (1×8192, H200), and fp16 runs at twice tf32's rate, as precisely.
-    fp16_inverse = use_qk_l2norm and w.dtype != torch.float32
     chunk_prepare_kernel[(meta.NT, HV)](
         k, v, g, beta, A_log, dt_bias, gamma, k_hat, w, u, meta.cu_seqlens, meta.chunk_indices,
         k.stride(0), v.stride(0), g.stride(0), beta.stride(0), H, HV, K, V,
-        _block(K), _block(V), use_qk_l2norm, gating is not None, fp16_inverse,
+        _block(K), _block(V), use_qk_l2norm, gating is not None,
+        fp16_inverse(use_qk_l2norm, w.dtype),
         num_warps=PREPARE_WARPS, **pdl_options(u.device))
     return gamma, k_hat, w, u
 

@@ -1,0 +1,125 @@
+"""The one-launch prefill (kernels/chained.py): same results as the three kernels, its counters
+left at zero, no deadlock when the grid does not fit on the GPU at once."""
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from mamba_edu import triton_interpreted
+from mamba_edu.gdn import chunk_gated_delta_rule, cu_offsets
+from mamba_edu.kernels import build_chunk_meta, gdn_prefill
+from mamba_edu.kernels.chained import forced_chained, use_chained
+from mamba_edu.kernels.inputs import random_pool, random_prefill_inputs
+from mamba_edu.testing import rel_err
+
+interpreted = pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1")
+
+
+def test_three_kernels_by_default():
+    """The one-launch path is opt-in (it was slower on the H200); forcing switches it."""
+    assert not use_chained()
+    with forced_chained(True):
+        assert use_chained()
+    assert not use_chained()
+
+
+def _run(inputs, lengths, slots, track, HV, K, V, chained, device="cpu", pool=None):
+    meta = build_chunk_meta(lengths, device, state_indices=slots, track_slots=track[0],
+                            track_chunks=track[1])
+    pool = random_pool(len(lengths) * 2 + 1, HV, K, V, device=device) if pool is None else pool
+    pool0 = pool.clone()
+    with forced_chained(chained):
+        o, ckpt = gdn_prefill(**inputs, state_pool=pool, meta=meta, output_checkpoints=True,
+                              backend="triton")
+    return o, ckpt, pool, pool0, meta
+
+
+@interpreted
+@settings(max_examples=12, deadline=None)
+@given(lengths=st.lists(st.integers(1, 140), min_size=1, max_size=4), data=st.data(),
+       heads=st.sampled_from([(1, 1), (1, 2), (2, 4)]))
+def test_one_launch_matches_the_reference(lengths, data, heads):
+    """Any batch shape, tracking position (or none) and head grouping: outputs, checkpoints, final
+    and tracked states equal the chunked reference; no other slot is written; the workspace is
+    zero again afterwards."""
+    H, HV = heads
+    K, V, N = 16, 32, len(lengths)
+    counts = [-(-n // 64) for n in lengths]
+    chunks = [data.draw(st.integers(-1, c), label=f"track chunk {i}") for i, c in enumerate(counts)]
+    slots, track_slots = list(range(N)), list(range(N, 2 * N))
+    inputs = random_prefill_inputs(lengths, H, HV, K, V, seed=data.draw(st.integers(0, 99)))
+    o, ckpt, pool, pool0, meta = _run(inputs, lengths, slots, (track_slots, chunks), HV, K, V, True)
+    ref = chunk_gated_delta_rule(**inputs, initial_state=pool0[slots], cu_seqlens=cu_offsets(lengths),
+                                 use_qk_l2norm=True, output_checkpoints=True)
+    assert rel_err(o, ref.o) <= 1e-4
+    assert rel_err(ckpt, ref.checkpoints) <= 1e-4
+    assert rel_err(pool[slots], ref.final_state) <= 1e-4
+    for n, (slot, chunk) in enumerate(zip(track_slots, chunks)):
+        if chunk < 0:
+            expected = pool0[slot]
+        elif chunk == counts[n]:
+            expected = ref.final_state[n]
+        else:
+            expected = ref.checkpoints[meta.offsets[n] + chunk]
+        assert rel_err(pool[slot], expected) <= 1e-4, (n, chunk)
+    assert torch.equal(pool[-1], pool0[-1])  # the spare slot
+    assert not meta.workspace.any()
+
+
+def _gpu_inputs(lengths, H, HV, seed=0):
+    return random_prefill_inputs(lengths, H, HV, 128, 128, dtype=torch.bfloat16, device="cuda",
+                                 seed=seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lengths,heads", [([512], (2, 8)), ([256] * 16, (2, 8)),
+                                           ([1, 63, 64, 65, 700, 2048], (4, 8)),
+                                           ([2048] * 8, (16, 32))])
+def test_one_launch_gpu_equals_the_three_kernels(lengths, heads):
+    """bf16 on the GPU, the same outputs and states as the three kernels. The last two shapes
+    have more programs than an H200 holds at once (8 × 2048 tokens at 32 heads: 16 896): the
+    tickets keep the waits from deadlocking; the launch is repeated on the same metadata, which
+    only works if the workspace was zeroed."""
+    H, HV = heads
+    N = len(lengths)
+    inputs = _gpu_inputs(lengths, H, HV)
+    track = (list(range(N, 2 * N)), [min(1, -(-n // 64)) for n in lengths])
+    base = random_pool(2 * N + 1, HV, 128, 128, device="cuda")
+    runs = [_run(inputs, lengths, list(range(N)), track, HV, 128, 128, chained, "cuda",
+                 base.clone()) for chained in (False, True, True)]
+    torch.cuda.synchronize()
+    o, ckpt, pool, _, _ = runs[0]
+    for o2, ckpt2, pool2, _, meta in runs[1:]:
+        assert rel_err(o2, o) <= 1e-3 and rel_err(ckpt2, ckpt) <= 1e-3
+        assert rel_err(pool2, pool) <= 1e-3
+        assert not meta.workspace.any()
+
+
+@pytest.mark.gpu
+def test_one_launch_gpu_reuses_its_metadata_in_a_graph():
+    """A forward's layers share one metadata: 45 launches in a row, then the same in a CUDA
+    graph replayed twice, all equal to eager launches with fresh metadata."""
+    lengths, H, HV = [512], 2, 8
+    inputs = _gpu_inputs(lengths, H, HV, seed=3)
+    meta = build_chunk_meta(lengths, "cuda", state_indices=[0])
+    pool = random_pool(2, HV, 128, 128, device="cuda")
+    with forced_chained(True):
+        expected, _ = gdn_prefill(**inputs, state_pool=pool.clone(), meta=meta)
+        for _ in range(45):
+            o, _ = gdn_prefill(**inputs, state_pool=pool.clone(), meta=meta)
+            assert torch.equal(o, expected)
+        work = pool.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            gdn_prefill(**inputs, state_pool=work.clone(), meta=meta)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = [gdn_prefill(**inputs, state_pool=work, meta=meta)[0] for _ in range(3)]
+        for _ in range(2):
+            work.copy_(pool)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(outs[0], expected)
+    assert not meta.workspace.any()

@@ -1,4 +1,4 @@
-"""The three prefill stages in one launch, for small batches.
+"""The three prefill stages in one launch: an experiment for small batches, measured slower.
 
 At a small batch (one 512-token prompt on one GPU of a tensor-parallel-8 Qwen3.5: 8 chunks × 8
 value heads) each of the three kernels of :mod:`mamba_edu.kernels.prefill` is a few microseconds
@@ -24,9 +24,14 @@ semantics; a wait spins on an atomic read with acquire semantics, so what the pr
 visible after it. Counting per sequence rather than per chunk keeps those atomics off the scan's
 serial path: each program signals once and waits once.
 
-Only small batches take this path (:func:`use_chained`): at larger ones the programs that wait
-would hold SM slots that the three kernels fill with work. The Triton interpreter runs programs
-one after another in grid order, so there every wait is already satisfied when it is reached.
+Measured on the H200, graph-replayed, it is **slower** than the three kernels at every batch
+tried (``ours_graph_ms_other_launch_path`` in data/benchmarks/kernels.json), so it is off
+(:data:`ONE_LAUNCH`) and :func:`forced_chained` runs it, for the tests and the benchmark. The
+likely reason (not verified with a profile of the kernel): inside a CUDA graph the next kernel
+starts about 0.45 µs after the previous one ends (median gap in data/runs), while a hand-off
+here takes a fence and an atomic round trip to L2 to signal, polling to see it, and a ticket and
+a retirement atomic in every program. The Triton interpreter runs programs one after another in grid order, so there every
+wait is already satisfied when it is reached.
 """
 
 import contextlib

@@ -4,13 +4,13 @@
 conv state (its previous ``W−1`` raw inputs) followed by its tokens (docs/conventions.md).
 
 Prefill grid ``(NT, ⌈D/BD⌉)`` or ``(⌈D/BD⌉, NT)`` (:data:`CANDIDATES`): one program per 64-token
-chunk and channel block. The conv is memory-bound (4 multiply-adds per element read), so a tile
-only reads x, with loads that are contiguous along the channels. Only the first ``W−1`` rows of a
-sequence reach into the conv state (``W ≤ 65``: they lie in its first chunk), so only the
-programs of a sequence's first chunk read it (:func:`_first_chunk`, a branch the other programs
-skip). They also write the new state (the last ``W−1`` columns of ``x̃``) after a barrier: no
-other program reads the slot, so there is no race. A negative slot index means no state (zeros)
-and no write.
+chunk and channel block. The conv is memory-bound (4 multiply-adds per element read), so the
+main tile only reads x, with loads that are contiguous along the channels; only the first ``W−1``
+rows of a sequence reach into the conv state, whose ``[D, W−1]`` layout makes those reads
+strided, so the programs of a sequence's first chunk compute them in a small second tile
+(:func:`_conv_head`, a branch the other programs skip). That program also writes the new state
+(the last ``W−1`` columns of ``x̃``) after a barrier: no other program reads the slot, so there
+is no race. A negative slot index means no state (zeros) and no write.
 
 With ``TRACK`` (the ``fused`` tracking strategy) the same program also saves the conv window at a
 chunk boundary of the sequence, ``x̃``'s ``W−1`` columns before token ``min(64·chunk, L)``, into
@@ -65,10 +65,10 @@ def conv1d_prefill_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr
                           W: tl.constexpr, HEAD: tl.constexpr, HAS_BIAS: tl.constexpr,
                           SILU: tl.constexpr, TRACK: tl.constexpr, BD: tl.constexpr,
                           CHANNELS_FIRST: tl.constexpr, USE_PDL: tl.constexpr):
-    """One (chunk, channel block) of ``y [T, D]``; chunk 0 of a sequence also reads the conv
-    state and writes the tracked window when ``TRACK`` and the new conv state (``HEAD`` = ``W−1``
-    rounded up to a power of two: the height of a window tile). The grid is ``(NT, ⌈D/BD⌉)``, or
-    ``(⌈D/BD⌉, NT)`` with ``CHANNELS_FIRST``."""
+    """One (chunk, channel block) of ``y [T, D]``; chunk 0 of a sequence also does its first
+    ``W−1`` rows (``HEAD`` = that, rounded up to a power of two), the tracked window when
+    ``TRACK`` and the new conv state. The grid is ``(NT, ⌈D/BD⌉)``, or ``(⌈D/BD⌉, NT)`` with
+    ``CHANNELS_FIRST``."""
     await_previous_kernel(USE_PDL)
     if CHANNELS_FIRST:
         i_chunk = tl.program_id(1)
@@ -85,72 +85,58 @@ def conv1d_prefill_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr
     state_ptr = pool_ptr + tl.maximum(slot, 0) * D * (W - 1) + cols * (W - 1)  # [BD] column 0
 
     rows = bos + 64 * chunk + tl.arange(0, 64)
-    if chunk == 0:  # the first rows read the conv state, and the new state is written
-        _first_chunk(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_ptr, track_slot_ptr,
-                     track_chunk_ptr, rows, cols, cols_ok, seq, slot, bos, eos, D, stride_x, W,
-                     HEAD, HAS_BIAS, SILU, TRACK)
-    else:
-        live = (rows < eos)[:, None] & cols_ok[None, :]
-        y = _conv_rows(x_ptr, w_ptr, bias_ptr, state_ptr, rows, cols, cols_ok, live, live, bos,
-                       stride_x, W, False, HAS_BIAS, SILU)
-        tl.store(y_ptr + rows.to(tl.int64)[:, None] * D + cols[None, :],
-                 y.to(y_ptr.dtype.element_ty), mask=live)
+    keep = ((rows < eos) & (rows >= bos + W - 1))[:, None] & cols_ok[None, :]
+    y = _conv_rows(x_ptr, w_ptr, bias_ptr, state_ptr, rows, cols, cols_ok, keep, keep, bos,
+                   stride_x, W, False, HAS_BIAS, SILU)
+    tl.store(y_ptr + rows.to(tl.int64)[:, None] * D + cols[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=keep)
+
+    if chunk == 0:  # the first W−1 rows and the new state: one program per sequence and block
+        _conv_head(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_ptr, track_slot_ptr,
+                   track_chunk_ptr, cols, cols_ok, seq, slot, bos, eos, D, stride_x, W, HEAD,
+                   HAS_BIAS, SILU, TRACK)
 
 
 @triton.jit
-def _first_chunk(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_ptr, track_slot_ptr,
-                 track_chunk_ptr, rows, cols, cols_ok, seq, slot, bos, eos, D, stride_x,
-                 W: tl.constexpr, HEAD: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
-                 TRACK: tl.constexpr):
-    """A sequence's first 64 outputs (the first ``W−1`` reach into the conv state), its tracked
-    window (``TRACK``) and its new conv state, for the channels ``cols``; a negative slot reads no
-    state (zeros) and writes none, a negative track chunk saves nothing. Every load is issued
-    before the first store (the compiler cannot reorder a load past a store that may alias it),
-    so the program waits for memory once."""
+def _conv_head(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_ptr, track_slot_ptr,
+               track_chunk_ptr, cols, cols_ok, seq, slot, bos, eos, D, stride_x,
+               W: tl.constexpr, HEAD: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+               TRACK: tl.constexpr):
+    """A sequence's first ``W−1`` outputs (they reach into the conv state), its tracked window
+    (``TRACK``) and its new conv state, for the channels ``cols``; a negative slot reads no state
+    (zeros) and writes none, a negative track chunk saves nothing."""
     has_state = as_vector(slot, cols) >= 0
-    new_state = _window(x_ptr, state_ptr, cols, cols_ok & has_state, has_state, bos, eos - bos,
-                        stride_x, W, HEAD)
+    head = bos + tl.arange(0, HEAD)
+    live = ((head < eos) & (head < bos + W - 1))[:, None] & cols_ok[None, :]
+    y = _conv_rows(x_ptr, w_ptr, bias_ptr, state_ptr, head, cols, cols_ok, live,
+                   live & has_state[None, :], bos, stride_x, W, True, HAS_BIAS, SILU)
+    tl.store(y_ptr + head.to(tl.int64)[:, None] * D + cols[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=live)
     if TRACK:
         track_chunk = tl.load(track_chunk_ptr + seq)
         track_slot = tl.maximum(tl.load(track_slot_ptr + seq).to(tl.int64), 0)
-        tracked = cols_ok & (as_vector(track_chunk, cols) >= 0)
-        window = _window(x_ptr, state_ptr, cols, tracked, has_state, bos,
-                         tl.minimum(64 * track_chunk, eos - bos), stride_x, W, HEAD)
-    live = (rows < eos)[:, None] & cols_ok[None, :]
-    y = _conv_rows(x_ptr, w_ptr, bias_ptr, state_ptr, rows, cols, cols_ok, live,
-                   live & has_state[None, :], bos, stride_x, W, True, HAS_BIAS, SILU)
-    tl.store(y_ptr + rows.to(tl.int64)[:, None] * D + cols[None, :], y.to(y_ptr.dtype.element_ty),
-             mask=live)
-    if TRACK:
-        _store_window(pool_ptr + track_slot * D * (W - 1) + cols * (W - 1), window, tracked, W,
-                      HEAD)
+        _save_window(x_ptr, state_ptr, pool_ptr + track_slot * D * (W - 1) + cols * (W - 1),
+                     cols, cols_ok & (as_vector(track_chunk, cols) >= 0), has_state, bos,
+                     tl.minimum(64 * track_chunk, eos - bos), stride_x, W)
     tl.debug_barrier()  # every read of the old state above happens before it is overwritten
-    _store_window(state_ptr, new_state, cols_ok & has_state, W, HEAD)
+    _save_window(x_ptr, state_ptr, state_ptr, cols, cols_ok & has_state, has_state, bos,
+                 eos - bos, stride_x, W)
 
 
 @triton.jit
-def _window(x_ptr, state_ptr, cols, reads, has_state, bos, end, stride_x, W: tl.constexpr,
-            HEAD: tl.constexpr):
-    """``x̃``'s ``W−1`` columns before token ``end`` of the sequence, for the channels ``cols``
-    where ``reads``: ``[HEAD, BD]`` fp32 (row p = column p; rows past ``W−2`` are zero). Where
-    ``end < W−1`` they come from the old state at ``state_ptr [BD]`` (column 0 of each channel;
-    zeros without ``has_state``)."""
-    p = tl.arange(0, HEAD)
-    rel = end - (W - 1) + p  # position in x̃ relative to the first token
-    live = (p < W - 1)[:, None] & reads[None, :]
-    xp = tl.load(x_ptr + (bos + tl.maximum(rel, 0)).to(tl.int64)[:, None] * stride_x + cols[None, :],
-                 mask=live & (rel >= 0)[:, None], other=0.0)
-    sp = tl.load(state_ptr[None, :] + tl.maximum(rel + (W - 1), 0)[:, None],
-                 mask=live & has_state[None, :] & (rel < 0)[:, None], other=0.0)
-    return xp.to(tl.float32) + sp.to(tl.float32)
-
-
-@triton.jit
-def _store_window(dst_ptr, window, writes, W: tl.constexpr, HEAD: tl.constexpr):
-    """Store a :func:`_window` tile as ``W−1`` columns at ``dst_ptr [BD]`` where ``writes``."""
-    p = tl.arange(0, HEAD)
-    tl.store(dst_ptr[None, :] + p[:, None], window.to(dst_ptr.dtype.element_ty),
-             mask=(p < W - 1)[:, None] & writes[None, :])
+def _save_window(x_ptr, state_ptr, dst_ptr, cols, writes, has_state, bos, end, stride_x,
+                 W: tl.constexpr):
+    """Write ``x̃``'s ``W−1`` columns before token ``end`` of the sequence to ``dst_ptr [BD]``
+    (column 0 of each channel ``cols``) where ``writes``; where ``end < W−1`` they come from the
+    old state at ``state_ptr`` (zeros without ``has_state``)."""
+    for p in tl.static_range(W - 1):
+        rel = as_vector(end - (W - 1) + p, cols)  # position in x̃ relative to the first token
+        xp = tl.load(x_ptr + (bos + tl.maximum(rel, 0)).to(tl.int64) * stride_x + cols,
+                     mask=writes & (rel >= 0), other=0.0)
+        sp = tl.load(state_ptr + tl.maximum(rel + (W - 1), 0),
+                     mask=writes & has_state & (rel < 0), other=0.0)
+        tl.store(dst_ptr + p, (xp.to(tl.float32) + sp.to(tl.float32)).to(
+            dst_ptr.dtype.element_ty), mask=writes)
 
 
 @triton.jit

@@ -8,8 +8,7 @@ import torch
 from torch import nn
 
 from mamba_edu.model.config import ModelConfig, get_config
-from mamba_edu.model.layers import (KV, MLP, Attention, GDNMixer, RMSNorm, attention_backends,
-                                     init_param, rope_tables)
+from mamba_edu.model.layers import KV, MLP, Attention, GDNMixer, RMSNorm, init_param, rope_tables
 from mamba_edu.profiling.ranges import profile_range
 
 
@@ -111,11 +110,10 @@ class HybridModel(nn.Module):
             rotary = (rope_tables(batch.positions, cfg.attn_head_dim, cfg.rope_theta)
                       if self.has_attention else None)
         pending, attn_kv = None, []  # attn_kv[j][i]: attention layer j, sequence i
-        with attention_backends():
-            for layer in self.layers:
-                x, pending, kv = layer(x, pending, batch, backend, rotary)
-                if kv is not None:
-                    attn_kv.append(kv)
+        for layer in self.layers:
+            x, pending, kv = layer(x, pending, batch, backend, rotary)
+            if kv is not None:
+                attn_kv.append(kv)
         with profile_range("lm_head"):
             rows = batch.last_token_index  # only the last tokens need the final add and norm
             _, last = self.norm.add(x[rows], pending[rows])

@@ -13,7 +13,6 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from mamba_edu.kernels.fused_ops import add_rms_norm, gated_rms_norm, rms_norm, rope, silu_mul
 from mamba_edu.model.config import ModelConfig
@@ -68,18 +67,6 @@ def rope_tables(positions: torch.Tensor, head_dim: int, theta: float):
     inv_freq = theta ** (-torch.arange(0, D, 2, device=positions.device, dtype=torch.float32) / D)
     angles = positions.float()[:, None] * inv_freq  # [T, D/2]
     return angles.cos()[:, None, :], angles.sin()[:, None, :]
-
-
-# The SDPA kernels the attention may use. cuDNN's is left out: on the H200 each of its calls
-# added a memset and a launch gap of about 5 µs to a CUDA graph replay, where the flash kernel
-# follows the previous kernel like any other (data/bench/README.md).
-ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-
-def attention_backends():
-    """Context manager that restricts SDPA to :data:`ATTENTION_BACKENDS`; entered once per
-    forward (it costs tens of µs of host time)."""
-    return sdpa_kernel(ATTENTION_BACKENDS)
 
 
 class Attention(nn.Module):

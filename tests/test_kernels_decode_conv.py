@@ -69,10 +69,15 @@ def test_conv_prefill_matches_reference(backend):
     assert torch.equal(pool[[2, 5, 8]], pool0[[2, 5, 8]])
 
 
-def _check_conv_candidates(device, dtype, tol):
-    """Every launch candidate of the prefill conv against the reference (the autotuner may pick
-    any of them on a GPU; under the interpreter it only runs the first)."""
-    from mamba_edu.kernels.conv import CANDIDATES, conv1d_prefill_triton
+# Tile shapes ``(num_warps, BD, CHANNELS_FIRST)``: the package's LAUNCH and others, both grid orders.
+LAUNCHES = [(4, 64, True), (4, 64, False), (8, 128, False), (16, 256, True)]
+
+
+def _check_conv_launches(device, dtype, tol):
+    """The prefill conv at several tile shapes against the reference: the kernel is correct for
+    any channel block and grid order, not only for the one the package launches."""
+    from mamba_edu.kernels.conv import LAUNCH, conv1d_prefill_triton
+    assert LAUNCH in LAUNCHES
     lengths, slots = [1, 2, 63, 64, 65, 150], [6, 1, 4, 0, 3, -1]
     x, weight, bias = (t.to(device, dtype) for t in _conv_case(lengths, D=200))
     pool0 = torch.randn(9, 200, 3).to(device, dtype)
@@ -83,23 +88,23 @@ def _check_conv_candidates(device, dtype, tol):
     init = torch.cat([pool0[slots[:-1]], torch.zeros_like(pool0[:1])]).float()
     y_ref, finals = causal_conv1d(x.float(), weight.float(), bias.float(), cu_seqlens=cu,
                                   initial_states=init)
-    for candidate in CANDIDATES:
+    for launch in LAUNCHES:
         pool = pool0.clone()
         y = conv1d_prefill_triton(x, weight, bias, pool, meta.state_indices, meta, True,
-                                  candidate=candidate)
-        assert rel_err(y, y_ref) <= tol, candidate
-        assert torch.equal(pool[slots[:-1]], finals[:-1].to(dtype)), candidate
-        assert torch.equal(pool[[2, 5, 7, 8]], pool0[[2, 5, 7, 8]]), candidate
+                                  launch=launch)
+        assert rel_err(y, y_ref) <= tol, launch
+        assert torch.equal(pool[slots[:-1]], finals[:-1].to(dtype)), launch
+        assert torch.equal(pool[[2, 5, 7, 8]], pool0[[2, 5, 7, 8]]), launch
 
 
 @pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1")
-def test_conv_prefill_every_launch_candidate():
-    _check_conv_candidates("cpu", torch.float32, 1e-5)
+def test_conv_prefill_every_launch():
+    _check_conv_launches("cpu", torch.float32, 1e-5)
 
 
 @pytest.mark.gpu
-def test_conv_prefill_every_launch_candidate_gpu_bf16():
-    _check_conv_candidates("cuda", torch.bfloat16, 1e-2)
+def test_conv_prefill_every_launch_gpu_bf16():
+    _check_conv_launches("cuda", torch.bfloat16, 1e-2)
 
 
 def _check_tracked_windows(lengths, slots, track_slots, track_chunks, device, dtype, backend):

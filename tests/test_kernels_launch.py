@@ -1,10 +1,12 @@
 """Programmatic dependent launch (kernels/launch.py): never on a CPU; on a Hopper GPU the same
-bits as plain launches, eager and in a CUDA graph."""
+bits as plain launches, eager and in a CUDA graph, with the prefill as three kernels or as one
+launch (kernels/chained.py)."""
 
 import pytest
 import torch
 
 from mamba_edu.kernels import build_chunk_meta, conv1d_prefill, gdn_prefill
+from mamba_edu.kernels.chained import forced_chained
 from mamba_edu.kernels.fused_ops import gated_rms_norm, silu_mul
 from mamba_edu.kernels.inputs import random_pool, random_prefill_inputs
 from mamba_edu.kernels.launch import pdl_options, programmatic_launch
@@ -59,13 +61,14 @@ def _layer_chain(lengths, H=2, HV=4, K=64, V=64, W=4):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("graph", [False, True])
-def test_pdl_launches_give_the_same_bits(graph):
+@pytest.mark.parametrize("one_launch", [False, True])
+def test_pdl_launches_give_the_same_bits(graph, one_launch):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs a Hopper GPU")
     run = _layer_chain([64, 200, 1, 130])
-    with programmatic_launch(False):
+    with forced_chained(one_launch), programmatic_launch(False):
         plain = run(graph)
-    with programmatic_launch(True):
+    with forced_chained(one_launch), programmatic_launch(True):
         assert pdl_options(torch.device("cuda"))["USE_PDL"]
         pdl = run(graph)
     for a, b in zip(plain, pdl):

@@ -3,7 +3,7 @@
 ``y[t, c] = silu(bias[c] + Σ_j weight[c, j] · x̃[t − (W−1) + j, c])`` with ``x̃`` = the sequence's
 conv state (its previous ``W−1`` raw inputs) followed by its tokens (docs/conventions.md).
 
-Prefill grid ``(NT, ⌈D/BD⌉)`` or ``(⌈D/BD⌉, NT)`` (:data:`CANDIDATES`): one program per 64-token
+Prefill grid ``(NT, ⌈D/BD⌉)`` or ``(⌈D/BD⌉, NT)`` (:data:`LAUNCH`): one program per 64-token
 chunk and channel block. The conv is memory-bound (4 multiply-adds per element read), so the
 main tile only reads x, with loads that are contiguous along the channels; only the first ``W−1``
 rows of a sequence reach into the conv state, whose ``[D, W−1]`` layout makes those reads
@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from mamba_edu.kernels.launch import await_previous_kernel, pdl_options
-from mamba_edu.kernels.tiles import as_vector, tuning_configs
+from mamba_edu.kernels.tiles import as_vector
 
 
 @triton.jit
@@ -50,15 +50,15 @@ def _conv_rows(x_ptr, w_ptr, bias_ptr, state_ptr, rows, cols, cols_ok, live, sta
     return acc
 
 
-# Launch candidates ``(num_warps, BD, CHANNELS_FIRST)``, timed by the autotuner on a GPU.
-# CHANNELS_FIRST orders the grid with channel blocks fastest, so that the programs running
-# together read whole rows of x (picked at 8×1024 with 8192 channels on the H200).
-CANDIDATES = ((8, 128, False), (4, 64, False), (16, 256, False), (8, 128, True), (4, 64, True))
+# Launch configuration ``(num_warps, BD, CHANNELS_FIRST)``, fixed from H200 measurements: the
+# fastest at both shapes timed (8 × 1024 with 8192 channels: 126 µs; 1 × 512 with 1536: 5.2 µs;
+# data/benchmarks/conv_launch.md). CHANNELS_FIRST orders the grid with channel blocks fastest, so
+# that the programs running together read whole rows of x. An autotuner used to pick among five
+# configurations; at small shapes its timing (eager launches, with a copy of the pool restored
+# around each) was noise, and the 1 × 512 conv took 5.2 to 9.8 µs depending on its pick.
+LAUNCH = (4, 64, True)
 
 
-@triton.autotune(tuning_configs(*((w, 1, {"BD": bd, "CHANNELS_FIRST": cf})
-                                  for w, bd, cf in CANDIDATES)),
-                 key=["D", "W"], restore_value=["pool_ptr"])
 @triton.jit
 def conv1d_prefill_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr,
                           track_slot_ptr, track_chunk_ptr, cu_ptr, chunk_idx_ptr, D, stride_x,
@@ -172,31 +172,23 @@ _BD = 128  # channels per program of the decode update
 
 
 def conv1d_prefill_triton(x, weight, bias, conv_pool, state_indices, meta, silu,
-                          track_slots=None, track_chunks=None, candidate=None):
+                          track_slots=None, track_chunks=None, launch=LAUNCH):
     """Launch the prefill conv on validated inputs (``x`` may be a row-strided column slice);
     returns a contiguous ``y [T, D]``, updates the pool and saves the tracked windows
     (``track_slots, track_chunks`` as in :func:`~mamba_edu.kernels.conv1d_prefill`).
-    ``candidate``: one entry of :data:`CANDIDATES` instead of the autotuner's choice (the tests
-    run each)."""
+    ``launch``: ``(num_warps, BD, CHANNELS_FIRST)`` (the tests run other tile shapes too)."""
     track = track_slots is not None
     T, D = x.shape
     W = weight.shape[1]
     y = torch.empty(T, D, device=x.device, dtype=x.dtype)
-    kernel, options = conv1d_prefill_kernel, {}
-    if candidate is not None:
-        warps, bd, channels_first = candidate
-        kernel = conv1d_prefill_kernel.fn
-        options = dict(BD=bd, CHANNELS_FIRST=channels_first, num_warps=warps)
-
-    def grid(cfg):
-        cfg = {**cfg, **options}
-        blocks = triton.cdiv(D, cfg["BD"])
-        return (blocks, meta.NT) if cfg["CHANNELS_FIRST"] else (meta.NT, blocks)
-    kernel[grid](
+    warps, bd, channels_first = launch
+    blocks = triton.cdiv(D, bd)
+    conv1d_prefill_kernel[(blocks, meta.NT) if channels_first else (meta.NT, blocks)](
         x, weight, weight if bias is None else bias, y, conv_pool, state_indices,
         track_slots if track else state_indices, track_chunks if track else state_indices,
         meta.cu_seqlens, meta.chunk_indices, D, x.stride(0), W, triton.next_power_of_2(W - 1),
-        bias is not None, silu, track, **options, **pdl_options(y.device))
+        bias is not None, silu, track, bd, channels_first, num_warps=warps,
+        **pdl_options(y.device))
     return y
 
 

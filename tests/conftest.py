@@ -18,8 +18,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(params=["in_scan", "separate", "chained"])
 def output_path(request):
     """Run the Triton prefill three ways: the output computed inside the scan, by its own kernel
-    (the default for larger batches), and the three stages in one launch (the default for small
-    ones)."""
+    (the default), and the three stages in one launch."""
     from mamba_edu.kernels.chained import forced_chained
     from mamba_edu.kernels.prefill import forced_output_path
     with forced_output_path(request.param == "in_scan"), forced_chained(request.param == "chained"):

@@ -49,8 +49,9 @@ def test_one_launch_matches_the_reference(lengths, data, heads):
     slots, track_slots = list(range(N)), list(range(N, 2 * N))
     inputs = random_prefill_inputs(lengths, H, HV, K, V, seed=data.draw(st.integers(0, 99)))
     o, ckpt, pool, pool0, meta = _run(inputs, lengths, slots, (track_slots, chunks), HV, K, V, True)
-    ref = chunk_gated_delta_rule(**inputs, initial_state=pool0[slots], cu_seqlens=cu_offsets(lengths),
-                                 use_qk_l2norm=True, output_checkpoints=True)
+    ref = chunk_gated_delta_rule(**inputs, initial_state=pool0[slots],
+                                 cu_seqlens=cu_offsets(lengths), use_qk_l2norm=True,
+                                 output_checkpoints=True)
     assert rel_err(o, ref.o) <= 1e-4
     assert rel_err(ckpt, ref.checkpoints) <= 1e-4
     assert rel_err(pool[slots], ref.final_state) <= 1e-4
@@ -76,10 +77,9 @@ def _gpu_inputs(lengths, H, HV, seed=0):
                                            ([1, 63, 64, 65, 700, 2048], (4, 8)),
                                            ([2048] * 8, (16, 32))])
 def test_one_launch_gpu_equals_the_three_kernels(lengths, heads):
-    """bf16 on the GPU, the same outputs and states as the three kernels. The last two shapes
-    have more programs than an H200 holds at once (8 × 2048 tokens at 32 heads: 16 896): the
-    tickets keep the waits from deadlocking; the launch is repeated on the same metadata, which
-    only works if the workspace was zeroed."""
+    """bf16 on the GPU, the same outputs and states as the three kernels, twice, and the
+    workspace zero afterwards. The last two shapes launch 960 and 16 896 programs, many times the
+    H200's 132 SMs: waits that could deadlock would hang here."""
     H, HV = heads
     N = len(lengths)
     inputs = _gpu_inputs(lengths, H, HV)
@@ -97,8 +97,9 @@ def test_one_launch_gpu_equals_the_three_kernels(lengths, heads):
 
 @pytest.mark.gpu
 def test_one_launch_gpu_reuses_its_metadata_in_a_graph():
-    """A forward's layers share one metadata: 45 launches in a row, then the same in a CUDA
-    graph replayed twice, all equal to eager launches with fresh metadata."""
+    """A forward's layers share one metadata: 45 launches in a row, then three in a CUDA graph
+    replayed twice, all equal to the first launch (each needs the workspace zeroed by the one
+    before)."""
     lengths, H, HV = [512], 2, 8
     inputs = _gpu_inputs(lengths, H, HV, seed=3)
     meta = build_chunk_meta(lengths, "cuda", state_indices=[0])

@@ -69,7 +69,7 @@ def test_conv_prefill_matches_reference(backend):
     assert torch.equal(pool[[2, 5, 8]], pool0[[2, 5, 8]])
 
 
-# Tile shapes ``(num_warps, BD, CHANNELS_FIRST)``: the package's LAUNCH and others, both grid orders.
+# Tile shapes ``(num_warps, BD, CHANNELS_FIRST)``: the package's LAUNCH and others, both orders.
 LAUNCHES = [(4, 64, True), (4, 64, False), (8, 128, False), (16, 256, True)]
 
 

@@ -30,8 +30,8 @@ tried (``ours_graph_ms_other_launch_path`` in data/benchmarks/kernels.json), so 
 likely reason (not verified with a profile of the kernel): inside a CUDA graph the next kernel
 starts about 0.45 µs after the previous one ends (median gap in data/runs), while a hand-off
 here takes a fence and an atomic round trip to L2 to signal, polling to see it, and a ticket and
-a retirement atomic in every program. The Triton interpreter runs programs one after another in grid order, so there every
-wait is already satisfied when it is reached.
+a retirement atomic in every program. The Triton interpreter runs programs one after another in
+grid order, so there every wait is already satisfied when it is reached.
 """
 
 import contextlib
@@ -102,7 +102,9 @@ def chained_prefill_kernel(
     """Grid ``(NT·HV + ⌈V/BV_SCAN⌉·N·HV + ⌈V/BV_OUT⌉·NT·HV,)``: one program per program of the
     three kernels, its role given by its ticket (module docstring). Writes what they write:
     Γ, k̂, W, U, h, Ṽ, o ``[T, HV, V]``, the pool's final and tracked states."""
-    await_previous_kernel(USE_PDL, RELEASE_NEXT=False)  # waiting programs must not share SMs
+    # With PDL the next kernel is released only at the end: its early blocks would hold SM slots
+    # that programs without a ticket yet may need.
+    await_previous_kernel(USE_PDL, RELEASE_NEXT=False)
     n_scan_tiles = tl.cdiv(V, BV_SCAN)
     n_prepare = NT * HV
     n_scan = n_scan_tiles * N * HV
@@ -149,7 +151,8 @@ def prefill_chained(q, k, v, g, beta, state_pool, state_indices, meta, scale, us
     gamma = torch.empty(T, HV, device=dev, dtype=torch.float32)
     k_hat = torch.empty(T, H, K, device=dev, dtype=work)
     w = torch.empty(T, HV, K, device=dev, dtype=work)
-    u, v_new = torch.empty(T, HV, V, device=dev, dtype=work), torch.empty(T, HV, V, device=dev, dtype=work)
+    u = torch.empty(T, HV, V, device=dev, dtype=work)
+    v_new = torch.empty_like(u)
     h = torch.empty(meta.NT, HV, K, V, device=dev,
                     dtype=torch.float32 if output_checkpoints else work)
     o = torch.empty(T, HV, V, device=dev, dtype=q.dtype)
@@ -157,7 +160,8 @@ def prefill_chained(q, k, v, g, beta, state_pool, state_indices, meta, scale, us
     track = track_slots is not None
     BV_scan, _, stages = _scan_config(meta.N * HV, V)
     BV_out = _output_block_v(meta.NT * HV, V)
-    n_programs = HV * (meta.NT + triton.cdiv(V, BV_scan) * meta.N + triton.cdiv(V, BV_out) * meta.NT)
+    n_programs = HV * (meta.NT + triton.cdiv(V, BV_scan) * meta.N
+                       + triton.cdiv(V, BV_out) * meta.NT)
     chained_prefill_kernel[(n_programs,)](
         q, k, v, g, beta, A_log, dt_bias, gamma, k_hat, w, u, v_new, h, o, state_pool,
         meta.cu_seqlens, meta.chunk_indices, meta.chunk_offsets, state_indices,

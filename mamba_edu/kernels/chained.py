@@ -42,8 +42,8 @@ import triton.language as tl
 
 from mamba_edu.kernels.launch import await_previous_kernel, pdl_options
 from mamba_edu.kernels.prefill import (PREPARE_WARPS, _block, _output_block_v, _scan_config,
-                                       fp16_inverse, output_chunk, prepare_chunk, scan_sequence,
-                                       work_dtype)
+                                       fp16_inverse, output_chunk, prepare_chunk, prepare_outputs,
+                                       scan_sequence, work_dtype)
 
 ONE_LAUNCH = False  # measured slower than the three kernels on the H200 (module docstring)
 
@@ -148,10 +148,7 @@ def prefill_chained(q, k, v, g, beta, state_pool, state_indices, meta, scale, us
     T, H, K = q.shape
     HV, V = v.shape[1:]
     dev, work = q.device, work_dtype(v.dtype)
-    gamma = torch.empty(T, HV, device=dev, dtype=torch.float32)
-    k_hat = torch.empty(T, H, K, device=dev, dtype=work)
-    w = torch.empty(T, HV, K, device=dev, dtype=work)
-    u = torch.empty(T, HV, V, device=dev, dtype=work)
+    gamma, k_hat, w, u = prepare_outputs(k, v)
     v_new = torch.empty_like(u)
     h = torch.empty(meta.NT, HV, K, V, device=dev,
                     dtype=torch.float32 if output_checkpoints else work)

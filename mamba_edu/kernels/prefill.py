@@ -399,16 +399,24 @@ def fp16_inverse(use_qk_l2norm: bool, work: torch.dtype) -> bool:
     return use_qk_l2norm and work != torch.float32
 
 
+def prepare_outputs(k, v):
+    """What kernel 1 writes, allocated: ``(gamma [T, HV] fp32, k_hat [T, H, K], w [T, HV, K],
+    u [T, HV, V])``, all but gamma in :func:`work_dtype`."""
+    T, H, K = k.shape
+    HV, V = v.shape[1:]
+    work = work_dtype(v.dtype)
+    return (torch.empty(T, HV, device=k.device, dtype=torch.float32),
+            torch.empty(T, H, K, device=k.device, dtype=work),
+            torch.empty(T, HV, K, device=k.device, dtype=work),
+            torch.empty(T, HV, V, device=k.device, dtype=work))
+
+
 def launch_prepare(k, v, g, beta, meta, use_qk_l2norm, gating=None):
-    """Kernel 1 on validated inputs: returns ``(gamma [T, HV] fp32, k_hat [T, H, K],
-    w [T, HV, K], u [T, HV, V])`` (all but gamma in :func:`work_dtype`). ``gating``:
+    """Kernel 1 on validated inputs: returns :func:`prepare_outputs`, filled. ``gating``:
     ``(A_log, dt_bias)`` when ``g, beta`` are the raw projections ``a, b``."""
     T, H, K = k.shape
     HV, V = v.shape[1:]
-    gamma = torch.empty(T, HV, device=k.device, dtype=torch.float32)
-    k_hat = torch.empty(T, H, K, device=k.device, dtype=work_dtype(v.dtype))
-    w = torch.empty(T, HV, K, device=k.device, dtype=k_hat.dtype)
-    u = torch.empty(T, HV, V, device=k.device, dtype=k_hat.dtype)
+    gamma, k_hat, w, u = prepare_outputs(k, v)
     A_log, dt_bias = gating or (g, g)  # unread without gating
     chunk_prepare_kernel[(meta.NT, HV)](
         k, v, g, beta, A_log, dt_bias, gamma, k_hat, w, u, meta.cu_seqlens, meta.chunk_indices,

@@ -69,15 +69,16 @@ def test_conv_prefill_matches_reference(backend):
     assert torch.equal(pool[[2, 5, 8]], pool0[[2, 5, 8]])
 
 
-# Tile shapes ``(num_warps, BD, CHANNELS_FIRST)``: the package's LAUNCH and others, both orders.
-LAUNCHES = [(4, 64, True), (4, 64, False), (8, 128, False), (16, 256, True)]
+# Tile shapes ``(num_warps, BD, CHANNELS_FIRST)``: the package's two launches and others, both
+# grid orders.
+LAUNCHES = [(4, 32, True), (4, 64, True), (4, 64, False), (8, 128, False), (16, 256, True)]
 
 
 def _check_conv_launches(device, dtype, tol):
     """The prefill conv at several tile shapes against the reference: the kernel is correct for
     any channel block and grid order, not only for the one the package launches."""
-    from mamba_edu.kernels.conv import LAUNCH, conv1d_prefill_triton
-    assert LAUNCH in LAUNCHES
+    from mamba_edu.kernels.conv import NARROW_LAUNCH, WIDE_LAUNCH, conv1d_prefill_triton
+    assert NARROW_LAUNCH in LAUNCHES and WIDE_LAUNCH in LAUNCHES
     lengths, slots = [1, 2, 63, 64, 65, 150], [6, 1, 4, 0, 3, -1]
     x, weight, bias = (t.to(device, dtype) for t in _conv_case(lengths, D=200))
     pool0 = torch.randn(9, 200, 3).to(device, dtype)
@@ -95,6 +96,17 @@ def _check_conv_launches(device, dtype, tol):
         assert rel_err(y, y_ref) <= tol, launch
         assert torch.equal(pool[slots[:-1]], finals[:-1].to(dtype)), launch
         assert torch.equal(pool[[2, 5, 7, 8]], pool0[[2, 5, 7, 8]]), launch
+
+
+def test_conv_launch_follows_the_grid_size():
+    """64 channels per program once that gives WIDE_FROM programs, else 32: Qwen3-Next's 8 × 1024
+    tokens (8192 channels) take the wide launch, the Qwen3.5 tp8 slice's 1 × 512 (1536) and
+    16 × 256 the narrow one."""
+    from mamba_edu.kernels.conv import NARROW_LAUNCH, WIDE_FROM, WIDE_LAUNCH, conv_launch
+    assert conv_launch(128, 8192) == WIDE_LAUNCH and conv_launch(8, 1536) == NARROW_LAUNCH
+    assert conv_launch(64, 1536) == NARROW_LAUNCH
+    assert conv_launch(WIDE_FROM // 2, 128) == WIDE_LAUNCH
+    assert conv_launch(WIDE_FROM // 2 - 1, 128) == NARROW_LAUNCH
 
 
 @pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1")

@@ -240,9 +240,14 @@ def test_prefill_gpu_graph_replay_equals_eager(output_path):
 
 
 def test_scan_tile_follows_the_number_of_chains():
-    """One long prompt (N·HV = 32 at Qwen3-Next's heads) gives the scan 32-wide V-tiles, eight
-    prompts (N·HV = 256) 64-wide ones; the output kernel runs after the scan by default."""
-    from mamba_edu.kernels.prefill import FEW_CHAINS, OUTPUT_IN_SCAN, _scan_config
-    assert _scan_config(1 * 32, 128)[0] == 32 and _scan_config(FEW_CHAINS - 1, 128)[0] == 32
-    assert _scan_config(8 * 32, 128)[0] == 64 and _scan_config(FEW_CHAINS, 128)[0] == 64
+    """The scan narrows its V-tile until it has SCAN_PROGRAMS programs: one 512-token prompt at
+    the Qwen3.5 tp8 slice (N·HV = 8) gets 16-wide tiles, one long prompt at Qwen3-Next's heads
+    (N·HV = 32) 32-wide ones, eight prompts (N·HV = 256) 64-wide ones; never wider than the
+    head's tile. The output kernel runs after the scan by default."""
+    from mamba_edu.kernels.prefill import OUTPUT_IN_SCAN, SCAN_PROGRAMS, _scan_config
+    assert SCAN_PROGRAMS == 128
+    assert _scan_config(1 * 8, 128) == (16, 4, 3) and _scan_config(1, 128)[0] == 16
+    assert _scan_config(1 * 32, 128) == (32, 4, 3) and _scan_config(63, 128)[0] == 32
+    assert _scan_config(8 * 32, 128) == (64, 4, 2) and _scan_config(64, 128)[0] == 64
+    assert _scan_config(256, 32) == (64, 4, 2)  # V = 32 fits one 64-wide (masked) tile
     assert not OUTPUT_IN_SCAN

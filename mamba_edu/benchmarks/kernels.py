@@ -265,7 +265,7 @@ def _layer_call(c, meta=None):
 
 def bench_conv(preset, lengths, results):
     from mamba_edu.kernels import build_chunk_meta, conv1d_prefill
-    from mamba_edu.kernels.conv import LAUNCH
+    from mamba_edu.kernels.conv import conv_launch
     from mamba_edu.testing import rel_err
     H, HV = PRESETS[preset]
     N, T, D = len(lengths), sum(lengths), _conv_dim(H, HV)
@@ -283,7 +283,8 @@ def bench_conv(preset, lengths, results):
     row["floor_bytes"] = 2 * T * D * 2 + D * W * 2 + 2 * N * D * (W - 1) * 2
     row["floor_ms"] = row["floor_bytes"] / HBM_BYTES_PER_S * 1e3
     row["pct_hbm_bandwidth"] = 100 * row["floor_ms"] / row["ours_graph_ms"]
-    row["launch_config"] = dict(zip(("num_warps", "BD", "CHANNELS_FIRST"), LAUNCH))
+    row["launch_config"] = dict(zip(("num_warps", "BD", "CHANNELS_FIRST"),
+                                    conv_launch(meta.NT, D)))
     pool, pool_ref = pools[0].clone(), pools[0].float()
     y = conv1d_prefill(xs[0], weight, conv_pool=pool, meta=meta)
     y_ref = conv1d_prefill(xs[0].float(), weight.float(), conv_pool=pool_ref, meta=meta,

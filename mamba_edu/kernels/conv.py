@@ -3,7 +3,7 @@
 ``y[t, c] = silu(bias[c] + Σ_j weight[c, j] · x̃[t − (W−1) + j, c])`` with ``x̃`` = the sequence's
 conv state (its previous ``W−1`` raw inputs) followed by its tokens (docs/conventions.md).
 
-Prefill grid ``(NT, ⌈D/BD⌉)`` or ``(⌈D/BD⌉, NT)`` (:data:`LAUNCH`): one program per 64-token
+Prefill grid ``(NT, ⌈D/BD⌉)`` or ``(⌈D/BD⌉, NT)`` (:func:`conv_launch`): one program per 64-token
 chunk and channel block. The conv is memory-bound (4 multiply-adds per element read), so the
 main tile only reads x, with loads that are contiguous along the channels; only the first ``W−1``
 rows of a sequence reach into the conv state, whose ``[D, W−1]`` layout makes those reads
@@ -26,37 +26,62 @@ from mamba_edu.kernels.tiles import as_vector
 
 
 @triton.jit
+def _tap(x_ptr, w_ptr, state_ptr, rows, cols, cols_ok, live, state_live, bos, stride_x,
+         j: tl.constexpr, W: tl.constexpr, READ_STATE: tl.constexpr):
+    """Tap ``j`` of :func:`_conv_rows`: ``weight[c, j] · x̃[t − (W−1) + j, c]``, ``[R, BD]`` fp32."""
+    src = rows - (W - 1) + j                 # token that tap j multiplies
+    xj = tl.load(x_ptr + tl.maximum(src, bos).to(tl.int64)[:, None] * stride_x + cols[None, :],
+                 mask=live & (src >= bos)[:, None], other=0.0).to(tl.float32)
+    if READ_STATE:
+        xj += tl.load(state_ptr[None, :] + tl.maximum(src - bos + (W - 1), 0)[:, None],
+                      mask=state_live & (src < bos)[:, None], other=0.0).to(tl.float32)
+    wj = tl.load(w_ptr + cols * W + j, mask=cols_ok, other=0.0).to(tl.float32)
+    return xj * wj[None, :]
+
+
+@triton.jit
 def _conv_rows(x_ptr, w_ptr, bias_ptr, state_ptr, rows, cols, cols_ok, live, state_live, bos,
                stride_x, W: tl.constexpr, READ_STATE: tl.constexpr, HAS_BIAS: tl.constexpr,
                SILU: tl.constexpr):
     """Outputs ``[R, BD]`` (fp32) for the token rows ``rows [R]`` of the sequence that starts at
     ``bos`` and the channels ``cols [BD]`` (``cols_ok``: those below D); ``live [R, BD]`` masks
     the x reads. Inputs before ``bos`` come from the conv state at ``state_ptr [BD]`` (column 0
-    of each channel) where ``state_live`` with ``READ_STATE``, else they count as zeros."""
+    of each channel) where ``state_live`` with ``READ_STATE``, else they count as zeros.
+
+    The taps read the same lines of x, shifted by up to W−1 rows. Issued together, each of the W
+    loads missed L1 and went to L2. So the unshifted tap goes first and a barrier follows it: the
+    shifted taps then find most of their lines in L1 (H200, 8 × 1024 tokens × 8192 channels:
+    126 µs without the barrier, 96 µs with it; data/benchmarks/conv_launch.md)."""
     acc = tl.where(live, 0.0, 0.0)  # fp32 zeros of the tile's shape
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cols_ok, other=0.0).to(tl.float32)[None, :]
-    for j in tl.static_range(W):
-        src = rows - (W - 1) + j                 # token that tap j multiplies
-        xj = tl.load(x_ptr + tl.maximum(src, bos).to(tl.int64)[:, None] * stride_x + cols[None, :],
-                     mask=live & (src >= bos)[:, None], other=0.0).to(tl.float32)
-        if READ_STATE:
-            xj += tl.load(state_ptr[None, :] + tl.maximum(src - bos + (W - 1), 0)[:, None],
-                          mask=state_live & (src < bos)[:, None], other=0.0).to(tl.float32)
-        wj = tl.load(w_ptr + cols * W + j, mask=cols_ok, other=0.0).to(tl.float32)
-        acc += xj * wj[None, :]
+    acc += _tap(x_ptr, w_ptr, state_ptr, rows, cols, cols_ok, live, state_live, bos, stride_x,
+                W - 1, W, READ_STATE)
+    tl.debug_barrier()
+    for j in tl.static_range(W - 1):
+        acc += _tap(x_ptr, w_ptr, state_ptr, rows, cols, cols_ok, live, state_live, bos,
+                    stride_x, j, W, READ_STATE)
     if SILU:
         acc = acc * tl.sigmoid(acc)
     return acc
 
 
-# Launch configuration ``(num_warps, BD, CHANNELS_FIRST)``, fixed from H200 measurements: the
-# fastest at both shapes timed (8 × 1024 with 8192 channels: 126 µs; 1 × 512 with 1536: 5.2 µs;
-# data/benchmarks/conv_launch.md). CHANNELS_FIRST orders the grid with channel blocks fastest, so
-# that the programs running together read whole rows of x. An autotuner used to pick among five
+# Launch configurations ``(num_warps, BD, CHANNELS_FIRST)``, fixed from H200 measurements
+# (data/benchmarks/conv_launch.md). CHANNELS_FIRST orders the grid with channel blocks fastest, so
+# that the programs running together read whole rows of x. Large batches take 64 channels per
+# program (8 × 1024 tokens × 8192 channels: 96 µs; 32 channels: 110 µs), small ones 32, which
+# doubles their programs (1 × 512 tokens × 1536 channels: 3.0 µs; 64 channels: 3.7 µs; both
+# timed without the first chunk's extra work). An autotuner used to pick among five
 # configurations; at small shapes its timing (eager launches, with a copy of the pool restored
 # around each) was noise, and the 1 × 512 conv took 5.2 to 9.8 µs depending on its pick.
-LAUNCH = (4, 64, True)
+WIDE_LAUNCH = (4, 64, True)
+NARROW_LAUNCH = (4, 32, True)
+WIDE_FROM = 2048  # programs that 64-channel blocks must give for WIDE_LAUNCH
+
+
+def conv_launch(n_chunks: int, D: int) -> tuple[int, int, bool]:
+    """The launch configuration for ``n_chunks`` chunks of ``D`` channels."""
+    return WIDE_LAUNCH if n_chunks * triton.cdiv(D, 64) >= WIDE_FROM else NARROW_LAUNCH
 
 
 @triton.jit
@@ -172,16 +197,17 @@ _BD = 128  # channels per program of the decode update
 
 
 def conv1d_prefill_triton(x, weight, bias, conv_pool, state_indices, meta, silu,
-                          track_slots=None, track_chunks=None, launch=LAUNCH):
+                          track_slots=None, track_chunks=None, launch=None):
     """Launch the prefill conv on validated inputs (``x`` may be a row-strided column slice);
     returns a contiguous ``y [T, D]``, updates the pool and saves the tracked windows
     (``track_slots, track_chunks`` as in :func:`~mamba_edu.kernels.conv1d_prefill`).
-    ``launch``: ``(num_warps, BD, CHANNELS_FIRST)`` (the tests run other tile shapes too)."""
+    ``launch``: ``(num_warps, BD, CHANNELS_FIRST)``, by default :func:`conv_launch`'s (the tests
+    run other tile shapes too)."""
     track = track_slots is not None
     T, D = x.shape
     W = weight.shape[1]
     y = torch.empty(T, D, device=x.device, dtype=x.dtype)
-    warps, bd, channels_first = launch
+    warps, bd, channels_first = launch or conv_launch(meta.NT, D)
     blocks = triton.cdiv(D, bd)
     conv1d_prefill_kernel[(blocks, meta.NT) if channels_first else (meta.NT, blocks)](
         x, weight, weight if bias is None else bias, y, conv_pool, state_indices,

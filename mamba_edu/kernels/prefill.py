@@ -41,7 +41,7 @@ The state S stays fp32 in registers. Under the interpreter dots are plain fp32 (
 Tiles over a head dim are at least 64 wide (:func:`_block`, masked past K or V): Triton 3.6
 miscompiled, on the H200, products whose right operand was 16 or 32 wide at 4 warps, the form the
 prepare kernel's ``T · X`` takes at small head dims (data/benchmarks/small_head_dims.md). The
-scan's V-tile may be 32 wide (measured correct). Launch configurations are fixed per batch shape
+scan's V-tile may be 16 or 32 wide (measured bit-equal to 64 wide). Launch configurations are fixed per batch shape
 from H200 measurements (:func:`_scan_config`), not autotuned: an autotuner keyed on the head
 dims would reuse the choice of whichever batch ran first.
 """
@@ -350,10 +350,11 @@ def _block(d: int) -> int:
     return max(64, triton.next_power_of_2(d))
 
 
-# Launch choices, measured on the H200 (K = V = 128, bf16; data/benchmarks/stage_sweep.md). A
-# whole sequence's chunks are one serial chain, so when few (sequence, value head) pairs exist the
-# scan takes 32-wide V-tiles: more programs, shorter steps (1×8192: 0.16 ms; 64 wide: 0.21 ms).
-FEW_CHAINS = 64          # N·HV below this: the small-batch scan tile
+# Launch choices, measured on the H200 (K = V = 128, bf16; data/benchmarks/stage_sweep.md and
+# scan_tile_sweep.md). A whole sequence's chunks are one serial chain, so when few (sequence, value
+# head) pairs exist the scan takes narrower V-tiles: more programs, shorter steps (1×8192: 32 wide
+# 0.16 ms, 64 wide 0.25 ms; 1×512 with 8 value heads: 16 wide 9.9 µs, 32 wide 12.9 µs).
+SCAN_PROGRAMS = 128      # the scan narrows its V-tile (64, 32, 16) until it has this many programs
 PREPARE_WARPS = 4        # 209 µs at 1×8192 (8 warps: 419 µs)
 OUTPUT_IN_SCAN = False   # the output kernel runs after the scan (module docstring)
 
@@ -371,11 +372,16 @@ def forced_output_path(in_scan: bool):
 
 
 def _scan_config(n_chains: int, V: int) -> tuple[int, int, int]:
-    """``(BV, num_warps, num_stages)`` of the scan (``n_chains`` = N·HV): 32-wide tiles with a
-    deeper load pipeline for few chains (each program walks many chunks), else 64-wide."""
-    if n_chains < FEW_CHAINS:
-        return min(32, _block(V)), 4, 3
-    return min(64, _block(V)), 4, 2
+    """``(BV, num_warps, num_stages)`` of the scan (``n_chains`` = N·HV): the widest V-tile of 64,
+    32 and 16 that gives :data:`SCAN_PROGRAMS` programs (else 16), with a deeper load pipeline
+    below 64 (each program walks many chunks)."""
+    bv = 16
+    for wide in (64, 32):
+        if n_chains * triton.cdiv(V, wide) >= SCAN_PROGRAMS:
+            bv = wide
+            break
+    bv = min(bv, _block(V))
+    return bv, 4, 2 if bv == 64 else 3
 
 
 def _output_block_v(n_tiles: int, V: int) -> int:

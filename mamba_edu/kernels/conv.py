@@ -48,10 +48,10 @@ def _conv_rows(x_ptr, w_ptr, bias_ptr, state_ptr, rows, cols, cols_ok, live, sta
     the x reads. Inputs before ``bos`` come from the conv state at ``state_ptr [BD]`` (column 0
     of each channel) where ``state_live`` with ``READ_STATE``, else they count as zeros.
 
-    The taps read the same lines of x, shifted by up to W−1 rows. Issued together, each of the W
-    loads missed L1 and went to L2. So the unshifted tap goes first and a barrier follows it: the
-    shifted taps then find most of their lines in L1 (H200, 8 × 1024 tokens × 8192 channels:
-    126 µs without the barrier, 96 µs with it; data/benchmarks/conv_launch.md)."""
+    The taps read the same lines of x, shifted by up to W−1 rows. Issued together, the W loads of
+    a line most likely all miss L1 and go to L2. So the unshifted tap goes first and a barrier
+    follows it, and the shifted taps can find their lines in L1 (H200, 8 × 1024 tokens × 8192
+    channels: 126 µs without the barrier, 96 µs with it; data/benchmarks/conv_launch.md)."""
     acc = tl.where(live, 0.0, 0.0)  # fp32 zeros of the tile's shape
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cols_ok, other=0.0).to(tl.float32)[None, :]

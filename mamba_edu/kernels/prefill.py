@@ -41,9 +41,10 @@ The state S stays fp32 in registers. Under the interpreter dots are plain fp32 (
 Tiles over a head dim are at least 64 wide (:func:`_block`, masked past K or V): Triton 3.6
 miscompiled, on the H200, products whose right operand was 16 or 32 wide at 4 warps, the form the
 prepare kernel's ``T · X`` takes at small head dims (data/benchmarks/small_head_dims.md). The
-scan's V-tile may be 16 or 32 wide (measured bit-equal to 64 wide). Launch configurations are fixed per batch shape
-from H200 measurements (:func:`_scan_config`), not autotuned: an autotuner keyed on the head
-dims would reuse the choice of whichever batch ran first.
+scan's V-tile may be 16 or 32 wide (bit-equal to 64 wide at K = V = 128 on the H200). Launch
+configurations are fixed per batch shape from H200 measurements (:func:`_scan_config`), not
+autotuned: an autotuner keyed on the head dims would reuse the choice of whichever batch ran
+first.
 """
 
 import contextlib

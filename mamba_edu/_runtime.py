@@ -7,6 +7,7 @@ device and no explicit setting, kernels run in the Triton interpreter (slow, tin
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -36,3 +37,14 @@ def data_dir() -> Path:
     """The repository's ``data/`` folder (H200 traces and benchmark results), wherever the
     notebook runs from. It is absent from an installed wheel: callers check ``exists()``."""
     return Path(__file__).resolve().parent.parent / "data"
+
+
+@contextlib.contextmanager
+def overriding(namespace: dict, name: str, value):
+    """Within the block, the module global ``name`` (``namespace`` = that module's ``globals()``)
+    is ``value``; the old value comes back afterwards, also after an exception."""
+    saved, namespace[name] = namespace[name], value
+    try:
+        yield
+    finally:
+        namespace[name] = saved

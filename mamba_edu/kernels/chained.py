@@ -34,12 +34,11 @@ a retirement atomic in every program. The Triton interpreter runs programs one a
 grid order, so there every wait is already satisfied when it is reached.
 """
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
 
+from mamba_edu._runtime import overriding
 from mamba_edu.kernels.launch import await_previous_kernel, pdl_options
 from mamba_edu.kernels.prefill import (PREPARE_WARPS, _block, _output_block_v, _scan_config,
                                        fp16_inverse, output_chunk, prepare_chunk, prepare_outputs,
@@ -48,16 +47,10 @@ from mamba_edu.kernels.prefill import (PREPARE_WARPS, _block, _output_block_v, _
 ONE_LAUNCH = False  # measured slower than the three kernels on the H200 (module docstring)
 
 
-@contextlib.contextmanager
 def forced_chained(enabled: bool):
     """Within the block, every Triton prefill takes the one-launch path (``enabled``) or the
     three kernels: for the tests and the benchmark, which compare the two."""
-    global ONE_LAUNCH
-    saved, ONE_LAUNCH = ONE_LAUNCH, enabled
-    try:
-        yield
-    finally:
-        ONE_LAUNCH = saved
+    return overriding(globals(), "ONE_LAUNCH", enabled)
 
 
 def use_chained() -> bool:

@@ -24,7 +24,6 @@ it on; it stays off under the interpreter and on GPUs older than Hopper.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 
@@ -33,7 +32,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import cuda as tl_cuda
 
-from mamba_edu._runtime import triton_interpreted
+from mamba_edu._runtime import overriding, triton_interpreted
 
 ENABLED = os.environ.get("MAMBA_EDU_PDL", "0") == "1"
 
@@ -61,13 +60,7 @@ def _hopper(index: int | None) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
-@contextlib.contextmanager
 def programmatic_launch(enabled: bool):
     """Within the block, kernels are launched with PDL (``enabled``, where the GPU has it) or
     without: for the benchmark, which compares the two."""
-    global ENABLED
-    saved, ENABLED = ENABLED, enabled
-    try:
-        yield
-    finally:
-        ENABLED = saved
+    return overriding(globals(), "ENABLED", enabled)

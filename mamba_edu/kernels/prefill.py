@@ -47,12 +47,11 @@ autotuned: an autotuner keyed on the head dims would reuse the choice of whichev
 first.
 """
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
 
+from mamba_edu._runtime import overriding
 from mamba_edu.gdn.varlen import CHUNK as _CHUNK
 from mamba_edu.kernels.launch import await_previous_kernel, pdl_options
 from mamba_edu.kernels.tiles import as_vector, gate_values, l2norm_rows, load_rows, store_rows
@@ -360,16 +359,10 @@ PREPARE_WARPS = 4        # 209 µs at 1×8192 (8 warps: 419 µs)
 OUTPUT_IN_SCAN = False   # the output kernel runs after the scan (module docstring)
 
 
-@contextlib.contextmanager
 def forced_output_path(in_scan: bool):
     """Within the block, every prefill computes its output inside the scan (``in_scan``) or with
     the output kernel: for the tests and the benchmark, which compare the two."""
-    global OUTPUT_IN_SCAN
-    saved, OUTPUT_IN_SCAN = OUTPUT_IN_SCAN, in_scan
-    try:
-        yield
-    finally:
-        OUTPUT_IN_SCAN = saved
+    return overriding(globals(), "OUTPUT_IN_SCAN", in_scan)
 
 
 def _scan_config(n_chains: int, V: int) -> tuple[int, int, int]:

@@ -12,11 +12,6 @@
 3. :func:`chunk_output_kernel`, grid ``(⌈V/BV⌉, NT, HV)``, one program per (V-tile, chunk, value
    head), all in parallel again: ``O = scale·[(Q̂ e^Γ) h[c] + (Q̂ K̂ᵀ ⊙ e^{Γr−Γs} ⊙ [s≤r]) Ṽ]``.
 
-In a model's layer (:func:`~mamba_edu.kernels.gdn_layer_prefill`, :class:`LayerConv`) kernel 1
-also computes the causal conv that produces q, k, v from the layer's projection, and stores the
-queries for kernel 3; kernel 2 writes the new conv states, once kernel 1 has read the old ones.
-That replaces the conv kernel before the prefill: one launch fewer, no conv output in memory.
-
 Why a separate output kernel: a chunk's output needs that chunk's start state, but nothing later
 needs the output. Computing it inside the serial pass makes every chunk step longer and leaves
 only ``(V/BV)·N·HV`` programs for all of that work. Writing ``h`` and ``Ṽ`` to memory costs

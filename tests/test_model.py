@@ -98,7 +98,6 @@ def test_gdn_layers_satisfy_the_backend_protocol_with_its_shapes():
         assert isinstance(m, GDNLayerParams)
         assert m.conv_weight.shape == (D, W) and m.conv_bias.shape == (D,)
         assert m.A_log.shape == m.dt_bias.shape == (HV,) and m.A_log.dtype == torch.float32
-        assert m.qkv_heads == (H, K, HV, V)
         q, k, v = m.split_qkv(torch.randn(5, D))
         assert (q.shape, k.shape, v.shape) == ((5, H, K), (5, H, K), (5, HV, V))
     assert not isinstance(model.layers[cfg.attn_layers[0]].mixer, GDNLayerParams)

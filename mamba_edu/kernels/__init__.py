@@ -10,17 +10,14 @@ synchronise with the host: the batch metadata is built once on the CPU (:func:`b
 - :mod:`.decode`     the one-token recurrent step
 - :mod:`.conv`       causal conv1d prefill and update
 - :mod:`.api`        the entry points: validation, then Triton or the torch reference path
-                     (``gdn_layer_prefill``: one layer's conv and prefill, the conv computed
-                     inside the prefill kernels)
 
 Set ``TRITON_INTERPRET=1`` before importing this module to run the kernels on a CPU
 (``import mamba_edu`` does it when no GPU is present).
 """
 
 import mamba_edu._runtime  # noqa: F401  (selects the interpreter before @triton.jit runs)
-from mamba_edu.kernels.api import (conv1d_decode, conv1d_prefill, gdn_decode, gdn_layer_prefill,
-                                   gdn_prefill, split_qkv)
+from mamba_edu.kernels.api import conv1d_decode, conv1d_prefill, gdn_decode, gdn_prefill
 from mamba_edu.kernels.metadata import ChunkMeta, build_chunk_meta, host_values, upload_indices
 
 __all__ = ["ChunkMeta", "build_chunk_meta", "conv1d_decode", "conv1d_prefill", "gdn_decode",
-           "gdn_layer_prefill", "gdn_prefill", "host_values", "split_qkv", "upload_indices"]
+           "gdn_prefill", "host_values", "upload_indices"]

@@ -21,7 +21,7 @@ from mamba_edu.gdn import gdn_gating
 from mamba_edu.kernels.chained import prefill_chained, use_chained
 from mamba_edu.kernels.conv import conv1d_prefill_triton, conv1d_update_triton
 from mamba_edu.kernels.decode import decode_triton
-from mamba_edu.kernels.prefill import LayerConv, prefill_triton
+from mamba_edu.kernels.prefill import prefill_triton
 from mamba_edu.kernels.torch_path import (conv1d_decode_torch, conv1d_prefill_torch,
                                           decode_torch, prefill_torch)
 from mamba_edu.kernels.validation import (FLOATS, check_head_dims, check_meta, check_tensor,
@@ -134,108 +134,26 @@ def gdn_prefill(q, k, v, g=None, beta=None, *, a=None, b=None, A_log=None, dt_bi
     """
     state_indices, track_slots, track_chunks = _indices_from_meta(
         meta, state_indices, track_slots, track_chunks)
-    checked = _checked_prefill(q, k, v, g, beta, (a, b, A_log, dt_bias), state_pool,
-                               state_indices, track_slots, track_chunks, meta, scale, backend)
-    backend, gating, scale, state_slots, targets = checked
-    if backend == "torch":
-        if gating is not None:
-            g, beta = gdn_gating(A_log, a, b, dt_bias)
-        return prefill_torch(q, k, v, g, beta, state_pool, state_slots, meta, scale,
-                             use_qk_l2norm, output_checkpoints, targets)
-    if gating is not None:
-        g, beta = a, b
-    launch = prefill_chained if use_chained() else prefill_triton
-    return launch(q, k, v, g, beta, state_pool, state_indices, meta, scale, use_qk_l2norm,
-                  output_checkpoints, track_slots, track_chunks, gating)
-
-
-def _checked_prefill(q, k, v, g, beta, raw, state_pool, state_indices, track_slots, track_chunks,
-                     meta, scale, backend):
-    """:func:`gdn_prefill`'s checks; returns ``(backend, gating, scale, state_slots, targets)``
-    (``gating`` = ``(A_log, dt_bias)`` with raw projections; the slots and tracking writes as
-    host values)."""
     dev, (T, H, K, HV, V) = _check_qkv(q, k, v)
-    gating = _check_gates(g, beta, raw, T, HV, dev, v.dtype)
+    gating = _check_gates(g, beta, (a, b, A_log, dt_bias), T, HV, dev, v.dtype)
     backend = resolve_backend(backend, dev, q.dtype)
     check_meta(meta, T, dev)
     slots = _check_pool("state_pool", state_pool, (HV, K, V), dev)
     state_slots, targets = checked_once(
         meta, ("prefill", slots), (state_indices, track_slots, track_chunks),
         lambda: _check_prefill_indices(state_indices, track_slots, track_chunks, meta, slots, dev))
-    if backend == "triton":
-        check_head_dims(K, V)
-    return backend, gating, _check_scale(scale, K), state_slots, targets
-
-
-def split_qkv(y, heads):
-    """``y [T, D]`` → views ``q, k [T, H, K]``, ``v [T, HV, V]`` of its columns (``heads`` =
-    ``(H, K, HV, V)``, ``D = 2·H·K + HV·V``), keeping y's row stride."""
-    H, K, HV, V = heads
-    T = y.shape[0]
-    q, k, v = y.split([H * K, H * K, HV * V], dim=-1)
-    return q.view(T, H, K), k.view(T, H, K), v.view(T, HV, V)
-
-
-def _check_heads(heads, D):
-    if (not isinstance(heads, (tuple, list)) or len(heads) != 4
-            or not all(isinstance(n, int) and n > 0 for n in heads)):
-        raise ValueError(f"heads must be (H, K, HV, V), four positive ints; got {heads!r}")
-    H, K, HV, V = heads
-    if 2 * H * K + HV * V != D:
-        raise ValueError(f"heads={tuple(heads)} give 2·H·K + HV·V = {2 * H * K + HV * V} "
-                         f"columns of q, k, v; x has D={D}")
-    return tuple(heads)
-
-
-def gdn_layer_prefill(x, conv_weight, conv_bias=None, *, heads, a, b, A_log, dt_bias, conv_pool,
-                      state_pool, state_indices=None, meta, scale=None, use_qk_l2norm=True,
-                      output_checkpoints=False, track_slots=None, track_chunks=None,
-                      backend="auto"):
-    """The GDN path of one layer's prefill: :func:`conv1d_prefill` (SiLU) of the projection
-    ``x``, its columns split into q, k, v (:func:`split_qkv`), then :func:`gdn_prefill` with the
-    raw gating. Same results as those two calls; on a GPU the conv runs inside the prefill's
-    kernels (the first convolves what it reads, the second writes the new conv states), one
-    launch fewer and no ``[T, D]`` round trip through memory.
-
-    Args:
-        x: ``[T, D]`` the q, k, v columns of the layer's projection (row-strided allowed).
-        conv_weight: ``[D, W]``; conv_bias: ``[D]`` or None; conv_pool: ``[slots, D, W−1]``,
-            addressed by the same ``state_indices`` as ``state_pool``.
-        heads: ``(H, K, HV, V)``, with ``D = 2·H·K + HV·V``.
-        a, b, A_log, dt_bias, and the rest: as in :func:`gdn_prefill`. Tracking writes both
-            snapshots: the conv window (as :func:`conv1d_prefill`) and the SSM state.
-    Returns:
-        ``(o [T, HV, V] in x's dtype, checkpoints or None)``.
-    """
-    missing = [name for name, t in zip(("a", "b", "A_log", "dt_bias"), (a, b, A_log, dt_bias))
-               if t is None]
-    if missing:
-        raise ValueError(f"gdn_layer_prefill needs the raw gating a, b, A_log, dt_bias; "
-                         f"missing {missing}")
-    state_indices, track_slots, track_chunks = _indices_from_meta(
-        meta, state_indices, track_slots, track_chunks)
-    conv_slots = _check_conv(x, conv_weight, conv_bias, conv_pool)
-    heads = _check_heads(heads, x.shape[1])
-    if resolve_backend(backend, x.device, x.dtype, "x") == "torch" or use_chained():
-        y = conv1d_prefill(x, conv_weight, conv_bias, conv_pool=conv_pool,
-                           state_indices=state_indices, meta=meta, track_slots=track_slots,
-                           track_chunks=track_chunks, backend=backend)
-        return gdn_prefill(*split_qkv(y, heads), a=a, b=b, A_log=A_log, dt_bias=dt_bias,
-                           state_pool=state_pool, state_indices=state_indices, meta=meta,
-                           scale=scale, use_qk_l2norm=use_qk_l2norm,
-                           output_checkpoints=output_checkpoints, track_slots=track_slots,
-                           track_chunks=track_chunks, backend=backend)
-    _, k, v = split_qkv(x, heads)
-    q = torch.empty(x.shape[0], heads[0], heads[1], device=x.device, dtype=x.dtype)
-    checked = _checked_prefill(q, k, v, None, None, (a, b, A_log, dt_bias), state_pool,
-                               state_indices, track_slots, track_chunks, meta, scale, backend)
-    backend, gating, scale, _, _ = checked
-    checked_once(meta, ("conv", conv_slots), (state_indices, track_slots, track_chunks),
-                 lambda: _check_prefill_indices(state_indices, track_slots, track_chunks, meta,
-                                                conv_slots, x.device))
-    conv = LayerConv(x, conv_weight, conv_bias, conv_pool, state_indices, q)
-    return prefill_triton(q, k, v, a, b, state_pool, state_indices, meta, scale, use_qk_l2norm,
-                          output_checkpoints, track_slots, track_chunks, gating, conv)
+    scale = _check_scale(scale, K)
+    if backend == "torch":
+        if gating is not None:
+            g, beta = gdn_gating(A_log, a, b, dt_bias)
+        return prefill_torch(q, k, v, g, beta, state_pool, state_slots, meta, scale,
+                             use_qk_l2norm, output_checkpoints, targets)
+    check_head_dims(K, V)
+    if gating is not None:
+        g, beta = a, b
+    launch = prefill_chained if use_chained() else prefill_triton
+    return launch(q, k, v, g, beta, state_pool, state_indices, meta, scale, use_qk_l2norm,
+                  output_checkpoints, track_slots, track_chunks, gating)
 
 
 def gdn_decode(q, k, v, a, b, A_log, dt_bias, *, state_pool, state_indices, scale=None,

@@ -109,8 +109,7 @@ def chained_prefill_kernel(
         seq = prepare_chunk(
             ticket // HV, ticket % HV, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
             gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr, stride_k, stride_v,
-            stride_g, stride_beta, q_ptr, k_ptr, k_ptr, k_ptr, state_idx_ptr, 0, H, HV, K, V,
-            BK, BV, USE_L2NORM, GATED, FP16_INVERSE, False, 1, False)  # no conv here
+            stride_g, stride_beta, H, HV, K, V, BK, BV, USE_L2NORM, GATED, FP16_INVERSE)
         _signal(prepared + seq)
     elif ticket < n_prepare + n_scan:
         t = ticket - n_prepare
@@ -120,8 +119,8 @@ def chained_prefill_kernel(
         scan_sequence(
             t % n_scan_tiles, seq, t // (n_scan_tiles * N), k_hat_ptr, w_ptr, u_ptr, gamma_ptr,
             v_new_ptr, h_ptr, pool_ptr, q_ptr, o_ptr, scale, stride_q, cu_ptr, chunk_off_ptr,
-            state_idx_ptr, track_slot_ptr, track_chunk_ptr, k_ptr, k_ptr, 0, 0, H, HV, K, V, BK,
-            BV_SCAN, TRACK, True, False, USE_L2NORM, False, 1)
+            state_idx_ptr, track_slot_ptr, track_chunk_ptr, H, HV, K, V, BK, BV_SCAN, TRACK,
+            True, False, USE_L2NORM)
         _signal(scanned + seq)
     else:
         t = ticket - n_prepare - n_scan

@@ -137,15 +137,6 @@ def _conv_head(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_ptr, track_slot_pt
                    live & has_state[None, :], bos, stride_x, W, True, HAS_BIAS, SILU)
     tl.store(y_ptr + head.to(tl.int64)[:, None] * D + cols[None, :], y.to(y_ptr.dtype.element_ty),
              mask=live)
-    save_windows(x_ptr, pool_ptr, state_ptr, track_slot_ptr, track_chunk_ptr, cols, cols_ok,
-                 has_state, seq, bos, eos, D, stride_x, W, TRACK)
-
-
-@triton.jit
-def save_windows(x_ptr, pool_ptr, state_ptr, track_slot_ptr, track_chunk_ptr, cols, cols_ok,
-                 has_state, seq, bos, eos, D, stride_x, W: tl.constexpr, TRACK: tl.constexpr):
-    """Sequence ``seq``'s tracked window (``TRACK``) and its new conv state, for the channels
-    ``cols [BD]`` whose state (column 0) is at ``state_ptr [BD]``."""
     if TRACK:
         track_chunk = tl.load(track_chunk_ptr + seq)
         track_slot = tl.maximum(tl.load(track_slot_ptr + seq).to(tl.int64), 0)
@@ -171,39 +162,6 @@ def _save_window(x_ptr, state_ptr, dst_ptr, cols, writes, has_state, bos, end, s
                      mask=writes & has_state & (rel < 0), other=0.0)
         tl.store(dst_ptr + p, (xp.to(tl.float32) + sp.to(tl.float32)).to(
             dst_ptr.dtype.element_ty), mask=writes)
-
-
-@triton.jit
-def conv_tile(x_ptr, w_ptr, bias_ptr, pool_ptr, slot, col0, n_cols, rows, bos, eos, D,
-              stride_x, COLS: tl.constexpr, W: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """``silu(conv)`` of the channels ``col0 .. col0+COLS`` (those below ``col0 + n_cols``) at
-    the token rows ``rows [R]`` of the sequence ``bos .. eos`` whose conv state is in ``slot``:
-    ``[R, COLS]`` rounded to x's dtype, as :func:`conv1d_prefill_kernel` stores it. For a kernel
-    that convolves its own inputs (the prefill's prepare kernel)."""
-    cols = col0 + tl.arange(0, COLS)
-    cols_ok = cols < col0 + n_cols
-    live = (rows < eos)[:, None] & cols_ok[None, :]
-    has_state = as_vector(slot, cols) >= 0
-    state_ptr = pool_ptr + tl.maximum(slot, 0) * D * (W - 1) + cols * (W - 1)
-    y = _conv_rows(x_ptr, w_ptr, bias_ptr, state_ptr, rows, cols, cols_ok, live,
-                   live & has_state[None, :], bos, stride_x, W, True, HAS_BIAS, True)
-    return y.to(x_ptr.dtype.element_ty)
-
-
-@triton.jit
-def write_conv_states(x_ptr, pool_ptr, track_slot_ptr, track_chunk_ptr, seq, slot, bos, eos,
-                      part, n_parts, D, stride_x, W: tl.constexpr, TRACK: tl.constexpr,
-                      BD: tl.constexpr):
-    """Part ``part`` of ``n_parts`` of :func:`save_windows` for sequence ``seq``: the programs
-    of a later kernel share its channels, once every :func:`conv_tile` has read the old state."""
-    per_part = tl.cdiv(D, n_parts)
-    end = tl.minimum(part * per_part + per_part, D)
-    for start in range(part * per_part, end, BD):
-        cols = start + tl.arange(0, BD)
-        has_state = as_vector(slot, cols) >= 0
-        save_windows(x_ptr, pool_ptr, pool_ptr + tl.maximum(slot, 0) * D * (W - 1) + cols * (W - 1),
-                     track_slot_ptr, track_chunk_ptr, cols, cols < end, has_state, seq, bos, eos,
-                     D, stride_x, W, TRACK)
 
 
 @triton.jit

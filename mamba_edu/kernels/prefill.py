@@ -47,15 +47,12 @@ autotuned: an autotuner keyed on the head dims would reuse the choice of whichev
 first.
 """
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
 from mamba_edu._runtime import overriding
 from mamba_edu.gdn.varlen import CHUNK as _CHUNK
-from mamba_edu.kernels.conv import conv_tile, write_conv_states
 from mamba_edu.kernels.launch import await_previous_kernel, pdl_options
 from mamba_edu.kernels.tiles import as_vector, gate_values, l2norm_rows, load_rows, store_rows
 
@@ -138,25 +135,18 @@ def _inverse_norm(sum_sq, USE_L2NORM: tl.constexpr):
 def prepare_chunk(i_chunk, hv, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
                   gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr,
                   stride_k, stride_v, stride_g, stride_beta,
-                  q_ptr, conv_w_ptr, conv_b_ptr, conv_pool_ptr, state_idx_ptr, D,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
-                  GATED: tl.constexpr, FP16_INVERSE: tl.constexpr, CONV: tl.constexpr,
-                  W: tl.constexpr, HAS_BIAS: tl.constexpr):
+                  GATED: tl.constexpr, FP16_INVERSE: tl.constexpr):
     """Program (chunk ``i_chunk``, value head ``hv``) of kernel 1: Γ ``[T, HV]``, W ``[T, HV, K]``,
     U ``[T, HV, V]`` for its 64 rows, and the normalised keys k̂ ``[T, H, K]`` (written by the
     first value head of each group); returns the chunk's sequence.
     With ``GATED``, ``g_ptr``/``beta_ptr`` hold the raw projections a, b and the gating is
     computed here (with ``A_log``, ``dt_bias``). Inputs are read with their row strides.
     ``BK``, ``BV`` are at least 64 (masked past K, V): see the module docstring.
-    ``FP16_INVERSE``: the inverse's products on fp16 operands (:func:`launch_prepare`).
-    With ``CONV`` (the layer path, :class:`LayerConv`) ``k_ptr`` is the projection ``x [T, D]``
-    (row stride ``stride_k``) and q, k, v are the causal conv + SiLU of its columns, computed
-    here with the conv weights ``[D, W]``, bias and the states ``conv_pool [slots, D, W−1]`` of
-    slots ``state_idx``; the first value head of each group stores q ``[T, H, K]`` at ``q_ptr``."""
+    ``FP16_INVERSE``: the inverse's products on fp16 operands (:func:`launch_prepare`)."""
     seq = tl.load(chunk_idx_ptr + 2 * i_chunk)
-    seq_bos = tl.load(cu_ptr + seq)
-    bos = seq_bos + CHUNK * tl.load(chunk_idx_ptr + 2 * i_chunk + 1)
+    bos = tl.load(cu_ptr + seq) + CHUNK * tl.load(chunk_idx_ptr + 2 * i_chunk + 1)
     eos = tl.load(cu_ptr + seq + 1)
     gamma, beta = _gates(g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr, bos, eos, hv,
                          stride_g, stride_beta, HV, GATED)
@@ -164,18 +154,7 @@ def prepare_chunk(i_chunk, hv, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias
     # The raw keys' Gram matrix in their own dtype (bf16: exact products, fp32 sums), normalised
     # afterwards: K̂K̂ᵀ = diag(n) K Kᵀ diag(n).
     hk = hv // (HV // H)  # value head hv reads key head hv // group
-    first_of_group = hv % (HV // H) == 0
-    if CONV:
-        slot = tl.load(state_idx_ptr + seq).to(tl.int64)
-        rows = bos + tl.arange(0, CHUNK)
-        k = conv_tile(k_ptr, conv_w_ptr, conv_b_ptr, conv_pool_ptr, slot, H * K + hk * K, K,
-                      rows, seq_bos, eos, D, stride_k, BK, W, HAS_BIAS)
-        if first_of_group:
-            q = conv_tile(k_ptr, conv_w_ptr, conv_b_ptr, conv_pool_ptr, slot, hk * K, K, rows,
-                          seq_bos, eos, D, stride_k, BK, W, HAS_BIAS)
-            store_rows(q_ptr + hk * K, q, bos, eos, H * K, 0, K, CHUNK, BK)
-    else:
-        k = load_rows(k_ptr + hk * K, bos, eos, stride_k, 0, K, CHUNK, BK)
+    k = load_rows(k_ptr + hk * K, bos, eos, stride_k, 0, K, CHUNK, BK)
     k_f32 = k.to(tl.float32)
     norm = _inverse_norm(tl.sum(k_f32 * k_f32, 1), USE_L2NORM)
     r = tl.arange(0, CHUNK)
@@ -185,18 +164,14 @@ def prepare_chunk(i_chunk, hv, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias
 
     k_hat = k_f32 * norm[:, None]
     # Rows below bos do not exist: the other value heads of the group store no k̂.
-    k_hat_end = tl.where(first_of_group, eos, bos)
+    k_hat_end = tl.where(hv % (HV // H) == 0, eos, bos)
     store_rows(k_hat_ptr + hk * K, k_hat, bos, k_hat_end, H * K, 0, K, CHUNK, BK)
     # W = T (β e^Γ K̂), U = T (β V): operands in the storage dtype, fp32 accumulation.
     work = w_ptr.dtype.element_ty
     T = T.to(work)
     w = tl.dot(T, (k_hat * (beta * tl.exp(gamma))[:, None]).to(work))
     store_rows(w_ptr + hv * K, w, bos, eos, HV * K, 0, K, CHUNK, BK)
-    if CONV:
-        v = conv_tile(k_ptr, conv_w_ptr, conv_b_ptr, conv_pool_ptr, slot, 2 * H * K + hv * V, V,
-                      rows, seq_bos, eos, D, stride_k, BV, W, HAS_BIAS).to(tl.float32)
-    else:
-        v = load_rows(v_ptr + hv * V, bos, eos, stride_v, 0, V, CHUNK, BV).to(tl.float32)
+    v = load_rows(v_ptr + hv * V, bos, eos, stride_v, 0, V, CHUNK, BV).to(tl.float32)
     u = tl.dot(T, (v * beta[:, None]).to(work))
     store_rows(u_ptr + hv * V, u, bos, eos, HV * V, 0, V, CHUNK, BV)
     return seq
@@ -206,18 +181,16 @@ def prepare_chunk(i_chunk, hv, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias
 def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
                          gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr,
                          stride_k, stride_v, stride_g, stride_beta,
-                         q_ptr, conv_w_ptr, conv_b_ptr, conv_pool_ptr, state_idx_ptr, D,
                          H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                          BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
-                         GATED: tl.constexpr, FP16_INVERSE: tl.constexpr, CONV: tl.constexpr,
-                         W: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr):
+                         GATED: tl.constexpr, FP16_INVERSE: tl.constexpr,
+                         USE_PDL: tl.constexpr):
     """Kernel 1, grid ``(NT, HV)``: :func:`prepare_chunk` for every (chunk, value head)."""
     await_previous_kernel(USE_PDL)
     prepare_chunk(tl.program_id(0), tl.program_id(1), k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr,
                   dt_bias_ptr, gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr,
-                  stride_k, stride_v, stride_g, stride_beta, q_ptr, conv_w_ptr, conv_b_ptr,
-                  conv_pool_ptr, state_idx_ptr, D, H, HV, K, V, BK, BV, USE_L2NORM, GATED,
-                  FP16_INVERSE, CONV, W, HAS_BIAS)
+                  stride_k, stride_v, stride_g, stride_beta, H, HV, K, V, BK, BV, USE_L2NORM,
+                  GATED, FP16_INVERSE)
 
 
 @triton.jit
@@ -247,21 +220,16 @@ def _chunk_output(q, k, v_new, h, gamma, valid):
 def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool_ptr,
                   q_ptr, o_ptr, scale, stride_q,
                   cu_ptr, chunk_off_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr,
-                  x_ptr, conv_pool_ptr, stride_x, D,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BK: tl.constexpr, BV: tl.constexpr, TRACK: tl.constexpr,
-                  STORE_H: tl.constexpr, OUTPUT: tl.constexpr, USE_L2NORM: tl.constexpr,
-                  CONV: tl.constexpr, W: tl.constexpr):
+                  STORE_H: tl.constexpr, OUTPUT: tl.constexpr, USE_L2NORM: tl.constexpr):
     """Program (V-tile ``i_v``, sequence ``seq``, value head ``hv``) of kernel 2: the sequential
     state pass over the sequence's chunks.
     Reads the initial state from the pool slot, writes the final state back into the slot and,
     with ``TRACK``, the tracked state into its track slot. With ``STORE_H`` it writes
     ``h [NT, HV, K, V]`` (start state of every chunk). Without ``OUTPUT`` it writes
     ``Ṽ [T, HV, V]`` for :func:`output_chunk`; with ``OUTPUT`` it computes the chunk's
-    output ``o [T, HV, V]`` itself from q (``q_ptr``, row stride ``stride_q``) and writes no Ṽ.
-    With ``CONV`` (the layer path) the sequence's programs then share out the writing of its new
-    conv states (and tracked windows) from ``x [T, D]`` into ``conv_pool``: the prepare kernel,
-    which read the old ones, has finished."""
+    output ``o [T, HV, V]`` itself from q (``q_ptr``, row stride ``stride_q``) and writes no Ṽ."""
     bos = tl.load(cu_ptr + seq)
     eos = tl.load(cu_ptr + seq + 1)
     first_chunk = tl.load(chunk_off_ptr + seq).to(tl.int64)
@@ -315,29 +283,23 @@ def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h
     if TRACK:
         tl.store(track_ptr, S, mask=slab_mask & (as_vector(track_chunk, rk) == n_chunks)[:, None])
     tl.store(state_ptr, S, mask=slab_mask)
-    if CONV:
-        n_tiles = tl.cdiv(V, BV)
-        write_conv_states(x_ptr, conv_pool_ptr, track_slot_ptr, track_chunk_ptr, seq, slot, bos,
-                          eos, hv * n_tiles + i_v, HV * n_tiles, D, stride_x, W, TRACK, 64)
 
 
 @triton.jit
 def chunk_scan_kernel(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool_ptr,
                       q_ptr, o_ptr, scale, stride_q,
                       cu_ptr, chunk_off_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr,
-                      x_ptr, conv_pool_ptr, stride_x, D,
                       H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, TRACK: tl.constexpr,
                       STORE_H: tl.constexpr, OUTPUT: tl.constexpr, USE_L2NORM: tl.constexpr,
-                      CONV: tl.constexpr, W: tl.constexpr, USE_PDL: tl.constexpr):
+                      USE_PDL: tl.constexpr):
     """Kernel 2, grid ``(⌈V/BV⌉, N, HV)``: :func:`scan_sequence` for every (V-tile, sequence,
     value head)."""
     await_previous_kernel(USE_PDL)
     scan_sequence(tl.program_id(0), tl.program_id(1), tl.program_id(2), k_hat_ptr, w_ptr, u_ptr,
                   gamma_ptr, v_new_ptr, h_ptr, pool_ptr, q_ptr, o_ptr, scale, stride_q, cu_ptr,
-                  chunk_off_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr, x_ptr,
-                  conv_pool_ptr, stride_x, D, H, HV, K, V, BK, BV, TRACK, STORE_H, OUTPUT,
-                  USE_L2NORM, CONV, W)
+                  chunk_off_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr, H, HV, K, V,
+                  BK, BV, TRACK, STORE_H, OUTPUT, USE_L2NORM)
 
 
 @triton.jit
@@ -449,59 +411,29 @@ def prepare_outputs(k, v):
             torch.empty(T, HV, V, device=k.device, dtype=work))
 
 
-@dataclass(frozen=True)
-class LayerConv:
-    """The conv of the layer path (:func:`~mamba_edu.kernels.gdn_layer_prefill`), computed inside
-    the prefill kernels instead of by a conv kernel before them.
-
-    q, k, v are ``silu(conv)`` of the columns of ``x [T, D]`` (row-strided allowed; q, k, v side
-    by side) with ``weight [D, W]`` and ``bias [D]`` or None, each sequence starting from its
-    conv state in ``pool[state_indices[n]]`` (``pool [slots, D, W−1]``). Kernel 1 convolves and
-    stores the queries in ``q [T, H, K]`` for kernel 3; kernel 2 then writes the new states.
-    """
-
-    x: torch.Tensor
-    weight: torch.Tensor
-    bias: torch.Tensor | None
-    pool: torch.Tensor
-    state_indices: torch.Tensor
-    q: torch.Tensor
-
-
-def launch_prepare(k, v, g, beta, meta, use_qk_l2norm, gating=None, conv=None):
+def launch_prepare(k, v, g, beta, meta, use_qk_l2norm, gating=None):
     """Kernel 1 on validated inputs: returns :func:`prepare_outputs`, filled. ``gating``:
-    ``(A_log, dt_bias)`` when ``g, beta`` are the raw projections ``a, b``. With ``conv``
-    (:class:`LayerConv`) k and v give only the shapes: the kernel convolves ``conv.x``."""
+    ``(A_log, dt_bias)`` when ``g, beta`` are the raw projections ``a, b``."""
     T, H, K = k.shape
     HV, V = v.shape[1:]
     gamma, k_hat, w, u = prepare_outputs(k, v)
     A_log, dt_bias = gating or (g, g)  # unread without gating
-    if conv is None:
-        conv_args, (D, W, has_bias) = (k,) * 5, (0, 1, False)  # unread
-    else:
-        D, W = conv.weight.shape
-        has_bias = conv.bias is not None
-        conv_args = (conv.q, conv.weight, conv.bias if has_bias else conv.weight, conv.pool,
-                     conv.state_indices)
-        k = v = conv.x
     chunk_prepare_kernel[(meta.NT, HV)](
         k, v, g, beta, A_log, dt_bias, gamma, k_hat, w, u, meta.cu_seqlens, meta.chunk_indices,
-        k.stride(0), v.stride(0), g.stride(0), beta.stride(0), *conv_args, D, H, HV, K, V,
+        k.stride(0), v.stride(0), g.stride(0), beta.stride(0), H, HV, K, V,
         _block(K), _block(V), use_qk_l2norm, gating is not None,
-        fp16_inverse(use_qk_l2norm, w.dtype), conv is not None, W, has_bias,
+        fp16_inverse(use_qk_l2norm, w.dtype),
         num_warps=PREPARE_WARPS, **pdl_options(u.device))
     return gamma, k_hat, w, u
 
 
 def launch_scan(k_hat, w, u, gamma, state_pool, state_indices, meta, h=None,
-                track_slots=None, track_chunks=None, queries=None, conv=None):
+                track_slots=None, track_chunks=None, queries=None):
     """Kernel 2, the sequential pass; updates the pool and writes the tracked states if asked.
     ``h``: the fp32 checkpoints to fill, if wanted. Without ``queries`` returns
     ``(v_new [T, HV, V], h [NT, HV, K, V])`` for :func:`launch_output` (``h`` allocated in
     :func:`work_dtype` unless given). With ``queries = (q, scale, use_qk_l2norm)`` the scan
-    computes the output itself and returns ``o [T, HV, V]`` in q's dtype. With ``conv``
-    (:class:`LayerConv`, whose old states kernel 1 has read) it also writes the new conv
-    states and, when tracking, the tracked conv windows."""
+    computes the output itself and returns ``o [T, HV, V]`` in q's dtype."""
     T, H, K = k_hat.shape
     HV, V = u.shape[1:]
     if queries is None:
@@ -514,14 +446,12 @@ def launch_scan(k_hat, w, u, gamma, state_pool, state_indices, meta, h=None,
         out = torch.empty(T, HV, V, device=u.device, dtype=q.dtype)  # o
     store_h = h is not None
     track = track_slots is not None
-    x, conv_pool, D, W = (u, u, 0, 1) if conv is None else (conv.x, conv.pool, *conv.weight.shape)
     BV, warps, stages = _scan_config(meta.N * HV, V)
     chunk_scan_kernel[(triton.cdiv(V, BV), meta.N, HV)](
         k_hat, w, u, gamma, out, h if store_h else u, state_pool, q, out, scale, q.stride(0),
         meta.cu_seqlens, meta.chunk_offsets, state_indices,
         track_slots if track else state_indices, track_chunks if track else state_indices,
-        x, conv_pool, x.stride(0), D, H, HV, K, V, _block(K), BV, track, store_h,
-        queries is not None, use_qk_l2norm, conv is not None, W,
+        H, HV, K, V, _block(K), BV, track, store_h, queries is not None, use_qk_l2norm,
         num_warps=warps, num_stages=stages, **pdl_options(u.device))
     return out if queries is not None else (out, h)
 
@@ -540,19 +470,18 @@ def launch_output(q, k_hat, v_new, h, gamma, meta, scale, use_qk_l2norm):
 
 
 def prefill_triton(q, k, v, g, beta, state_pool, state_indices, meta, scale, use_qk_l2norm,
-                   output_checkpoints, track_slots, track_chunks, gating=None, conv=None):
+                   output_checkpoints, track_slots, track_chunks, gating=None):
     """The kernels on validated inputs (see :func:`mamba_edu.kernels.gdn_prefill`); returns
-    ``(o, checkpoints or None)``. Three kernels, or two with the output in the scan. With
-    ``conv`` (:class:`LayerConv`) q is ``conv.q`` and k, v give only the shapes."""
+    ``(o, checkpoints or None)``. Three kernels, or two with the output in the scan."""
     T, H, K = q.shape
     HV, V = v.shape[1:]
-    gamma, k_hat, w, u = launch_prepare(k, v, g, beta, meta, use_qk_l2norm, gating, conv)
+    gamma, k_hat, w, u = launch_prepare(k, v, g, beta, meta, use_qk_l2norm, gating)
     ckpt = (torch.empty(meta.NT, HV, K, V, device=q.device, dtype=torch.float32)
             if output_checkpoints else None)
-    scan_args = (state_pool, state_indices, meta, ckpt, track_slots, track_chunks)
     if OUTPUT_IN_SCAN:
-        o = launch_scan(k_hat, w, u, gamma, *scan_args, queries=(q, scale, use_qk_l2norm),
-                        conv=conv)
+        o = launch_scan(k_hat, w, u, gamma, state_pool, state_indices, meta, ckpt,
+                        track_slots, track_chunks, queries=(q, scale, use_qk_l2norm))
         return o, ckpt
-    v_new, h = launch_scan(k_hat, w, u, gamma, *scan_args, conv=conv)
+    v_new, h = launch_scan(k_hat, w, u, gamma, state_pool, state_indices, meta, ckpt,
+                           track_slots, track_chunks)
     return launch_output(q, k_hat, v_new, h, gamma, meta, scale, use_qk_l2norm), ckpt

@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mamba_edu.kernels import split_qkv
 from mamba_edu.kernels.fused_ops import add_rms_norm, gated_rms_norm, rms_norm, rope, silu_mul
 from mamba_edu.model.config import ModelConfig
 
@@ -173,15 +172,12 @@ class GDNMixer(nn.Module):
         self.norm_weight = nn.Parameter(torch.ones(V, device=device, dtype=dtype), requires_grad=False)
         self.out = init_param(gen, (cfg.hidden, HV * V), out_std * (HV * V) ** -0.5, device, dtype)
 
-    @property
-    def qkv_heads(self) -> tuple[int, int, int, int]:
-        """``(H, K, HV, V)``: how ``mixed_qkv``'s columns split into q, k, v."""
-        return self.key_heads, self.key_dim, self.value_heads, self.value_dim
-
     def split_qkv(self, y: torch.Tensor):
         """``y [T, D]`` (after the conv) → ``q, k [T, H, K]``, ``v [T, HV, V]``: views of y's
         columns, no copy (the kernels read rows with y's row stride)."""
-        return split_qkv(y, self.qkv_heads)
+        T, H, HV, K, V = y.shape[0], self.key_heads, self.value_heads, self.key_dim, self.value_dim
+        q, k, v = y.split([H * K, H * K, HV * V], dim=-1)
+        return q.view(T, H, K), k.view(T, H, K), v.view(T, HV, V)
 
     def forward(self, x: torch.Tensor, batch, backend) -> torch.Tensor:
         T = x.shape[0]

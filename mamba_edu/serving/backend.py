@@ -5,12 +5,10 @@ projections; the backend owns the slots, the kernels and the tracking strategy. 
 
 1. ``init_forward_metadata(batch)`` — once: the kernels' chunk metadata (host-built), whatever
    the strategy precomputes, and every other argument that is the same in all layers;
-2. per GDN layer, extend: [track.conv] → conv1d, split into q/k/v and the GDN core with the
-   gating inside, in one call (``gdn_layer_prefill``: on a GPU the conv runs inside the GDN
-   kernels; working slots; checkpoints ``h`` unless fused) → [track.ssm] (with ``fused`` the
-   kernels save both snapshots and both copies are skipped);
-3. per GDN layer, decode: conv1d step → split q/k/v (views) → GDN step; after the model,
-   :meth:`track_decode` copies
+2. per GDN layer, extend: [track.conv] → conv1d (working slots) → split q/k/v (views) →
+   GDN core with the gating inside (working slots; checkpoints ``h`` unless fused) → [track.ssm]
+   (with ``fused`` the two kernels save the snapshots and both copies are skipped);
+3. per GDN layer, decode: conv1d step → GDN step; after the model, :meth:`track_decode` copies
    the rows due for tracking into their track slots, all layers in one op.
 """
 
@@ -18,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from mamba_edu.kernels import build_chunk_meta, conv1d_decode, gdn_decode, gdn_layer_prefill, split_qkv
+from mamba_edu.kernels import build_chunk_meta, conv1d_decode, conv1d_prefill, gdn_decode, gdn_prefill
 from mamba_edu.profiling.ranges import profile_range
 from mamba_edu.serving.batch import ForwardBatch
 from mamba_edu.serving.gdn_layer import GDNLayerParams
@@ -78,10 +76,11 @@ class LinearAttentionBackend:
         track = self.strategy.conv_indices(md)
         if track is not None:
             self._track_conv(conv_pool, mixed_qkv, track)
-        o, h = gdn_layer_prefill(mixed_qkv, layer.conv_weight, layer.conv_bias,
-                                 heads=layer.qkv_heads, a=a, b=b, A_log=layer.A_log,
-                                 dt_bias=layer.dt_bias, conv_pool=conv_pool, state_pool=ssm_pool,
-                                 **md.prefill_args)
+        y = conv1d_prefill(mixed_qkv, layer.conv_weight, layer.conv_bias, conv_pool=conv_pool,
+                           state_indices=md.chunk_meta.state_indices, meta=md.chunk_meta)
+        q, k, v = layer.split_qkv(y)
+        o, h = gdn_prefill(q, k, v, a=a, b=b, A_log=layer.A_log, dt_bias=layer.dt_bias,
+                           state_pool=ssm_pool, **md.prefill_args)
         track = self.strategy.ssm_indices(md, track)
         if track is not None:
             self._track_ssm(ssm_pool, h, track)
@@ -107,7 +106,7 @@ class LinearAttentionBackend:
         conv_pool, ssm_pool = self.pool.layer(layer.gdn_index)
         slots = md.chunk_meta.state_indices
         y = conv1d_decode(mixed_qkv, layer.conv_weight, layer.conv_bias, conv_pool=conv_pool, state_indices=slots)
-        q, k, v = split_qkv(y, layer.qkv_heads)
+        q, k, v = layer.split_qkv(y)
         return gdn_decode(q, k, v, a, b, layer.A_log, layer.dt_bias, state_pool=ssm_pool,
                           state_indices=slots)
 

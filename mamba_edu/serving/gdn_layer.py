@@ -15,8 +15,8 @@ import torch
 
 @runtime_checkable
 class GDNLayerParams(Protocol):
-    """The parameters the backend uses, with ``H``/``HV`` key/value heads, ``K``/``V`` their
-    head dims, ``W`` the conv width and ``D = 2·H·K + HV·V`` the conv channels.
+    """The parameters and the one method the backend uses, with ``H``/``HV`` key/value heads,
+    ``K``/``V`` their head dims, ``W`` the conv width and ``D = 2·H·K + HV·V`` the conv channels.
 
     Attributes:
         gdn_index: the layer's index in the state pool (pool layer ``j`` is the model's ``j``-th
@@ -25,8 +25,6 @@ class GDNLayerParams(Protocol):
         conv_bias: ``[D]``, model dtype.
         A_log: ``[HV]`` fp32, log decay rates: ``g = −exp(A_log)·softplus(a + dt_bias)``.
         dt_bias: ``[HV]`` fp32, the time-step bias of the gating.
-        qkv_heads: ``(H, K, HV, V)``: how ``mixed_qkv``'s ``D`` columns split into q, k, v
-            (:func:`mamba_edu.kernels.split_qkv`).
 
     ``isinstance(layer, GDNLayerParams)`` checks that the names exist, not their shapes.
     """
@@ -36,4 +34,7 @@ class GDNLayerParams(Protocol):
     conv_bias: torch.Tensor
     A_log: torch.Tensor
     dt_bias: torch.Tensor
-    qkv_heads: tuple[int, int, int, int]
+
+    def split_qkv(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``y [T, D]`` (the conv output) → ``q [T, H, K]``, ``k [T, H, K]``, ``v [T, HV, V]``:
+        views of ``y``'s columns whose rows keep ``y``'s row stride (the kernels read them so)."""

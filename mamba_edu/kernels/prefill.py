@@ -54,7 +54,7 @@ import triton.language as tl
 from mamba_edu._runtime import overriding
 from mamba_edu.gdn.varlen import CHUNK as _CHUNK
 from mamba_edu.kernels.launch import await_previous_kernel, pdl_options
-from mamba_edu.kernels.tiles import as_vector, gate_values, l2norm_rows, load_rows, store_rows
+from mamba_edu.kernels.tiles import gate_values, l2norm_rows, load_rows, store_rows
 
 CHUNK = tl.constexpr(_CHUNK)  # rows per chunk (64): a compile-time constant inside the kernels
 # g is floored here before Γ is summed: with g = −inf, Γ_s − Γ_j would be (−inf) − (−inf) = NaN.
@@ -258,7 +258,10 @@ def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h
             tl.store(h_ptr + ((first_chunk + c) * HV + hv) * HEAD + slab,
                      S.to(h_ptr.dtype.element_ty), mask=slab_mask)
         if TRACK:
-            tl.store(track_ptr, S, mask=slab_mask & (as_vector(track_chunk, rk) == c)[:, None])
+            # A branch, not a mask: a masked store would still move S through shared memory
+            # (into the store's layout) in every step.
+            if c == track_chunk:
+                tl.store(track_ptr, S, mask=slab_mask)
         t0 = bos + CHUNK * c
         valid = t0 + r < eos
         k = load_rows(k_hat_ptr + hk * K, t0, eos, H * K, 0, K, CHUNK, BK)
@@ -281,7 +284,8 @@ def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h
         S = S * tl.exp(gamma_last) + tl.dot(tl.trans(k), (v_new * to_end[:, None]).to(work))
 
     if TRACK:
-        tl.store(track_ptr, S, mask=slab_mask & (as_vector(track_chunk, rk) == n_chunks)[:, None])
+        if track_chunk == n_chunks:
+            tl.store(track_ptr, S, mask=slab_mask)
     tl.store(state_ptr, S, mask=slab_mask)
 
 

@@ -8,7 +8,9 @@ import triton.language as tl
 from mamba_edu import triton_interpreted
 from mamba_edu.gdn import chunk_gated_delta_rule, cu_offsets, gdn_gating, recurrent_gated_delta_rule
 from mamba_edu.kernels import build_chunk_meta, gdn_prefill
-from mamba_edu.kernels.prefill import invert_unit_lower
+from mamba_edu.kernels.chained import forced_chained
+from mamba_edu.kernels.fused_ops import gated_rms_norm
+from mamba_edu.kernels.prefill import forced_output_path, invert_unit_lower
 from mamba_edu.kernels.inputs import random_pool, random_prefill_inputs
 from mamba_edu.testing import rel_err
 
@@ -131,6 +133,69 @@ def test_prefill_without_qk_l2norm(output_path):
     assert rel_err(pool[[1, 0]], ref.final_state) <= 1e-4
 
 
+def _output_norm(T, HV, V, *, dtype=torch.float32, device="cpu", seed=7):
+    """``output_norm = (z, weight, eps)``: ``z [T, HV·V]`` a column slice of a wider matrix (row
+    stride ``HV·V + 5``, as the in-projection gives it), ``weight [V]`` around 1."""
+    gen = torch.Generator().manual_seed(seed)
+    wide = torch.randn(T, HV * V + 5, generator=gen).to(device, dtype)
+    weight = (1 + 0.5 * torch.randn(V, generator=gen)).to(device, dtype)
+    return wide[:, 2:2 + HV * V], weight, 1e-6
+
+
+@interpreted
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+@pytest.mark.parametrize("dims", [(1, 2, 16, 16), (2, 4, 32, 32)])
+def test_output_norm_in_the_output_kernel_matches_the_separate_norm(dims, dtype, tol):
+    """``output_norm`` = the prefill, then ``gated_rms_norm`` (both Triton), up to the rounding of
+    o that the separate norm reads (the kernel norms the fp32 o); the pool ends the same."""
+    Hd, HVd, Kd, Vd = dims
+    lengths, slots = [1, 65, 70], [3, 0, 2]
+    inputs = random_prefill_inputs(lengths, Hd, HVd, Kd, Vd, dtype=dtype, seed=8)
+    z, weight, eps = _output_norm(sum(lengths), HVd, Vd, dtype=dtype)
+    assert not z.is_contiguous()
+    meta = build_chunk_meta(lengths, "cpu", state_indices=slots, track_slots=[1, 4, 5],
+                            track_chunks=[1, 0, 1])
+    pool, pool_fused = random_pool(6, HVd, Kd, Vd), random_pool(6, HVd, Kd, Vd)
+    o, _ = gdn_prefill(**inputs, state_pool=pool, meta=meta, backend="triton")
+    fused, _ = gdn_prefill(**inputs, state_pool=pool_fused, meta=meta, backend="triton",
+                           output_norm=(z, weight, eps))
+    assert fused.dtype == dtype and fused.shape == o.shape
+    assert rel_err(fused, gated_rms_norm(o, z, weight, eps, backend="triton")) <= tol
+    assert torch.equal(pool_fused, pool)
+
+
+def test_output_norm_on_the_torch_path_is_the_separate_norm_bit_for_bit():
+    inputs = random_prefill_inputs(LENGTHS, H, HV, K, V, seed=0)
+    z, weight, eps = _output_norm(sum(LENGTHS), HV, V)
+    outs = []
+    for norm in (None, (z, weight, eps)):
+        meta = build_chunk_meta(LENGTHS, "cpu", state_indices=STATE_SLOTS, track_slots=TRACK_SLOTS,
+                                track_chunks=TRACK_CHUNKS)
+        o, _ = gdn_prefill(**inputs, state_pool=random_pool(SLOTS, HV, K, V), meta=meta,
+                           output_norm=norm, backend="torch")
+        outs.append(o)
+    assert torch.equal(outs[1], gated_rms_norm(outs[0], z, weight, eps, backend="torch"))
+
+
+@interpreted
+def test_output_norm_after_the_scan_or_the_one_launch_prefill():
+    """Where no output kernel runs (the output in the scan, the one-launch prefill) the norm
+    follows as its own kernel: the same result as the norm in the output kernel."""
+    lengths = [70, 5]
+    inputs = random_prefill_inputs(lengths, 1, 2, 16, 32, seed=9)
+    norm = _output_norm(sum(lengths), 2, 32)
+
+    def run():
+        meta = build_chunk_meta(lengths, "cpu", state_indices=[1, 0])
+        return gdn_prefill(**inputs, state_pool=random_pool(2, 2, 16, 32), meta=meta,
+                           output_norm=norm, backend="triton")[0]
+    expected = run()
+    with forced_output_path(True):
+        assert rel_err(run(), expected) <= 1e-5
+    with forced_chained(True):
+        assert rel_err(run(), expected) <= 1e-5
+
+
 @triton.jit
 def invert_kernel(L_ptr, T_ptr, C: tl.constexpr, FP16: tl.constexpr):
     r = tl.arange(0, C)
@@ -237,6 +302,22 @@ def test_prefill_gpu_graph_replay_equals_eager(output_path):
     torch.cuda.synchronize()
     assert torch.equal(o_graph, o_eager)
     assert torch.equal(pool, pool_eager)
+
+
+@pytest.mark.gpu
+def test_output_norm_gpu_bf16_matches_the_separate_norm():
+    """One 512-token prompt at the Qwen3.5 tp8 slice (H = 2, HV = 8, K = V = 128) in bf16: the
+    norm of the fp32 output in the output kernel vs the norm kernel on the bf16 output."""
+    inputs = random_prefill_inputs([512], 2, 8, 128, 128, dtype=torch.bfloat16, device="cuda",
+                                   seed=10)
+    z, weight, eps = _output_norm(512, 8, 128, dtype=torch.bfloat16, device="cuda")
+    pool = random_pool(1, 8, 128, 128, device="cuda")
+    meta = build_chunk_meta([512], "cuda", state_indices=[0])
+    o, _ = gdn_prefill(**inputs, state_pool=pool.clone(), meta=meta)
+    fused, _ = gdn_prefill(**inputs, state_pool=pool.clone(), meta=meta,
+                           output_norm=(z, weight, eps))
+    assert fused.dtype == torch.bfloat16
+    assert rel_err(fused, gated_rms_norm(o, z, weight, eps)) <= 1e-2
 
 
 def test_scan_tile_follows_the_number_of_chains():

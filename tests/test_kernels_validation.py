@@ -109,6 +109,31 @@ def test_prefill_rejects(case, name, value, message):
         _call(inputs, pool, **{"meta": meta, **over})
 
 
+def _norm(z=None, weight=None, eps=1e-6):
+    """An ``output_norm`` for the case (T = 75, HV = 2, V = 16), with good defaults."""
+    return (torch.zeros(75, 32) if z is None else z, torch.ones(16) if weight is None else weight,
+            eps)
+
+
+@pytest.mark.parametrize("output_norm, message", [
+    (_norm(z=torch.zeros(75, 31)), r"output_norm z must have shape \[75, 32\]"),
+    (_norm(z=torch.zeros(75, 32, dtype=torch.float16)), "output_norm z must have dtype"),
+    (_norm(z=torch.zeros(75, 32, device="meta")), "output_norm z must be on cpu"),
+    (_norm(z=torch.zeros(32, 75).t()), "output_norm z must be contiguous within each row"),
+    (_norm(weight=torch.ones(15)), r"output_norm weight must have shape \[16\]"),
+    (_norm(weight=torch.ones(16, dtype=torch.float16)), "output_norm weight must have dtype"),
+    (_norm(eps=-1e-6), "output_norm eps must be a non-negative Python float"),
+    (_norm(eps=torch.tensor(1e-6)), "output_norm eps must be a non-negative Python float"),
+    (_norm()[:2], r"output_norm must be a tuple \(z, weight, eps\)"),
+])
+def test_prefill_rejects_bad_output_norm(case, output_norm, message):
+    inputs, pool, meta = case
+    before = pool.clone()
+    with pytest.raises(ValueError, match=message):
+        _call(inputs, pool, meta, output_norm=output_norm)
+    assert torch.equal(pool, before)
+
+
 BAD_TRACKING = [
     ([2, 3], [0], "track_chunks must have shape"),
     ([2, 4], [0, 1], r"track_slots\[1\]=4 is out of range"),

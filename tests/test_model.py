@@ -7,8 +7,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from mamba_edu.engine import Engine, Request
+from mamba_edu.kernels.fused_ops import gated_rms_norm
 from mamba_edu.model import PRESETS, GDNMixer, ModelConfig, ModelOutput, build_model, get_config
-from mamba_edu.serving import ForwardBatch, GDNLayerParams
+from mamba_edu.serving import ForwardBatch, GDNLayerParams, LinearAttentionBackend
 
 
 def test_presets_match_the_design():
@@ -98,9 +99,34 @@ def test_gdn_layers_satisfy_the_backend_protocol_with_its_shapes():
         assert isinstance(m, GDNLayerParams)
         assert m.conv_weight.shape == (D, W) and m.conv_bias.shape == (D,)
         assert m.A_log.shape == m.dt_bias.shape == (HV,) and m.A_log.dtype == torch.float32
+        assert m.norm_weight.shape == (V,) and isinstance(m.norm_eps, float)
         q, k, v = m.split_qkv(torch.randn(5, D))
         assert (q.shape, k.shape, v.shape) == ((5, H, K), (5, H, K), (5, HV, V))
     assert not isinstance(model.layers[cfg.attn_layers[0]].mixer, GDNLayerParams)
+
+
+def test_output_norm_in_the_backend_is_the_norm_after_it(monkeypatch):
+    """The GDN layers hand z to the backend, which returns the normed output (on a GPU the prefill
+    computes it in its output kernel). On the CPU the logits of a prefill and of decode steps are
+    bit for bit those of the unnormed backend output followed by ``gated_rms_norm``."""
+    model = build_model("tiny", device="cpu")
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (70, 9)]
+
+    def run():
+        engine = Engine(model, strategy="sync_free", max_requests=2)
+        prefill = engine.prefill([Request(i, p) for i, p in enumerate(prompts)])
+        return prefill.logits, engine.decode(2).logits
+
+    in_backend = run()
+    unnormed = LinearAttentionBackend.forward
+
+    def norm_after(self, layer, mixed_qkv, a, b, batch, z=None):
+        o = unnormed(self, layer, mixed_qkv, a, b, batch)
+        return gated_rms_norm(o, z, layer.norm_weight, layer.norm_eps)
+    monkeypatch.setattr(LinearAttentionBackend, "forward", norm_after)
+    for fused, separate in zip(in_backend, run()):
+        assert torch.equal(fused, separate)
 
 
 def test_the_forward_returns_each_sequence_kv_and_the_batch_holds_inputs_only():

@@ -21,12 +21,12 @@ from mamba_edu.gdn import gdn_gating
 from mamba_edu.kernels.chained import prefill_chained, use_chained
 from mamba_edu.kernels.conv import conv1d_prefill_triton, conv1d_update_triton
 from mamba_edu.kernels.decode import decode_triton
-from mamba_edu.kernels.prefill import prefill_triton
+from mamba_edu.kernels.prefill import apply_output_norm, prefill_triton
 from mamba_edu.kernels.torch_path import (conv1d_decode_torch, conv1d_prefill_torch,
                                           decode_torch, prefill_torch)
-from mamba_edu.kernels.validation import (FLOATS, check_head_dims, check_meta, check_tensor,
-                                          checked_once, device_of, resolve_backend, slot_indices,
-                                          track_targets)
+from mamba_edu.kernels.validation import (FLOATS, check_eps, check_head_dims, check_meta,
+                                          check_tensor, checked_once, device_of, resolve_backend,
+                                          slot_indices, track_targets)
 
 
 def _check_pool(name, pool, shape, device):
@@ -91,6 +91,21 @@ def _check_gates(g, beta, raw, T, HV, dev, dtype):
     return None
 
 
+def _check_output_norm(output_norm, T, HV, V, dev, dtype):
+    """``output_norm = (z [T, HV·V] (row-strided allowed), weight [V], eps)``, z and weight in q's
+    dtype; returns it with eps as a float, or None when not given."""
+    if output_norm is None:
+        return None
+    if not isinstance(output_norm, (tuple, list)) or len(output_norm) != 3:
+        got = (f"{len(output_norm)} items" if isinstance(output_norm, (tuple, list))
+               else type(output_norm).__name__)
+        raise ValueError(f"output_norm must be a tuple (z, weight, eps) or None; got {got}")
+    z, weight, eps = output_norm
+    check_tensor("output_norm z", z, (T, HV * V), device=dev, dtypes=(dtype,), rows=True)
+    check_tensor("output_norm weight", weight, (V,), device=dev, dtypes=(dtype,))
+    return z, weight, check_eps(eps, "output_norm eps")
+
+
 def _indices_from_meta(meta, state_indices, track_slots, track_chunks):
     """The index arguments a prefill call left out (``None``), taken from ``meta`` (a missing or
     wrong ``meta`` is refused later, by ``check_meta``)."""
@@ -113,7 +128,8 @@ def _check_prefill_indices(state_indices, track_slots, track_chunks, meta, slots
 
 def gdn_prefill(q, k, v, g=None, beta=None, *, a=None, b=None, A_log=None, dt_bias=None,
                 state_pool, state_indices=None, meta, scale=None, use_qk_l2norm=True,
-                output_checkpoints=False, track_slots=None, track_chunks=None, backend="auto"):
+                output_checkpoints=False, track_slots=None, track_chunks=None, output_norm=None,
+                backend="auto"):
     """Chunked GDN over a packed batch whose states live in a pool (updated in place).
 
     Args:
@@ -129,6 +145,12 @@ def gdn_prefill(q, k, v, g=None, beta=None, *, a=None, b=None, A_log=None, dt_bi
         track_slots, track_chunks: ``[N]`` int (the ``fused`` strategy): write the state after
             ``64·track_chunks[n]`` tokens into ``state_pool[track_slots[n]]`` (``⌈L/64⌉`` = the
             final state, negative = nothing). ``None`` = take them from ``meta`` (if there).
+        output_norm: ``(z, weight, eps)``: return the layer's normed output
+            ``gated_rms_norm(o, z, weight, eps)`` (:mod:`~mamba_edu.kernels.fused_ops`:
+            ``rms_norm(o)·weight·silu(z)`` per value head, over V) instead of o. ``z [T, HV·V]``
+            (row-strided allowed: a column slice of the in-projection) and ``weight [V]`` in q's
+            dtype, ``eps`` a non-negative float. The torch path gives exactly that; the Triton
+            output kernel norms o before rounding it (agreeing to that rounding).
     Returns:
         ``(o [T, HV, V] in q's dtype, checkpoints or None)``.
     """
@@ -136,6 +158,7 @@ def gdn_prefill(q, k, v, g=None, beta=None, *, a=None, b=None, A_log=None, dt_bi
         meta, state_indices, track_slots, track_chunks)
     dev, (T, H, K, HV, V) = _check_qkv(q, k, v)
     gating = _check_gates(g, beta, (a, b, A_log, dt_bias), T, HV, dev, v.dtype)
+    output_norm = _check_output_norm(output_norm, T, HV, V, dev, q.dtype)
     backend = resolve_backend(backend, dev, q.dtype)
     check_meta(meta, T, dev)
     slots = _check_pool("state_pool", state_pool, (HV, K, V), dev)
@@ -146,14 +169,15 @@ def gdn_prefill(q, k, v, g=None, beta=None, *, a=None, b=None, A_log=None, dt_bi
     if backend == "torch":
         if gating is not None:
             g, beta = gdn_gating(A_log, a, b, dt_bias)
-        return prefill_torch(q, k, v, g, beta, state_pool, state_slots, meta, scale,
-                             use_qk_l2norm, output_checkpoints, targets)
+        o, ckpt = prefill_torch(q, k, v, g, beta, state_pool, state_slots, meta, scale,
+                                use_qk_l2norm, output_checkpoints, targets)
+        return apply_output_norm(o, output_norm, backend="torch"), ckpt
     check_head_dims(K, V)
     if gating is not None:
         g, beta = a, b
     launch = prefill_chained if use_chained() else prefill_triton
     return launch(q, k, v, g, beta, state_pool, state_indices, meta, scale, use_qk_l2norm,
-                  output_checkpoints, track_slots, track_chunks, gating)
+                  output_checkpoints, track_slots, track_chunks, gating, output_norm)
 
 
 def gdn_decode(q, k, v, a, b, A_log, dt_bias, *, state_pool, state_indices, scale=None,

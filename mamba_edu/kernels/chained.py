@@ -41,8 +41,8 @@ import triton.language as tl
 from mamba_edu._runtime import overriding
 from mamba_edu.kernels.launch import await_previous_kernel, pdl_options
 from mamba_edu.kernels.prefill import (PREPARE_WARPS, _block, _output_block_v, _scan_config,
-                                       fp16_inverse, output_chunk, prepare_chunk, prepare_outputs,
-                                       scan_sequence, work_dtype)
+                                       apply_output_norm, fp16_inverse, output_chunk,
+                                       prepare_chunk, prepare_outputs, scan_sequence, work_dtype)
 
 ONE_LAUNCH = False  # measured slower than the three kernels on the H200 (module docstring)
 
@@ -127,17 +127,19 @@ def chained_prefill_kernel(
         n_out_tiles = tl.cdiv(V, BV_OUT)
         i_chunk = (t // n_out_tiles) % NT
         _wait_for(scanned + tl.load(chunk_idx_ptr + 2 * i_chunk), n_scan_tiles * HV)
+        # No output norm here (o_ptr and 0 fill its unread arguments): it follows as its own
+        # kernel (prefill_chained).
         output_chunk(
             t % n_out_tiles, i_chunk, t // (n_out_tiles * NT), q_ptr, k_hat_ptr, v_new_ptr,
-            h_ptr, gamma_ptr, o_ptr, cu_ptr, chunk_idx_ptr, scale, stride_q, H, HV, K, V, BK,
-            BV_OUT, USE_L2NORM)
+            h_ptr, gamma_ptr, o_ptr, o_ptr, o_ptr, cu_ptr, chunk_idx_ptr, scale, stride_q, 0, 0.0,
+            H, HV, K, V, BK, BV_OUT, USE_L2NORM, False)
     _retire(ws_ptr, n_programs, 2 + 2 * N)
 
 
 def prefill_chained(q, k, v, g, beta, state_pool, state_indices, meta, scale, use_qk_l2norm,
-                    output_checkpoints, track_slots, track_chunks, gating=None):
+                    output_checkpoints, track_slots, track_chunks, gating=None, output_norm=None):
     """:func:`~mamba_edu.kernels.prefill.prefill_triton` in one launch: same arguments, same
-    results ``(o, checkpoints or None)``."""
+    results ``(o, checkpoints or None)``; with ``output_norm`` a norm kernel follows it."""
     T, H, K = q.shape
     HV, V = v.shape[1:]
     dev, work = q.device, work_dtype(v.dtype)
@@ -160,4 +162,4 @@ def prefill_chained(q, k, v, g, beta, state_pool, state_indices, meta, scale, us
         beta.stride(0), meta.N, meta.NT, H, HV, K, V, _block(K), _block(V), BV_scan, BV_out,
         use_qk_l2norm, gating is not None, fp16_inverse(use_qk_l2norm, work), track,
         num_warps=PREPARE_WARPS, num_stages=stages, **pdl_options(dev))
-    return o, (h if output_checkpoints else None)
+    return apply_output_norm(o, output_norm), (h if output_checkpoints else None)

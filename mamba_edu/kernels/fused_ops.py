@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from mamba_edu.kernels.launch import await_previous_kernel, pdl_options
-from mamba_edu.kernels.validation import check_tensor, device_of, resolve_backend
+from mamba_edu.kernels.validation import check_eps, check_tensor, device_of, resolve_backend
 
 
 @triton.jit
@@ -125,17 +125,11 @@ def _backend(backend: str, name: str, x: torch.Tensor) -> str:
     return resolve_backend(backend, x.device, x.dtype, name)
 
 
-def _check_eps(eps) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
-        raise ValueError(f"eps must be a non-negative Python float; got {eps!r}")
-    return float(eps)
-
-
 def _check_norm(x, weight, eps):
     """``x [T, D]`` (row-strided allowed) and ``weight [D]`` in x's dtype; returns eps."""
     check_tensor("x", x, (None, None), device=device_of("x", x), rows=True)
     check_tensor("weight", weight, (x.shape[1],), device=x.device, dtypes=(x.dtype,))
-    return _check_eps(eps)
+    return check_eps(eps)
 
 
 def rms_norm(x, weight, eps, *, backend="auto"):
@@ -181,7 +175,7 @@ def gated_rms_norm(o, z, weight, eps, *, backend="auto"):
     T, HV, V = o.shape
     check_tensor("z", z, (T, HV * V), device=o.device, dtypes=(o.dtype,), rows=True)
     check_tensor("weight", weight, (V,), device=o.device, dtypes=(o.dtype,))
-    eps = _check_eps(eps)
+    eps = check_eps(eps)
     if _backend(backend, "o", o) == "torch":
         return F.rms_norm(o, (V,), weight, eps) * F.silu(z.view(T, HV, V))
     return _launch_rms(o, None, z, weight, eps, HV, HV * V, False)[1].view(T, HV, V)

@@ -11,6 +11,9 @@
    back in place, and optionally writes the ``fused`` tracking copy.
 3. :func:`chunk_output_kernel`, grid ``(⌈V/BV⌉, NT, HV)``, one program per (V-tile, chunk, value
    head), all in parallel again: ``O = scale·[(Q̂ e^Γ) h[c] + (Q̂ K̂ᵀ ⊙ e^{Γr−Γs} ⊙ [s≤r]) Ṽ]``.
+   Given the output gate z it also applies the layer's output norm ``rms_norm(O)·w·silu(z)``
+   per head (``GATE``, one V-tile per head): one launch less than a separate norm kernel, used
+   where the output's V-tile is the whole head anyway (:func:`launch_output`).
 
 Why a separate output kernel: a chunk's output needs that chunk's start state, but nothing later
 needs the output. Computing it inside the serial pass makes every chunk step longer and leaves
@@ -53,6 +56,7 @@ import triton.language as tl
 
 from mamba_edu._runtime import overriding
 from mamba_edu.gdn.varlen import CHUNK as _CHUNK
+from mamba_edu.kernels.fused_ops import gated_rms_norm
 from mamba_edu.kernels.launch import await_previous_kernel, pdl_options
 from mamba_edu.kernels.tiles import gate_values, l2norm_rows, load_rows, store_rows
 
@@ -217,6 +221,18 @@ def _chunk_output(q, k, v_new, h, gamma, valid):
 
 
 @triton.jit
+def _gated_norm(o, z_ptr, w_ptr, bos, eos, stride_z, eps, V: tl.constexpr, BV: tl.constexpr):
+    """The GDN output norm of a chunk's whole-head tile ``o [64, BV]`` fp32 (zeros past V):
+    ``o · rsqrt(Σo²/V + eps) · w · z·sigmoid(z)`` per row, in fp32. ``z_ptr`` points at the head's
+    first column of ``z [T, HV·V]`` (row stride ``stride_z``), ``w_ptr`` at ``w [V]``."""
+    z = load_rows(z_ptr, bos, eos, stride_z, 0, V, CHUNK, BV).to(tl.float32)
+    cols = tl.arange(0, BV)
+    w = tl.load(w_ptr + cols, mask=cols < V, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(o * o, 1) / V + eps)
+    return o * rstd[:, None] * w[None, :] * (z * tl.sigmoid(z))
+
+
+@triton.jit
 def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool_ptr,
                   q_ptr, o_ptr, scale, stride_q,
                   cu_ptr, chunk_off_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr,
@@ -307,12 +323,15 @@ def chunk_scan_kernel(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool
 
 
 @triton.jit
-def output_chunk(i_v, i_chunk, hv, q_ptr, k_hat_ptr, v_new_ptr, h_ptr, gamma_ptr, o_ptr, cu_ptr,
-                 chunk_idx_ptr, scale, stride_q,
+def output_chunk(i_v, i_chunk, hv, q_ptr, k_hat_ptr, v_new_ptr, h_ptr, gamma_ptr, o_ptr, z_ptr,
+                 norm_w_ptr, cu_ptr, chunk_idx_ptr, scale, stride_q, stride_z, eps,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                 BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr):
+                 BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
+                 GATE: tl.constexpr):
     """Program (V-tile ``i_v``, chunk ``i_chunk``, value head ``hv``) of kernel 3: its 64 rows of
-    ``o [T, HV, V]`` from ``h`` and ``Ṽ``."""
+    ``o [T, HV, V]`` from ``h`` and ``Ṽ``. With ``GATE`` (then ``BV`` covers the whole head) the
+    rows are normed before they are stored (:func:`_gated_norm`, gate ``z [T, HV·V]`` with row
+    stride ``stride_z``, weight ``norm_w [V]``, ``eps``); without, those four are unread."""
     v0 = i_v * BV
     seq = tl.load(chunk_idx_ptr + 2 * i_chunk)
     bos = tl.load(cu_ptr + seq) + CHUNK * tl.load(chunk_idx_ptr + 2 * i_chunk + 1)
@@ -330,21 +349,23 @@ def output_chunk(i_v, i_chunk, hv, q_ptr, k_hat_ptr, v_new_ptr, h_ptr, gamma_ptr
     h_offs = (i_chunk.to(tl.int64) * HV + hv) * (K * V) + rk[:, None] * V + cv[None, :]
     h = tl.load(h_ptr + h_offs, mask=(rk < K)[:, None] & (cv < V)[None, :], other=0.0)
     o = _chunk_output(q, k, v_new, h, gamma, valid)
+    if GATE:
+        o = _gated_norm(o, z_ptr + hv * V, norm_w_ptr, bos, eos, stride_z, eps, V, BV)
     store_rows(o_ptr + hv * V, o, bos, eos, HV * V, v0, V, CHUNK, BV)
 
 
 @triton.jit
-def chunk_output_kernel(q_ptr, k_hat_ptr, v_new_ptr, h_ptr, gamma_ptr, o_ptr, cu_ptr,
-                        chunk_idx_ptr, scale, stride_q,
+def chunk_output_kernel(q_ptr, k_hat_ptr, v_new_ptr, h_ptr, gamma_ptr, o_ptr, z_ptr, norm_w_ptr,
+                        cu_ptr, chunk_idx_ptr, scale, stride_q, stride_z, eps,
                         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                         BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
-                        USE_PDL: tl.constexpr):
+                        GATE: tl.constexpr, USE_PDL: tl.constexpr):
     """Kernel 3, grid ``(⌈V/BV⌉, NT, HV)``: :func:`output_chunk` for every (V-tile, chunk, value
     head). The V-tiles of a chunk are neighbours in the grid, so its q and k̂ are read from L2."""
     await_previous_kernel(USE_PDL)
     output_chunk(tl.program_id(0), tl.program_id(1), tl.program_id(2), q_ptr, k_hat_ptr,
-                 v_new_ptr, h_ptr, gamma_ptr, o_ptr, cu_ptr, chunk_idx_ptr, scale, stride_q, H,
-                 HV, K, V, BK, BV, USE_L2NORM)
+                 v_new_ptr, h_ptr, gamma_ptr, o_ptr, z_ptr, norm_w_ptr, cu_ptr, chunk_idx_ptr,
+                 scale, stride_q, stride_z, eps, H, HV, K, V, BK, BV, USE_L2NORM, GATE)
 
 
 def _block(d: int) -> int:
@@ -460,23 +481,42 @@ def launch_scan(k_hat, w, u, gamma, state_pool, state_indices, meta, h=None,
     return out if queries is not None else (out, h)
 
 
-def launch_output(q, k_hat, v_new, h, gamma, meta, scale, use_qk_l2norm):
-    """Kernel 3, fully parallel: returns ``o [T, HV, V]`` in q's dtype."""
+def launch_output(q, k_hat, v_new, h, gamma, meta, scale, use_qk_l2norm, output_norm=None):
+    """Kernel 3, fully parallel: returns ``o [T, HV, V]`` in q's dtype. With ``output_norm =
+    (z, weight, eps)`` (validated, :func:`mamba_edu.kernels.gdn_prefill`) ``o`` is normed in the
+    kernel: the fp32 output, where a separate :func:`~mamba_edu.kernels.fused_ops.gated_rms_norm`
+    reads it rounded to q's dtype, so the two agree to that rounding, not bit for bit. Where
+    :func:`_output_block_v` splits heads, the norm runs as a kernel of its own instead."""
     T, H, K = q.shape
     HV, V = v_new.shape[1:]
-    o = torch.empty(T, HV, V, device=q.device, dtype=q.dtype)
     BV = _output_block_v(meta.NT * HV, V)
+    if output_norm is not None and BV < _block(V):
+        # The norm sums over the whole head, so it needs one V-tile per head; where the rule
+        # splits heads (few chunks) that halves the programs, and on the H200 a separate norm
+        # kernel was faster (1×512, qwen3.5-tp8: 25.6 against 27.2 µs with the norm fused).
+        o = launch_output(q, k_hat, v_new, h, gamma, meta, scale, use_qk_l2norm)
+        return apply_output_norm(o, output_norm)
+    o = torch.empty(T, HV, V, device=q.device, dtype=q.dtype)
+    z, weight, eps = output_norm or (o, o, 0.0)  # unread without the norm
     chunk_output_kernel[(triton.cdiv(V, BV), meta.NT, HV)](
-        q, k_hat, v_new, h, gamma, o, meta.cu_seqlens, meta.chunk_indices, scale,
-        q.stride(0), H, HV, K, V, _block(K), BV, use_qk_l2norm, num_warps=4,
-        **pdl_options(o.device))
+        q, k_hat, v_new, h, gamma, o, z, weight, meta.cu_seqlens, meta.chunk_indices, scale,
+        q.stride(0), z.stride(0), eps, H, HV, K, V, _block(K), BV, use_qk_l2norm,
+        output_norm is not None, num_warps=4, **pdl_options(o.device))
     return o
 
 
+def apply_output_norm(o, output_norm, backend="triton"):
+    """``o`` normed by :func:`~mamba_edu.kernels.fused_ops.gated_rms_norm` as a step of its own
+    (where the output is not computed by kernel 3), or ``o`` itself when ``output_norm`` is None."""
+    return o if output_norm is None else gated_rms_norm(o, *output_norm, backend=backend)
+
+
 def prefill_triton(q, k, v, g, beta, state_pool, state_indices, meta, scale, use_qk_l2norm,
-                   output_checkpoints, track_slots, track_chunks, gating=None):
+                   output_checkpoints, track_slots, track_chunks, gating=None, output_norm=None):
     """The kernels on validated inputs (see :func:`mamba_edu.kernels.gdn_prefill`); returns
-    ``(o, checkpoints or None)``. Three kernels, or two with the output in the scan."""
+    ``(o, checkpoints or None)``. Three kernels, or two with the output in the scan. With
+    ``output_norm`` the output kernel norms ``o``; with the output in the scan a norm kernel
+    follows it."""
     T, H, K = q.shape
     HV, V = v.shape[1:]
     gamma, k_hat, w, u = launch_prepare(k, v, g, beta, meta, use_qk_l2norm, gating)
@@ -485,7 +525,8 @@ def prefill_triton(q, k, v, g, beta, state_pool, state_indices, meta, scale, use
     if OUTPUT_IN_SCAN:
         o = launch_scan(k_hat, w, u, gamma, state_pool, state_indices, meta, ckpt,
                         track_slots, track_chunks, queries=(q, scale, use_qk_l2norm))
-        return o, ckpt
+        return apply_output_norm(o, output_norm), ckpt
     v_new, h = launch_scan(k_hat, w, u, gamma, state_pool, state_indices, meta, ckpt,
                            track_slots, track_chunks)
-    return launch_output(q, k_hat, v_new, h, gamma, meta, scale, use_qk_l2norm), ckpt
+    return launch_output(q, k_hat, v_new, h, gamma, meta, scale, use_qk_l2norm,
+                         output_norm), ckpt

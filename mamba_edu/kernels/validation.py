@@ -86,6 +86,14 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype, name
     return backend
 
 
+def check_eps(eps, name: str = "eps") -> float:
+    """A norm's eps: a non-negative Python number (not a bool, not a tensor), returned as a float;
+    the error names it ``name``."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
+        raise ValueError(f"{name} must be a non-negative Python float; got {eps!r}")
+    return float(eps)
+
+
 def check_head_dims(K: int, V: int) -> None:
     for name, d in (("K", K), ("V", V)):
         if d > MAX_HEAD_DIM:

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mamba_edu.kernels.fused_ops import add_rms_norm, gated_rms_norm, rms_norm, rope, silu_mul
+from mamba_edu.kernels.attention import causal_attention
+from mamba_edu.kernels.fused_ops import add_rms_norm, rms_norm, rope, silu_mul
 from mamba_edu.model.config import ModelConfig
 
 KV = tuple[torch.Tensor, torch.Tensor]  # (k, v) of one sequence in one attention layer
@@ -70,13 +71,14 @@ def rope_tables(positions: torch.Tensor, head_dim: int, theta: float):
 
 
 class Attention(nn.Module):
-    """Full causal attention with grouped KV heads (GQA) through SDPA.
+    """Full causal attention with grouped KV heads (GQA).
 
-    Each sequence attends to its cached prefix KV (``batch.prefix_kv``) and its own new tokens.
-    ``forward`` returns ``(out [T, hidden], kv)``: ``kv[i] = (k, v)``, each
-    ``[P_i + E_i, kv_heads, head_dim]``, the full KV of sequence i (its prefix and its new
-    tokens), for the engine (and the prefix cache) to keep. ``rotary``: the forward's
-    ``(cos, sin)`` from :func:`rope_tables`.
+    Each sequence attends to its cached prefix KV (``batch.prefix_kv``) and its own new tokens:
+    :func:`~mamba_edu.kernels.attention.causal_attention` (one Triton launch on a GPU where it is
+    faster than SDPA, SDPA otherwise and on the CPU). ``forward`` returns
+    ``(out [T, hidden], kv)``: ``kv[i] = (k, v)``, each ``[P_i + E_i, kv_heads, head_dim]``, the
+    full KV of sequence i (its prefix and its new tokens), for the engine (and the prefix cache)
+    to keep. ``rotary``: the forward's ``(cos, sin)`` from :func:`rope_tables`.
     """
 
     def __init__(self, cfg: ModelConfig, attn_index: int, gen, device, dtype, out_std: float):
@@ -103,17 +105,15 @@ class Attention(nn.Module):
         return F.linear(o.flatten(1), self.out), kv
 
     def _attend_fresh_equal(self, q, k, v, batch) -> tuple[torch.Tensor, list[KV]]:
-        """N > 1 fresh prompts of one length (a benchmark batch): one SDPA call over
-        ``[N, heads, L, D]`` instead of N calls; they share one causal mask. (One prompt takes
-        :meth:`_attend_each`, like a prefix hit does: the same SDPA kernel, so a hit and a
-        recompute of a prompt agree bit for bit where the arithmetic allows.)"""
+        """N > 1 fresh prompts of one length (a benchmark batch): one call over all of them.
+        (One prompt takes :meth:`_attend_each`, like a prefix hit does: the same kernel, so a
+        hit and a recompute of a prompt agree bit for bit where the arithmetic allows.)"""
         kv = [(k[start:stop], v[start:stop]) for start, stop in batch.token_ranges]
-        q, k, v = (t.unflatten(0, (batch.size, -1)).transpose(1, 2) for t in (q, k, v))
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        return o.transpose(1, 2).flatten(0, 1), kv
+        return causal_attention(q, k, v, batch.size), kv
 
     def _attend_each(self, q, k, v, batch) -> tuple[torch.Tensor, list[KV]]:
-        """One SDPA call per sequence, over its cached prefix KV and its new tokens."""
+        """One call per sequence, over its cached prefix KV and its new tokens (bottom-right
+        causal: new token t sees the prefix and the new tokens up to t; a decode token sees all)."""
         outs, kv = [], []
         for i, (start, stop) in enumerate(batch.token_ranges):
             prefix = batch.prefix_kv[i]
@@ -122,15 +122,7 @@ class Attention(nn.Module):
                 k_i = torch.cat([prefix[self.attn_index][0], k_i])
                 v_i = torch.cat([prefix[self.attn_index][1], v_i])
             kv.append((k_i, v_i))
-            # SDPA wants [1, heads, tokens, D] (4-D: its flash kernel takes no other). After a
-            # prefix the mask lets new token t see the prefix + tokens <= t; a fresh prompt is
-            # plain causal; a decode token sees all.
-            mask = batch.attn_masks[i]
-            q_i, k_i, v_i = (t.transpose(0, 1).unsqueeze(0) for t in (q[start:stop], k_i, v_i))
-            o = F.scaled_dot_product_attention(
-                q_i, k_i, v_i, attn_mask=mask, is_causal=batch.mode == "extend" and mask is None,
-                enable_gqa=True)
-            outs.append(o[0].transpose(0, 1))
+            outs.append(causal_attention(q[start:stop], k_i, v_i))
         # One sequence: no cat, which would copy the whole output once more (a device-to-device
         # copy per attention layer in the GPU traces).
         return (outs[0] if len(outs) == 1 else torch.cat(outs)), kv
@@ -142,11 +134,13 @@ class GDNMixer(nn.Module):
     ``x [T, hidden]`` → one in-projection → ``mixed_qkv [T, D]`` (``D = 2·H·K + HV·V``), the output
     gate ``z [T, HV·V]`` and the gate inputs ``a, b [T, HV]`` → **backend** (causal conv1d on
     ``mixed_qkv`` with the pooled conv state, split into q/k/v, gating with ``A_log``/``dt_bias``,
-    the GDN core with the pooled SSM state, state tracking) → ``o [T, HV, V]`` → gated RMSNorm
-    ``rms(o)·w·silu(z)`` per head → out-projection.
+    the GDN core with the pooled SSM state, state tracking, and the gated RMSNorm
+    ``rms(o)·norm_weight·silu(z)`` per head, inside the prefill's output kernel on a GPU)
+    → ``o [T, HV, V]`` → out-projection.
 
     The backend reads the layer's parameters from this module: ``conv_weight [D, W]``,
-    ``conv_bias [D]``, ``A_log, dt_bias [HV]`` and the head counts.
+    ``conv_bias [D]``, ``A_log, dt_bias [HV]``, ``norm_weight [V]``, ``norm_eps`` and the head
+    counts (:class:`~mamba_edu.serving.GDNLayerParams`).
     """
 
     def __init__(self, cfg: ModelConfig, gdn_index: int, gen, device, dtype, out_std: float):
@@ -155,7 +149,7 @@ class GDNMixer(nn.Module):
         H, HV, K, V = cfg.gdn_key_heads, cfg.gdn_value_heads, cfg.gdn_key_dim, cfg.gdn_value_dim
         self.key_heads, self.value_heads, self.key_dim, self.value_dim = H, HV, K, V
         self.conv_dim = cfg.conv_dim
-        self.eps = cfg.norm_eps
+        self.norm_eps = cfg.norm_eps
         # One matmul for [mixed_qkv | z | b | a] (drawn as the two blocks q/k/v/z and b/a).
         std = cfg.hidden ** -0.5
         self.in_proj = nn.Parameter(torch.cat([
@@ -183,8 +177,7 @@ class GDNMixer(nn.Module):
         T = x.shape[0]
         HV, V = self.value_heads, self.value_dim
         mixed_qkv, z, b, a = F.linear(x, self.in_proj).split([self.conv_dim, HV * V, HV, HV], -1)
-        # mixed_qkv, a and b are column slices of the projection: the kernels read their rows
+        # mixed_qkv, z, a and b are column slices of the projection: the kernels read their rows
         # with its row stride, so nothing is copied out.
-        o = backend.forward(self, mixed_qkv, a, b, batch)
-        o = gated_rms_norm(o, z, self.norm_weight, self.eps)  # rms(o)·w·silu(z) per head
+        o = backend.forward(self, mixed_qkv, a, b, batch, z=z)  # normed: rms(o)·w·silu(z)
         return F.linear(o.view(T, -1), self.out)

@@ -6,10 +6,12 @@ projections; the backend owns the slots, the kernels and the tracking strategy. 
 1. ``init_forward_metadata(batch)`` — once: the kernels' chunk metadata (host-built), whatever
    the strategy precomputes, and every other argument that is the same in all layers;
 2. per GDN layer, extend: [track.conv] → conv1d (working slots) → split q/k/v (views) →
-   GDN core with the gating inside (working slots; checkpoints ``h`` unless fused) → [track.ssm]
+   GDN core with the gating inside (working slots; checkpoints ``h`` unless fused) and, given the
+   output gate ``z``, the output norm (in the prefill's output kernel on a GPU) → [track.ssm]
    (with ``fused`` the two kernels save the snapshots and both copies are skipped);
-3. per GDN layer, decode: conv1d step → GDN step; after the model, :meth:`track_decode` copies
-   the rows due for tracking into their track slots, all layers in one op.
+3. per GDN layer, decode: conv1d step → GDN step [→ output norm]; after the model,
+   :meth:`track_decode` copies the rows due for tracking into their track slots, all layers in
+   one op.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from mamba_edu.kernels import build_chunk_meta, conv1d_decode, conv1d_prefill, gdn_decode, gdn_prefill
+from mamba_edu.kernels.fused_ops import gated_rms_norm
 from mamba_edu.profiling.ranges import profile_range
 from mamba_edu.serving.batch import ForwardBatch
 from mamba_edu.serving.gdn_layer import GDNLayerParams
@@ -63,14 +66,18 @@ class LinearAttentionBackend:
             raise ValueError("batch has no forward metadata: call init_forward_metadata(batch) first")
         return self.metadata
 
-    def forward(self, layer: GDNLayerParams, mixed_qkv, a, b, batch: ForwardBatch) -> torch.Tensor:
-        """One GDN layer: ``mixed_qkv [T, D]``, ``a, b [T, HV]`` → ``o [T, HV, V]``. From ``layer``
-        it reads only what :class:`GDNLayerParams` lists."""
+    def forward(self, layer: GDNLayerParams, mixed_qkv, a, b, batch: ForwardBatch,
+                z=None) -> torch.Tensor:
+        """One GDN layer: ``mixed_qkv [T, D]``, ``a, b [T, HV]`` → ``o [T, HV, V]``. Given the
+        output gate ``z [T, HV·V]`` (row-strided allowed), ``o`` is the normed output
+        ``rms_norm(o)·norm_weight·silu(z)`` per value head. From ``layer`` it reads only what
+        :class:`GDNLayerParams` lists."""
         if batch.mode == "extend":
-            return self.forward_extend(layer, mixed_qkv, a, b, batch)
-        return self.forward_decode(layer, mixed_qkv, a, b, batch)
+            return self.forward_extend(layer, mixed_qkv, a, b, batch, z)
+        return self.forward_decode(layer, mixed_qkv, a, b, batch, z)
 
-    def forward_extend(self, layer: GDNLayerParams, mixed_qkv, a, b, batch: ForwardBatch) -> torch.Tensor:
+    def forward_extend(self, layer: GDNLayerParams, mixed_qkv, a, b, batch: ForwardBatch,
+                       z=None) -> torch.Tensor:
         md = self._metadata_for(batch)
         conv_pool, ssm_pool = self.pool.layer(layer.gdn_index)
         track = self.strategy.conv_indices(md)
@@ -79,8 +86,9 @@ class LinearAttentionBackend:
         y = conv1d_prefill(mixed_qkv, layer.conv_weight, layer.conv_bias, conv_pool=conv_pool,
                            state_indices=md.chunk_meta.state_indices, meta=md.chunk_meta)
         q, k, v = layer.split_qkv(y)
+        norm = None if z is None else (z, layer.norm_weight, layer.norm_eps)
         o, h = gdn_prefill(q, k, v, a=a, b=b, A_log=layer.A_log, dt_bias=layer.dt_bias,
-                           state_pool=ssm_pool, **md.prefill_args)
+                           state_pool=ssm_pool, output_norm=norm, **md.prefill_args)
         track = self.strategy.ssm_indices(md, track)
         if track is not None:
             self._track_ssm(ssm_pool, h, track)
@@ -100,15 +108,18 @@ class LinearAttentionBackend:
             state = torch.where(track.from_final[:, None, None, None], final, h[track.checkpoint].to(final.dtype))
             ssm_pool[track.dst] = state
 
-    def forward_decode(self, layer: GDNLayerParams, mixed_qkv, a, b, batch: ForwardBatch) -> torch.Tensor:
-        """One decode token per sequence: ``mixed_qkv [N, D]`` → ``o [N, HV, V]``."""
+    def forward_decode(self, layer: GDNLayerParams, mixed_qkv, a, b, batch: ForwardBatch,
+                       z=None) -> torch.Tensor:
+        """One decode token per sequence: ``mixed_qkv [N, D]`` → ``o [N, HV, V]`` (normed with
+        ``z [N, HV·V]``, as in :meth:`forward`)."""
         md = self._metadata_for(batch)
         conv_pool, ssm_pool = self.pool.layer(layer.gdn_index)
         slots = md.chunk_meta.state_indices
         y = conv1d_decode(mixed_qkv, layer.conv_weight, layer.conv_bias, conv_pool=conv_pool, state_indices=slots)
         q, k, v = layer.split_qkv(y)
-        return gdn_decode(q, k, v, a, b, layer.A_log, layer.dt_bias, state_pool=ssm_pool,
-                          state_indices=slots)
+        o = gdn_decode(q, k, v, a, b, layer.A_log, layer.dt_bias, state_pool=ssm_pool,
+                       state_indices=slots)
+        return o if z is None else gated_rms_norm(o, z, layer.norm_weight, layer.norm_eps)
 
     def track_decode(self, batch: ForwardBatch) -> None:
         """After a decode step: copy each row's working state to ``batch.decode_track_slots_t``

@@ -25,6 +25,9 @@ class GDNLayerParams(Protocol):
         conv_bias: ``[D]``, model dtype.
         A_log: ``[HV]`` fp32, log decay rates: ``g = −exp(A_log)·softplus(a + dt_bias)``.
         dt_bias: ``[HV]`` fp32, the time-step bias of the gating.
+        norm_weight: ``[V]``, model dtype: the weight of the output norm
+            ``rms_norm(o)·norm_weight·silu(z)`` per value head (read when the model passes ``z``).
+        norm_eps: the output norm's eps, a Python float.
 
     ``isinstance(layer, GDNLayerParams)`` checks that the names exist, not their shapes.
     """
@@ -34,6 +37,8 @@ class GDNLayerParams(Protocol):
     conv_bias: torch.Tensor
     A_log: torch.Tensor
     dt_bias: torch.Tensor
+    norm_weight: torch.Tensor
+    norm_eps: float
 
     def split_qkv(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``y [T, D]`` (the conv output) → ``q [T, H, K]``, ``k [T, H, K]``, ``v [T, HV, V]``:

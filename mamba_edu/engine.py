@@ -196,7 +196,6 @@ class Engine:
         self.pool = StatePool.for_model(self.config, capacity, model.device, model.dtype)
         self.cache = RadixCache(self.pool, working_slots=self._working_slots)
         self.backend = LinearAttentionBackend(self.pool, strategy, self.config.conv_width)
-        self.n_attn_layers = len(self.config.attn_layers)
         self.running: dict[Hashable, RunningRequest] = {}
         self.pending: dict[Hashable, int] = {}  # rid -> working slot, prepared and not finished/aborted
         self.stats = EngineStats()
@@ -278,8 +277,7 @@ class Engine:
                 plans.append(plan_tracking(m.length, len(extends[-1]), self.cache_chunk,
                                            slots[i * per_request + 1]))
             inputs = build_extend_batch([r.rid for r in requests], extends, [m.length for m in matches],
-                                        working, plans, [m.kv for m in matches], self.n_attn_layers,
-                                        self.model.device)
+                                        working, plans, [m.kv for m in matches], self.model.device)
         except BaseException:  # e.g. out of device memory: give everything back before raising
             self.pool.free(slots)
             for m in matches:
@@ -485,7 +483,7 @@ class Engine:
                 else:
                     dst.append(SCRATCH_SLOT)
             batch = build_decode_batch([r.rid for r in reqs], ids, seq_lens, [r.working_slot for r in reqs],
-                                       dst, [r.kv for r in reqs], self.n_attn_layers, self.model.device)
+                                       dst, [r.kv for r in reqs], self.model.device)
             self.backend.init_forward_metadata(batch)
             logits, kv = self._run_model(batch)
             self.backend.track_decode(batch)

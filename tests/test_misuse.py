@@ -126,7 +126,7 @@ def test_finish_needs_a_forward_and_the_batch_own_logits():
 
 def test_only_prepared_prefills_are_accepted():
     engine = busy_engine()
-    plain = build_batch("extend", ["z"], [P[:10]], [0], [1], [plan_tracking(0, 10, 64, 2)], [None], 1, "cpu")
+    plain = build_batch("extend", ["z"], [P[:10]], [0], [1], [plan_tracking(0, 10, 64, 2)], [None], "cpu")
     for call in (engine.forward_prefill, engine.finish_prefill, engine.abort_prefill):
         raises_unchanged(engine, TypeError, "batch must be the PreparedPrefill", lambda: call(plain))
 
@@ -216,20 +216,20 @@ def test_plan_tracking_rejects_non_ints_and_negatives(name, value):
 def test_batch_constructors_check_their_lists():
     plan = plan_tracking(0, 10, 64, 2)
     with pytest.raises(ValueError, match="prefix_lens"):
-        build_extend_batch(["a"], [P[:10]], [True], [1], [plan], [None], 0, "cpu")
+        build_extend_batch(["a"], [P[:10]], [True], [1], [plan], [None], "cpu")
     with pytest.raises(ValueError, match="working_slots"):
-        build_extend_batch(["a"], [P[:10]], [0], [1, 2], [plan], [None], 0, "cpu")
+        build_extend_batch(["a"], [P[:10]], [0], [1, 2], [plan], [None], "cpu")
     with pytest.raises(ValueError, match="token_ids\\[0\\]"):
-        build_extend_batch(["a"], [[True] * 10], [0], [1], [plan], [None], 0, "cpu")
+        build_extend_batch(["a"], [[True] * 10], [0], [1], [plan], [None], "cpu")
     with pytest.raises(ValueError, match="plans\\[0\\] was planned for P=0, E=10"):
-        build_extend_batch(["a"], [P[:11]], [0], [1], [plan], [None], 0, "cpu")
+        build_extend_batch(["a"], [P[:11]], [0], [1], [plan], [None], "cpu")
     with pytest.raises(ValueError, match="seq_lens"):
-        build_decode_batch(["a"], torch.zeros(1, dtype=torch.long), [-1], [1], [0], [None], 0, "cpu")
+        build_decode_batch(["a"], torch.zeros(1, dtype=torch.long), [-1], [1], [0], [None], "cpu")
     with pytest.raises(ValueError, match="input_ids"):
-        build_decode_batch(["a"], torch.zeros(2, dtype=torch.long), [3], [1], [0], [None], 0, "cpu")
+        build_decode_batch(["a"], torch.zeros(2, dtype=torch.long), [3], [1], [0], [None], "cpu")
     with pytest.raises(ValueError, match="mode"):
-        build_batch("prefill", ["a"], [P[:10]], [0], [1], [plan], [None], 0, "cpu")
-    decode = build_decode_batch(["a"], torch.tensor([5]), [7], [1], [0], [None], 0, "cpu")
+        build_batch("prefill", ["a"], [P[:10]], [0], [1], [plan], [None], "cpu")
+    decode = build_decode_batch(["a"], torch.tensor([5]), [7], [1], [0], [None], "cpu")
     assert decode.prefix_lens == [7] and decode.positions.tolist() == [7] and decode.mode == "decode"
 
 

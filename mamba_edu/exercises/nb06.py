@@ -31,7 +31,7 @@ def toy_batch(prefix_lens, extend_lens, cache_chunk: int = 64, device="cpu", see
     plans = [plan_tracking(p, e, cache_chunk, 1 + n + i) for i, (p, e) in enumerate(zip(prefix_lens, extend_lens))]
     tokens = [[gen.randrange(100) for _ in range(e)] for e in extend_lens]
     return build_batch("extend", list(range(n)), tokens, list(prefix_lens), [1 + i for i in range(n)],
-                       plans, [None] * n, 0, device)
+                       plans, [None] * n, device)
 
 
 def strategy_syncs(batch, strategy: str, n_layers: int, conv_width: int = 4):

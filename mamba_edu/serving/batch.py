@@ -33,9 +33,9 @@ class ForwardBatch:
             step: its track slot at a tracking step, the scratch slot otherwise.
 
     Attention: ``prefix_kv[i]`` = per attention layer ``(k, v)`` of the cached prefix (or of the
-    tokens so far, in decode), or None; ``attn_masks[i]`` ``[E, P+E]`` bool for a
-    sequence after a cached prefix, None otherwise (a fresh prompt is plain causal: SDPA's
-    ``is_causal``, which takes the flash kernel on a GPU where a mask would force the slow path).
+    tokens so far, in decode), or None. The causal mask needs no tensor: after a prefix of P
+    tokens, new token t sees the prefix and the new tokens up to t
+    (:func:`mamba_edu.kernels.attention.causal_attention`, bottom-right aligned).
 
     It holds the forward's inputs only: the model returns its outputs (logits and each
     sequence's KV, :class:`mamba_edu.model.ModelOutput`). The engine's bookkeeping of a prepared
@@ -62,7 +62,6 @@ class ForwardBatch:
     track_lens_t: torch.Tensor
     track_mask_t: torch.Tensor
     prefix_kv: list
-    attn_masks: list
     plans: list[TrackDecision] = field(default_factory=list)
     decode_track_slots_t: torch.Tensor | None = None
 
@@ -93,7 +92,7 @@ def _check_ints(name: str, values, n: int | None, minimum: int) -> list[int]:
 
 def build_extend_batch(rids: list, token_ids: list[list[int]], prefix_lens: list[int],
                        working_slots: list[int], plans: list[TrackDecision], prefix_kv: list,
-                       n_attn_layers: int, device) -> ForwardBatch:
+                       device) -> ForwardBatch:
     """A prefill (extend) :class:`ForwardBatch` from host lists, uploaded with one pinned copy.
 
     ``token_ids[i]``: the tokens sequence i computes after its cached prefix of
@@ -117,12 +116,11 @@ def build_extend_batch(rids: list, token_ids: list[list[int]], prefix_lens: list
             raise ValueError(f"plans[{i}] was planned for P={p.prefix_len}, E={p.extend_len}; the batch has "
                              f"P={pre}, E={len(seq)}")
     return _assemble("extend", rids, [len(t) for t in token_ids], [t for seq in token_ids for t in seq],
-                     prefix_lens, working_slots, plans, prefix_kv, n_attn_layers, device, None, None)
+                     prefix_lens, working_slots, plans, prefix_kv, device, None, None)
 
 
 def build_decode_batch(rids: list, input_ids: torch.Tensor, seq_lens: list[int], working_slots: list[int],
-                       decode_track_slots: list[int], prefix_kv: list, n_attn_layers: int,
-                       device) -> ForwardBatch:
+                       decode_track_slots: list[int], prefix_kv: list, device) -> ForwardBatch:
     """A one-token-per-sequence decode :class:`ForwardBatch`.
 
     ``input_ids [N]`` is already on the device (the previous step's greedy tokens, never read
@@ -137,29 +135,28 @@ def build_decode_batch(rids: list, input_ids: torch.Tensor, seq_lens: list[int],
     _check_ints("seq_lens", seq_lens, n, 0)
     _check_ints("working_slots", working_slots, n, 0)
     _check_ints("decode_track_slots", decode_track_slots, n, 0)
-    return _assemble("decode", rids, [1] * n, [], seq_lens, working_slots, None, prefix_kv, n_attn_layers,
+    return _assemble("decode", rids, [1] * n, [], seq_lens, working_slots, None, prefix_kv,
                      device, input_ids, decode_track_slots)
 
 
 def build_batch(mode: str, rids: list, token_ids: list[list[int]] | None, prefix_lens: list[int],
                 working_slots: list[int], plans: list[TrackDecision] | None, prefix_kv: list,
-                n_attn_layers: int, device, input_ids: torch.Tensor | None = None,
+                device, input_ids: torch.Tensor | None = None,
                 decode_track_slots: list[int] | None = None) -> ForwardBatch:
     """Assemble a :class:`ForwardBatch` from host lists (one upload): :func:`build_extend_batch`
     (``mode="extend"``) or :func:`build_decode_batch` (``mode="decode"``, ``prefix_lens`` = the
     sequence lengths so far, ``input_ids [N]`` on the device)."""
     if mode == "extend":
-        return build_extend_batch(rids, token_ids, prefix_lens, working_slots, plans, prefix_kv,
-                                  n_attn_layers, device)
+        return build_extend_batch(rids, token_ids, prefix_lens, working_slots, plans, prefix_kv, device)
     if mode == "decode":
         return build_decode_batch(rids, input_ids, prefix_lens, working_slots,
                                   [0] * len(rids) if decode_track_slots is None else decode_track_slots,
-                                  prefix_kv, n_attn_layers, device)
+                                  prefix_kv, device)
     raise ValueError(f"mode must be 'extend' or 'decode'; got {mode!r}")
 
 
 def _assemble(mode, rids, extend_lens, flat_ids, prefix_lens, working_slots, plans, prefix_kv,
-              n_attn_layers, device, input_ids, decode_track_slots) -> ForwardBatch:
+              device, input_ids, decode_track_slots) -> ForwardBatch:
     if not isinstance(prefix_kv, (list, tuple)) or len(prefix_kv) != len(rids):
         raise ValueError(f"prefix_kv must be a list of N={len(rids)} entries (None or per-layer (k, v))")
     ranges = _token_ranges(extend_lens)
@@ -173,15 +170,11 @@ def _assemble(mode, rids, extend_lens, flat_ids, prefix_lens, working_slots, pla
              [int(m) for m in track_mask], decode_track_slots or []]
     (ids, pos, last, cu, prefix_t, working_t, track_slots_t, track_lens_t, mask_t,
      decode_dst) = upload_host_lists(parts, device)
-    attn_masks = [None] * len(rids)
-    if mode == "extend" and n_attn_layers:
-        attn_masks = [torch.ones(e, p + e, dtype=torch.bool, device=device).tril(p) if p else None
-                      for p, e in zip(prefix_lens, extend_lens)]
     return ForwardBatch(
         mode=mode, rids=list(rids), prefix_lens=list(prefix_lens), extend_lens=extend_lens,
         working_slots=list(working_slots), track_slots=track_slots, track_mask=track_mask,
         track_lens=track_lens, token_ranges=ranges, input_ids=ids if input_ids is None else input_ids, positions=pos,
         last_token_index=last, cu_seqlens=cu, prefix_lens_t=prefix_t, working_slots_t=working_t,
         track_slots_t=track_slots_t, track_lens_t=track_lens_t, track_mask_t=mask_t.bool(),
-        prefix_kv=list(prefix_kv), attn_masks=attn_masks, plans=plans,
+        prefix_kv=list(prefix_kv), plans=plans,
         decode_track_slots_t=decode_dst if decode_track_slots is not None else None)

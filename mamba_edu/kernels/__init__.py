@@ -9,6 +9,7 @@ synchronise with the host: the batch metadata is built once on the CPU (:func:`b
                      state pass, h and Ṽ; output: all chunks in parallel)
 - :mod:`.decode`     the one-token recurrent step
 - :mod:`.conv`       causal conv1d prefill and update
+- :mod:`.attention`  the full-attention layers' causal attention (GQA, after a cached prefix)
 - :mod:`.api`        the entry points: validation, then Triton or the torch reference path
 
 Set ``TRITON_INTERPRET=1`` before importing this module to run the kernels on a CPU

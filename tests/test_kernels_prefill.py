@@ -178,6 +178,21 @@ def test_output_norm_on_the_torch_path_is_the_separate_norm_bit_for_bit():
 
 
 @interpreted
+def test_output_norm_where_the_output_kernel_splits_heads_is_the_separate_norm():
+    """V = 128 with few chunks: the output kernel takes 64-wide V-tiles, so the norm (which sums
+    over the whole head) runs as its own kernel after it: exactly prefill + ``gated_rms_norm``."""
+    lengths = [70]
+    inputs = random_prefill_inputs(lengths, 1, 1, 16, 128, seed=10)
+    norm = _output_norm(70, 1, 128)
+    outs = []
+    for output_norm in (None, norm):
+        meta = build_chunk_meta(lengths, "cpu", state_indices=[0])
+        outs.append(gdn_prefill(**inputs, state_pool=random_pool(1, 1, 16, 128), meta=meta,
+                                output_norm=output_norm, backend="triton")[0])
+    assert torch.equal(outs[1], gated_rms_norm(outs[0], *norm, backend="triton"))
+
+
+@interpreted
 def test_output_norm_after_the_scan_or_the_one_launch_prefill():
     """Where no output kernel runs (the output in the scan, the one-launch prefill) the norm
     follows as its own kernel: the same result as the norm in the output kernel."""

@@ -106,8 +106,7 @@ class Attention(nn.Module):
 
     def _attend_fresh_equal(self, q, k, v, batch) -> tuple[torch.Tensor, list[KV]]:
         """N > 1 fresh prompts of one length (a benchmark batch): one call over all of them.
-        (One prompt takes :meth:`_attend_each`, like a prefix hit does: the same kernel, so a
-        hit and a recompute of a prompt agree bit for bit where the arithmetic allows.)"""
+        (One prompt takes :meth:`_attend_each`, like a prefix hit does.)"""
         kv = [(k[start:stop], v[start:stop]) for start, stop in batch.token_ranges]
         return causal_attention(q, k, v, batch.size), kv
 

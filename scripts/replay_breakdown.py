@@ -1,0 +1,120 @@
+"""Where a CUDA-graph replay's time goes, without a profiler (H200, one call).
+
+    OUT=/some/dir python scripts/replay_breakdown.py      # on the GPU, from the repository root
+
+For the launch-bound 1 × 512 case, strategies ``fused`` and ``sync_free``, with the model's
+attention as shipped (our Triton kernel) and with SDPA forced, arms alternating: the prefill is
+captured with two CUDA events recorded *inside* the graph, at its start and end, and replayed
+``REPEATS`` times between two events recorded on the stream around the launch. Per replay:
+
+- ``ttft_ms``: wall time of ``replay()`` plus the synchronize, as the benchmark times TTFT;
+- ``host_launch_ms``: until ``replay()`` returned;
+- ``start_ms``: from the event before the launch to the graph's first event (the launch call
+  and the GPU picking the graph up);
+- ``in_graph_ms``: from the graph's first event to its last (kernels and the gaps between them);
+- ``end_ms``: from the graph's last event to the one after it.
+
+Beside them, ``ttft.measure`` of the same case and arm: its TTFT and the GPU busy time of a
+profiled replay. Writes ``$OUT/replay_breakdown.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from mamba_edu.benchmarks import ttft
+from mamba_edu.model import layers
+from mamba_edu.profiling.timing import Prefills
+
+OUT = Path(os.environ.get("OUT", "out/replay_breakdown"))
+REPEATS = 30
+ROUNDS = 2
+
+
+def events_around_model(engine):
+    """Make ``engine._run_model`` record an event before and after the model (captured into the
+    graph as event nodes); returns the two events and a function that undoes the wrap."""
+    first, last = (torch.cuda.Event(enable_timing=True, external=True) for _ in range(2))
+    run = engine._run_model
+
+    def wrapped(batch):
+        first.record()
+        out = run(batch)
+        last.record()
+        return out
+
+    engine._run_model = wrapped
+    return first, last, lambda: delattr(engine, "_run_model")
+
+
+def breakdown(bench, case, strategy) -> dict:
+    """Medians over ``REPEATS`` replays of the fields in the module docstring."""
+    prefills = Prefills(bench.engine(strategy, case.cache_chunk), case.lengths, seed=0)
+    first, last, unwrap = events_around_model(prefills.engine)
+    try:
+        captured = prefills.engine.capture_prefill(prefills.next())
+    finally:
+        unwrap()
+    prefills.logits = captured.logits
+    before, after = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+    fields = {k: [] for k in ("ttft_ms", "host_launch_ms", "start_ms", "in_graph_ms", "end_ms")}
+    for i in range(REPEATS + 3):
+        torch.cuda.synchronize()
+        before.record()
+        t0 = time.perf_counter()
+        captured.replay()
+        t1 = time.perf_counter()
+        after.record()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        if i < 3:  # warm-up replays
+            continue
+        fields["ttft_ms"].append((t2 - t0) * 1e3)
+        fields["host_launch_ms"].append((t1 - t0) * 1e3)
+        fields["start_ms"].append(before.elapsed_time(first))
+        fields["in_graph_ms"].append(first.elapsed_time(last))
+        fields["end_ms"].append(last.elapsed_time(after))
+    prefills.close()
+    return {k: statistics.median(v) for k, v in fields.items()}
+
+
+def main() -> int:
+    case = next(c for c in ttft.headline_cases() if c.name == "launch_bound_1x512")
+    args = argparse.Namespace(repeats=15, warmup=3, seed=0, no_profile=False)
+    bench = ttft.make_benches([case], torch.device("cuda"), torch.bfloat16)[case.preset]
+    shipped = layers.causal_attention
+    arms = {"triton_attention": shipped, "sdpa": functools.partial(shipped, backend="torch")}
+    rows = []
+    try:
+        for rnd in range(ROUNDS):
+            for strategy in ("fused", "sync_free"):
+                for arm, attention in arms.items():
+                    layers.causal_attention = attention
+                    measured = ttft.measure(bench, case, case.preset, strategy, "graph", args, None)
+                    row = dict(arm=arm, strategy=strategy, round=rnd,
+                               **breakdown(bench, case, strategy),
+                               measure_ttft_ms=measured.ttft_ms,
+                               measure_gpu_busy_ms=measured.gpu_busy_ms,
+                               measure_error=measured.error)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    finally:
+        layers.causal_attention = shipped
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "replay_breakdown.json").write_text(json.dumps(
+        dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, case=asdict(case),
+             repeats=REPEATS, rows=rows), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

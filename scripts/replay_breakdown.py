@@ -1,9 +1,10 @@
 """Where a CUDA-graph replay's time goes, without a profiler (H200, one call).
 
-    OUT=/some/dir python scripts/replay_breakdown.py      # on the GPU, from the repository root
+    OUT=/some/dir python scripts/replay_breakdown.py [--pdl]   # on the GPU, repository root
 
 For the launch-bound 1 × 512 case, strategies ``fused`` and ``sync_free``, with the model's
-attention as shipped (our Triton kernel) and with SDPA forced, arms alternating: the prefill is
+attention as shipped (our Triton kernel) and with SDPA forced, arms alternating (with ``--pdl``,
+each also with programmatic dependent launch on, :mod:`mamba_edu.kernels.launch`): the prefill is
 captured with two CUDA events recorded *inside* the graph, at its start and end, and replayed
 ``REPEATS`` times between two events recorded on the stream around the launch. Per replay:
 
@@ -15,13 +16,14 @@ captured with two CUDA events recorded *inside* the graph, at its start and end,
 - ``end_ms``: from the graph's last event to the one after it.
 
 Beside them, ``ttft.measure`` of the same case and arm: its TTFT and the GPU busy time of a
-profiled replay. Writes ``$OUT/replay_breakdown.json``.
+profiled replay. Writes ``$OUT/replay_breakdown.json`` (``replay_breakdown_pdl.json``).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import os
 import statistics
@@ -32,6 +34,7 @@ from pathlib import Path
 import torch
 
 from mamba_edu.benchmarks import ttft
+from mamba_edu.kernels.launch import programmatic_launch
 from mamba_edu.model import layers
 from mamba_edu.profiling.timing import Prefills
 
@@ -88,6 +91,9 @@ def breakdown(bench, case, strategy) -> dict:
 
 
 def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--pdl", action="store_true", help="also every arm with PDL on")
+    pdl_modes = (False, True) if p.parse_args().pdl else (False,)
     case = next(c for c in ttft.headline_cases() if c.name == "launch_bound_1x512")
     args = argparse.Namespace(repeats=15, warmup=3, seed=0, no_profile=False)
     bench = ttft.make_benches([case], torch.device("cuda"), torch.bfloat16)[case.preset]
@@ -97,20 +103,23 @@ def main() -> int:
     try:
         for rnd in range(ROUNDS):
             for strategy in ("fused", "sync_free"):
-                for arm, attention in arms.items():
+                for (arm, attention), pdl in itertools.product(arms.items(), pdl_modes):
                     layers.causal_attention = attention
-                    measured = ttft.measure(bench, case, case.preset, strategy, "graph", args, None)
-                    row = dict(arm=arm, strategy=strategy, round=rnd,
-                               **breakdown(bench, case, strategy),
-                               measure_ttft_ms=measured.ttft_ms,
-                               measure_gpu_busy_ms=measured.gpu_busy_ms,
-                               measure_error=measured.error)
+                    with programmatic_launch(pdl):
+                        measured = ttft.measure(bench, case, case.preset, strategy, "graph", args,
+                                                None)
+                        row = dict(arm=arm, pdl=pdl, strategy=strategy, round=rnd,
+                                   **breakdown(bench, case, strategy),
+                                   measure_ttft_ms=measured.ttft_ms,
+                                   measure_gpu_busy_ms=measured.gpu_busy_ms,
+                                   measure_error=measured.error)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     finally:
         layers.causal_attention = shipped
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "replay_breakdown.json").write_text(json.dumps(
+    name = "replay_breakdown_pdl.json" if len(pdl_modes) > 1 else "replay_breakdown.json"
+    (OUT / name).write_text(json.dumps(
         dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, case=asdict(case),
              repeats=REPEATS, rows=rows), indent=1))
     return 0

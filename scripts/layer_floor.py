@@ -205,10 +205,12 @@ def conv_then_prepare_kernel(x_ptr, cw_ptr, conv_pool_ptr, y_ptr, state_idx_ptr,
                              a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr, k_hat_ptr, w_ptr,
                              u_ptr, cu_ptr, chunk_idx_ptr, stride_a, stride_b,
                              H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-                             V: tl.constexpr, W: tl.constexpr, CB: tl.constexpr):
+                             V: tl.constexpr, W: tl.constexpr, CB: tl.constexpr,
+                             FP16_INVERSE: tl.constexpr):
     """Grid ``(NT, HV)``: the conv of the chunk's q (first value head of a group), k and v
     columns in blocks of ``CB`` channels into ``y``, a barrier, then the package's prepare reading
-    k and v back from ``y`` (L2). The conv-state writes are left out (a later kernel's job)."""
+    k and v back from ``y`` (L2). The conv-state writes are left out (a later kernel's job).
+    ``FP16_INVERSE`` as :func:`mamba_edu.kernels.prefill.fp16_inverse` gives it."""
     i_chunk, hv = tl.program_id(0), tl.program_id(1)
     seq = tl.load(chunk_idx_ptr + 2 * i_chunk)
     bos, eos = tl.load(cu_ptr + seq), tl.load(cu_ptr + seq + 1)
@@ -226,7 +228,7 @@ def conv_then_prepare_kernel(x_ptr, cw_ptr, conv_pool_ptr, y_ptr, state_idx_ptr,
     tl.debug_barrier()
     P.prepare_chunk(i_chunk, hv, y_ptr + H * K, y_ptr + 2 * H * K, a_ptr, b_ptr, A_log_ptr,
                     dt_bias_ptr, gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr, D, D,
-                    stride_a, stride_b, H, HV, K, V, K, V, True, True, True)
+                    stride_a, stride_b, H, HV, K, V, K, V, True, True, FP16_INVERSE)
 
 
 @triton.jit
@@ -343,7 +345,7 @@ def conv_rows(res: dict) -> None:
         conv_then_prepare_kernel[(meta.NT, HV)](
             x, cw, conv_pool, y, meta.state_indices, x.stride(0), D, c["a"], c["b"], *gating,
             *outs, meta.cu_seqlens, meta.chunk_indices, c["a"].stride(0), c["b"].stride(0),
-            H, HV, K, V, 4, cb, num_warps=4)
+            H, HV, K, V, 4, cb, P.fp16_inverse(True, outs[2].dtype), num_warps=4)
         return outs, y
 
     saved = conv_pool.clone()

@@ -67,25 +67,26 @@ def _probe_steps(S, c_begin, c_end, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_pt
             if c == track_chunk:
                 tl.store(track_ptr, S, mask=slab_mask)
         t0 = bos + CHUNK * c
-        valid = t0 + r < eos
+        last_row = tl.minimum(t0 + CHUNK, eos) - 1
         if CONTIG:
+            valid = t0 + r < eos
             tile = (first_chunk + c) * CHUNK * K + r[:, None] * K + tl.arange(0, BK)[None, :]
             k = tl.load(k_hat_ptr + tile)
             w = tl.load(w_ptr + tile)
             u = tl.load(u_ptr + (first_chunk + c) * CHUNK * V + r[:, None] * V
                         + (v0 + tl.arange(0, BV))[None, :]).to(tl.float32)
             gamma = tl.load(gamma_ptr + (t0 + r) * HV + hv)
-        elif LOADS:
-            k = load_rows(k_hat_ptr + hk * K, t0, eos, H * K, 0, K, CHUNK, BK)
-            w = load_rows(w_ptr + hv * K, t0, eos, HV * K, 0, K, CHUNK, BK)
-            u = load_rows(u_ptr + hv * V, t0, eos, HV * V, v0, V, CHUNK, BV).to(tl.float32)
-            gamma = tl.load(gamma_ptr + (t0 + r) * HV + hv, mask=valid, other=0.0)
-        gamma_last = tl.load(gamma_ptr + (tl.minimum(t0 + CHUNK, eos) - 1) * HV + hv)
+            gamma_last = tl.load(gamma_ptr + last_row * HV + hv)
+        elif LOADS:  # as the package's scan reads them
+            k, w, u, gamma, gamma_last, valid = P.chunk_tiles(
+                k_hat_ptr, w_ptr, u_ptr, gamma_ptr, t0, eos, hk, hv, v0, H, HV, K, V, BK, BV)
+        else:
+            valid = t0 + r < eos
+            gamma_last = tl.load(gamma_ptr + last_row * HV + hv)
         v_new = u - tl.dot(w, S.to(work))
         if STORE_V:
             store_rows(v_new_ptr + hv * V, v_new, t0, eos, HV * V, v0, V, CHUNK, BV)
-        to_end = tl.exp(tl.where(valid, gamma_last - gamma, float("-inf")))
-        S = S * tl.exp(gamma_last) + tl.dot(tl.trans(k), (v_new * to_end[:, None]).to(work))
+        S = P.advance_state(S, k, v_new, gamma, gamma_last, valid)
     return S
 
 
@@ -100,9 +101,7 @@ def scan_probe_kernel(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool
     under a branch in every step; with ``TRACK_SPLIT`` instead the chunk loop is split in two at
     the tracked chunk and the state saved between the halves (no branch in the steps)."""
     i_v, seq, hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    bos, eos = tl.load(cu_ptr + seq), tl.load(cu_ptr + seq + 1)
-    first_chunk = tl.load(chunk_off_ptr + seq).to(tl.int64)
-    n_chunks = tl.load(chunk_off_ptr + seq + 1) - tl.load(chunk_off_ptr + seq)
+    bos, eos, first_chunk, n_chunks = P.sequence_chunks(seq, cu_ptr, chunk_off_ptr)
     hk = hv // (HV // H)
     v0 = i_v * BV
     rk, cv = tl.arange(0, BK), v0 + tl.arange(0, BV)
@@ -138,9 +137,7 @@ def affine_terms_kernel(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, m_ptr, b_ptr, cu_ptr
     """Grid ``(NT, HV)``: the chunk step as an affine map ``S ← e^{Γ_C} S + M S + B`` with
     ``M = −K̃ᵀW [K, K]`` (bf16) and ``B = K̃ᵀU [K, V]``, ``K̃ = K̂ ⊙ e^{Γ_C−Γ}``."""
     i_chunk, hv = tl.program_id(0), tl.program_id(1)
-    seq = tl.load(chunk_idx_ptr + 2 * i_chunk)
-    bos = tl.load(cu_ptr + seq) + CHUNK * tl.load(chunk_idx_ptr + 2 * i_chunk + 1)
-    eos = tl.load(cu_ptr + seq + 1)
+    seq, bos, eos = P.chunk_rows(i_chunk, cu_ptr, chunk_idx_ptr)
     r = tl.arange(0, CHUNK)
     valid = bos + r < eos
     gamma = tl.load(gamma_ptr + (bos + r) * HV + hv, mask=valid, other=0.0)
@@ -164,9 +161,7 @@ def affine_scan_kernel(m_ptr, b_ptr, gamma_ptr, h_ptr, pool_ptr, cu_ptr, chunk_o
     """Grid ``(V/BV, N, HV)``: the scan with one product per step, ``S ← M S + (e^{Γ_C} S + B)``
     (timed on random M, B: what the affine form would cost on the serial path)."""
     i_v, seq, hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    bos, eos = tl.load(cu_ptr + seq), tl.load(cu_ptr + seq + 1)
-    first_chunk = tl.load(chunk_off_ptr + seq).to(tl.int64)
-    n_chunks = tl.load(chunk_off_ptr + seq + 1) - tl.load(chunk_off_ptr + seq)
+    bos, eos, first_chunk, n_chunks = P.sequence_chunks(seq, cu_ptr, chunk_off_ptr)
     rk, cv = tl.arange(0, K), i_v * BV + tl.arange(0, BV)
     slab = rk[:, None] * V + cv[None, :]
     slot = tl.load(state_idx_ptr + seq).to(tl.int64)
@@ -239,9 +234,7 @@ def output_from_u_kernel(q_ptr, k_hat_ptr, w_ptr, u_ptr, h_ptr, gamma_ptr, o_ptr
     would not have to store Ṽ)."""
     i_v, i_chunk, hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     v0 = i_v * BV
-    seq = tl.load(chunk_idx_ptr + 2 * i_chunk)
-    bos = tl.load(cu_ptr + seq) + CHUNK * tl.load(chunk_idx_ptr + 2 * i_chunk + 1)
-    eos = tl.load(cu_ptr + seq + 1)
+    seq, bos, eos = P.chunk_rows(i_chunk, cu_ptr, chunk_idx_ptr)
     hk = hv // (HV // H)
     valid = bos + tl.arange(0, CHUNK) < eos
     q = P._queries(q_ptr, hk, bos, eos, H * K, scale, K, K, True)

@@ -1,22 +1,25 @@
 """Where a CUDA-graph replay's time goes, without a profiler (H200, one call).
 
-    OUT=/some/dir python scripts/replay_breakdown.py [--pdl]   # on the GPU, repository root
+    OUT=/some/dir python scripts/replay_breakdown.py [--pdl] [--attention-calls]   # on the GPU
 
 For the launch-bound 1 × 512 case, strategies ``fused`` and ``sync_free``, with the model's
-attention as shipped (our Triton kernel) and with SDPA forced, arms alternating (with ``--pdl``,
-each also with programmatic dependent launch on, :mod:`mamba_edu.kernels.launch`): the prefill is
-captured with two CUDA events recorded *inside* the graph, at its start and end, and replayed
-``REPEATS`` times between two events recorded on the stream around the launch. Per replay:
+attention as shipped (our Triton kernel) and with SDPA forced, arms alternating over 2 rounds
+(with ``--pdl``, each also with programmatic dependent launch on, :mod:`mamba_edu.kernels.launch`).
+The prefill is captured with two CUDA events recorded *inside* the graph, at its start and end,
+and replayed ``REPEATS`` times between two events recorded on the stream around the launch. Per
+replay:
 
 - ``ttft_ms``: wall time of ``replay()`` plus the synchronize, as the benchmark times TTFT;
 - ``host_launch_ms``: until ``replay()`` returned;
 - ``start_ms``: from the event before the launch to the graph's first event (the launch call
   and the GPU picking the graph up);
 - ``in_graph_ms``: from the graph's first event to its last (kernels and the gaps between them);
-- ``end_ms``: from the graph's last event to the one after it.
+- ``end_ms``: from the graph's last event to the one after it;
+- with ``--attention-calls`` (``fused`` only, no ``ttft.measure``), ``attention_ms``: the sum
+  over the forward's attention calls, each between two more events captured around it.
 
 Beside them, ``ttft.measure`` of the same case and arm: its TTFT and the GPU busy time of a
-profiled replay. Writes ``$OUT/replay_breakdown.json`` (``replay_breakdown_pdl.json``).
+profiled replay. Writes ``$OUT/replay_breakdown[_pdl|_attention].json``.
 """
 
 from __future__ import annotations
@@ -43,33 +46,36 @@ REPEATS = 30
 ROUNDS = 2
 
 
-def events_around_model(engine):
-    """Make ``engine._run_model`` record an event before and after the model (captured into the
-    graph as event nodes); returns the two events and a function that undoes the wrap."""
-    first, last = (torch.cuda.Event(enable_timing=True, external=True) for _ in range(2))
-    run = engine._run_model
-
-    def wrapped(batch):
-        first.record()
-        out = run(batch)
-        last.record()
+def with_events(fn, pairs: list):
+    """``fn`` recording a CUDA event before and after each call (inside a capture they become
+    nodes of the graph); each call's pair is appended to ``pairs``."""
+    def call(*args, **kwargs):
+        start, end = (torch.cuda.Event(enable_timing=True, external=True) for _ in range(2))
+        start.record()
+        out = fn(*args, **kwargs)
+        end.record()
+        pairs.append((start, end))
         return out
-
-    engine._run_model = wrapped
-    return first, last, lambda: delattr(engine, "_run_model")
+    return call
 
 
-def breakdown(bench, case, strategy) -> dict:
+def breakdown(bench, case, strategy, attention, attention_calls: bool) -> dict:
     """Medians over ``REPEATS`` replays of the fields in the module docstring."""
-    prefills = Prefills(bench.engine(strategy, case.cache_chunk), case.lengths, seed=0)
-    first, last, unwrap = events_around_model(prefills.engine)
+    engine = bench.engine(strategy, case.cache_chunk)
+    prefills = Prefills(engine, case.lengths, seed=0)
+    forward, calls = [], []
+    layers.causal_attention = with_events(attention, calls) if attention_calls else attention
+    engine._run_model = with_events(engine._run_model, forward)
     try:
-        captured = prefills.engine.capture_prefill(prefills.next())
+        captured = engine.capture_prefill(prefills.next())
     finally:
-        unwrap()
+        del engine._run_model
     prefills.logits = captured.logits
+    (first, last), = forward[-1:]  # the captured call (the warm-ups came first)
+    calls = calls[len(calls) // len(forward) * (len(forward) - 1):]
     before, after = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-    fields = {k: [] for k in ("ttft_ms", "host_launch_ms", "start_ms", "in_graph_ms", "end_ms")}
+    fields = {k: [] for k in ("ttft_ms", "host_launch_ms", "start_ms", "in_graph_ms", "end_ms",
+                              "attention_ms")}
     for i in range(REPEATS + 3):
         torch.cuda.synchronize()
         before.record()
@@ -86,14 +92,24 @@ def breakdown(bench, case, strategy) -> dict:
         fields["start_ms"].append(before.elapsed_time(first))
         fields["in_graph_ms"].append(first.elapsed_time(last))
         fields["end_ms"].append(last.elapsed_time(after))
+        fields["attention_ms"].append(sum(s.elapsed_time(e) for s, e in calls))
     prefills.close()
-    return {k: statistics.median(v) for k, v in fields.items()}
+    out = {k: statistics.median(v) for k, v in fields.items()}
+    if not attention_calls:
+        del out["attention_ms"]
+    else:
+        out["attention_calls"] = len(calls)
+    return out
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pdl", action="store_true", help="also every arm with PDL on")
-    pdl_modes = (False, True) if p.parse_args().pdl else (False,)
+    p.add_argument("--attention-calls", action="store_true",
+                   help="time the attention calls inside the graph (fused only)")
+    opts = p.parse_args()
+    pdl_modes = (False, True) if opts.pdl else (False,)
+    strategies = ("fused",) if opts.attention_calls else ("fused", "sync_free")
     case = next(c for c in ttft.headline_cases() if c.name == "launch_bound_1x512")
     args = argparse.Namespace(repeats=15, warmup=3, seed=0, no_profile=False)
     bench = ttft.make_benches([case], torch.device("cuda"), torch.bfloat16)[case.preset]
@@ -101,25 +117,25 @@ def main() -> int:
     arms = {"triton_attention": shipped, "sdpa": functools.partial(shipped, backend="torch")}
     rows = []
     try:
-        for rnd in range(ROUNDS):
-            for strategy in ("fused", "sync_free"):
-                for (arm, attention), pdl in itertools.product(arms.items(), pdl_modes):
-                    layers.causal_attention = attention
-                    with programmatic_launch(pdl):
-                        measured = ttft.measure(bench, case, case.preset, strategy, "graph", args,
-                                                None)
-                        row = dict(arm=arm, pdl=pdl, strategy=strategy, round=rnd,
-                                   **breakdown(bench, case, strategy),
-                                   measure_ttft_ms=measured.ttft_ms,
+        for rnd, strategy in itertools.product(range(ROUNDS), strategies):
+            for (arm, attention), pdl in itertools.product(arms.items(), pdl_modes):
+                row = dict(arm=arm, pdl=pdl, strategy=strategy, round=rnd)
+                with programmatic_launch(pdl):
+                    row.update(breakdown(bench, case, strategy, attention, opts.attention_calls))
+                    if not opts.attention_calls:
+                        layers.causal_attention = attention
+                        measured = ttft.measure(bench, case, case.preset, strategy, "graph",
+                                                args, None)
+                        row.update(measure_ttft_ms=measured.ttft_ms,
                                    measure_gpu_busy_ms=measured.gpu_busy_ms,
                                    measure_error=measured.error)
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     finally:
         layers.causal_attention = shipped
     OUT.mkdir(parents=True, exist_ok=True)
-    name = "replay_breakdown_pdl.json" if len(pdl_modes) > 1 else "replay_breakdown.json"
-    (OUT / name).write_text(json.dumps(
+    suffix = "_attention" if opts.attention_calls else "_pdl" if opts.pdl else ""
+    (OUT / f"replay_breakdown{suffix}.json").write_text(json.dumps(
         dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, case=asdict(case),
              repeats=REPEATS, rows=rows), indent=1))
     return 0

@@ -39,9 +39,7 @@ def scan_t_kernel(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool_ptr
     """Grid ``(V/BV, N, HV)``: the package's scan (no tracking) on ``Sᵀ [BV, K]``; without
     ``STORE_H``/``STORE_V`` it skips writing h/Ṽ (timing only)."""
     i_v, seq, hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    bos, eos = tl.load(cu_ptr + seq), tl.load(cu_ptr + seq + 1)
-    first_chunk = tl.load(chunk_off_ptr + seq).to(tl.int64)
-    n_chunks = tl.load(chunk_off_ptr + seq + 1) - tl.load(chunk_off_ptr + seq)
+    bos, eos, first_chunk, n_chunks = P.sequence_chunks(seq, cu_ptr, chunk_off_ptr)
     hk = hv // (HV // H)
     v0 = i_v * BV
     rk, cv = tl.arange(0, BK), v0 + tl.arange(0, BV)

@@ -136,6 +136,17 @@ def _inverse_norm(sum_sq, USE_L2NORM: tl.constexpr):
 
 
 @triton.jit
+def chunk_rows(i_chunk, cu_ptr, chunk_idx_ptr):
+    """Chunk ``i_chunk`` of the batch (a row of ``meta.chunk_indices``): ``(seq, bos, eos)``, its
+    sequence, its first token and the sequence's past-the-end token (its rows are ``bos ..
+    min(bos + 64, eos)``)."""
+    seq = tl.load(chunk_idx_ptr + 2 * i_chunk)
+    bos = tl.load(cu_ptr + seq) + CHUNK * tl.load(chunk_idx_ptr + 2 * i_chunk + 1)
+    eos = tl.load(cu_ptr + seq + 1)
+    return seq, bos, eos
+
+
+@triton.jit
 def prepare_chunk(i_chunk, hv, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
                   gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr,
                   stride_k, stride_v, stride_g, stride_beta,
@@ -149,9 +160,7 @@ def prepare_chunk(i_chunk, hv, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias
     computed here (with ``A_log``, ``dt_bias``). Inputs are read with their row strides.
     ``BK``, ``BV`` are at least 64 (masked past K, V): see the module docstring.
     ``FP16_INVERSE``: the inverse's products on fp16 operands (:func:`launch_prepare`)."""
-    seq = tl.load(chunk_idx_ptr + 2 * i_chunk)
-    bos = tl.load(cu_ptr + seq) + CHUNK * tl.load(chunk_idx_ptr + 2 * i_chunk + 1)
-    eos = tl.load(cu_ptr + seq + 1)
+    seq, bos, eos = chunk_rows(i_chunk, cu_ptr, chunk_idx_ptr)
     gamma, beta = _gates(g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr, bos, eos, hv,
                          stride_g, stride_beta, HV, GATED)
 
@@ -233,6 +242,46 @@ def _gated_norm(o, z_ptr, w_ptr, bos, eos, stride_z, eps, V: tl.constexpr, BV: t
 
 
 @triton.jit
+def sequence_chunks(seq, cu_ptr, chunk_off_ptr):
+    """Sequence ``seq``'s tokens and chunks: ``(bos, eos, first_chunk, n_chunks)``, its first
+    and past-the-end token, the global index of its first chunk (int64: it numbers rows of h)
+    and its number of chunks."""
+    bos = tl.load(cu_ptr + seq)
+    eos = tl.load(cu_ptr + seq + 1)
+    first_chunk = tl.load(chunk_off_ptr + seq).to(tl.int64)
+    n_chunks = tl.load(chunk_off_ptr + seq + 1) - tl.load(chunk_off_ptr + seq)
+    return bos, eos, first_chunk, n_chunks
+
+
+@triton.jit
+def chunk_tiles(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, t0, eos, hk, hv, v0,
+                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                BK: tl.constexpr, BV: tl.constexpr):
+    """What one chunk step of the scan reads for the chunk starting at token ``t0``:
+    ``(k̂ [64, BK], W [64, BK], U [64, BV] fp32, Γ [64], Γ of its last row, valid [64])``,
+    zeros past ``eos`` (key head ``hk``, value head ``hv``, V-tile from column ``v0``)."""
+    r = tl.arange(0, CHUNK)
+    valid = t0 + r < eos
+    k = load_rows(k_hat_ptr + hk * K, t0, eos, H * K, 0, K, CHUNK, BK)
+    w = load_rows(w_ptr + hv * K, t0, eos, HV * K, 0, K, CHUNK, BK)
+    u = load_rows(u_ptr + hv * V, t0, eos, HV * V, v0, V, CHUNK, BV).to(tl.float32)
+    gamma = tl.load(gamma_ptr + (t0 + r) * HV + hv, mask=valid, other=0.0)
+    gamma_last = tl.load(gamma_ptr + (tl.minimum(t0 + CHUNK, eos) - 1) * HV + hv)
+    return k, w, u, gamma, gamma_last, valid
+
+
+@triton.jit
+def advance_state(S, k, v_new, gamma, gamma_last, valid):
+    """The state after the chunk, ``e^{Γ_C} S + K̂ᵀ (e^{Γ_C−Γ} ⊙ Ṽ)``: ``S [BK, BV]`` fp32,
+    ``k [64, BK]`` in the storage dtype (which the product's operands take), ``v_new [64, BV]``
+    fp32, ``gamma``, ``valid [64]``, ``gamma_last`` = Γ of the chunk's last row."""
+    # Row s of Ṽ reaches the chunk end decayed by e^{Γ_C − Γ_s}; mask before exp (padded
+    # rows would otherwise give 0·inf).
+    to_end = tl.exp(tl.where(valid, gamma_last - gamma, float("-inf")))
+    return S * tl.exp(gamma_last) + tl.dot(tl.trans(k), (v_new * to_end[:, None]).to(k.dtype))
+
+
+@triton.jit
 def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool_ptr,
                   q_ptr, o_ptr, scale, stride_q,
                   cu_ptr, chunk_off_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr,
@@ -246,10 +295,7 @@ def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h
     ``h [NT, HV, K, V]`` (start state of every chunk). Without ``OUTPUT`` it writes
     ``Ṽ [T, HV, V]`` for :func:`output_chunk`; with ``OUTPUT`` it computes the chunk's
     output ``o [T, HV, V]`` itself from q (``q_ptr``, row stride ``stride_q``) and writes no Ṽ."""
-    bos = tl.load(cu_ptr + seq)
-    eos = tl.load(cu_ptr + seq + 1)
-    first_chunk = tl.load(chunk_off_ptr + seq).to(tl.int64)
-    n_chunks = tl.load(chunk_off_ptr + seq + 1) - tl.load(chunk_off_ptr + seq)
+    bos, eos, first_chunk, n_chunks = sequence_chunks(seq, cu_ptr, chunk_off_ptr)
     hk = hv // (HV // H)
     v0 = i_v * BV
 
@@ -268,7 +314,6 @@ def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h
         track_ptr = pool_ptr + (track_slot * HV + hv) * HEAD + slab
 
     work = w_ptr.dtype.element_ty
-    r = tl.arange(0, CHUNK)
     for c in range(0, n_chunks):
         if STORE_H:
             tl.store(h_ptr + ((first_chunk + c) * HV + hv) * HEAD + slab,
@@ -279,13 +324,8 @@ def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h
             if c == track_chunk:
                 tl.store(track_ptr, S, mask=slab_mask)
         t0 = bos + CHUNK * c
-        valid = t0 + r < eos
-        k = load_rows(k_hat_ptr + hk * K, t0, eos, H * K, 0, K, CHUNK, BK)
-        w = load_rows(w_ptr + hv * K, t0, eos, HV * K, 0, K, CHUNK, BK)
-        u = load_rows(u_ptr + hv * V, t0, eos, HV * V, v0, V, CHUNK, BV).to(tl.float32)
-        gamma = tl.load(gamma_ptr + (t0 + r) * HV + hv, mask=valid, other=0.0)
-        gamma_last = tl.load(gamma_ptr + (tl.minimum(t0 + CHUNK, eos) - 1) * HV + hv)
-
+        k, w, u, gamma, gamma_last, valid = chunk_tiles(k_hat_ptr, w_ptr, u_ptr, gamma_ptr,
+                                                        t0, eos, hk, hv, v0, H, HV, K, V, BK, BV)
         S_work = S.to(work)
         v_new = u - tl.dot(w, S_work)
         if OUTPUT:
@@ -294,10 +334,7 @@ def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h
             store_rows(o_ptr + hv * V, o, t0, eos, HV * V, v0, V, CHUNK, BV)
         else:
             store_rows(v_new_ptr + hv * V, v_new, t0, eos, HV * V, v0, V, CHUNK, BV)
-        # Row s of Ṽ reaches the chunk end decayed by e^{Γ_C − Γ_s}; mask before exp (padded
-        # rows would otherwise give 0·inf).
-        to_end = tl.exp(tl.where(valid, gamma_last - gamma, float("-inf")))
-        S = S * tl.exp(gamma_last) + tl.dot(tl.trans(k), (v_new * to_end[:, None]).to(work))
+        S = advance_state(S, k, v_new, gamma, gamma_last, valid)
 
     if TRACK:
         if track_chunk == n_chunks:
@@ -333,9 +370,7 @@ def output_chunk(i_v, i_chunk, hv, q_ptr, k_hat_ptr, v_new_ptr, h_ptr, gamma_ptr
     rows are normed before they are stored (:func:`_gated_norm`, gate ``z [T, HV·V]`` with row
     stride ``stride_z``, weight ``norm_w [V]``, ``eps``); without, those four are unread."""
     v0 = i_v * BV
-    seq = tl.load(chunk_idx_ptr + 2 * i_chunk)
-    bos = tl.load(cu_ptr + seq) + CHUNK * tl.load(chunk_idx_ptr + 2 * i_chunk + 1)
-    eos = tl.load(cu_ptr + seq + 1)
+    seq, bos, eos = chunk_rows(i_chunk, cu_ptr, chunk_idx_ptr)
     hk = hv // (HV // H)
     valid = bos + tl.arange(0, CHUNK) < eos
 

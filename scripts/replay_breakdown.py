@@ -71,8 +71,9 @@ def breakdown(bench, case, strategy, attention, attention_calls: bool) -> dict:
     finally:
         del engine._run_model
     prefills.logits = captured.logits
-    (first, last), = forward[-1:]  # the captured call (the warm-ups came first)
-    calls = calls[len(calls) // len(forward) * (len(forward) - 1):]
+    # The warm-up forwards came first, each making the same calls: keep the captured one's.
+    first, last = forward[-1]
+    calls = calls[len(calls) - len(calls) // len(forward):]
     before, after = (torch.cuda.Event(enable_timing=True) for _ in range(2))
     fields = {k: [] for k in ("ttft_ms", "host_launch_ms", "start_ms", "in_graph_ms", "end_ms",
                               "attention_ms")}

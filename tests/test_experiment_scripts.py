@@ -1,9 +1,10 @@
 """The experiment scripts' kernels that claim to compute what the package computes do (interpreter).
 
-``scripts/layer_floor.py`` and ``scripts/scan_transposed.py`` time probes and redesigns on the
-H200; three of their kernels are meant to give the package's results: the scan with its loop
-split at the tracked chunk, the conv computed inside the prepare kernel, and the scan on the
-transposed state. Small shapes, fp32 under the interpreter.
+``scripts/layer_floor.py``, ``scripts/scan_transposed.py`` and ``scripts/inverse_blocks.py`` time
+probes and redesigns on the H200; some of their kernels are meant to give the package's results:
+the scan with its loop split at the tracked chunk, the conv computed inside the prepare kernel,
+the scan on the transposed state, and the prepare kernel with each of the inverse's variants.
+Small shapes, fp32 under the interpreter.
 """
 
 import importlib.util
@@ -95,3 +96,15 @@ def test_conv_inside_prepare_matches_two_launches():
     torch.testing.assert_close(y, y_ref, rtol=0, atol=0)
     for got, want in zip(outs, ref):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_inverse_variants_match_the_package():
+    inverse_blocks = _script("inverse_blocks")
+    x = random_prefill_inputs(LENGTHS, H, HV, K, V, seed=3)
+    meta = build_chunk_meta(LENGTHS, "cpu", state_indices=[0])
+    args = (x["k"], x["v"], x["g"], x["beta"], meta, True)
+    expected = P.launch_prepare(*args)
+    for inverse in filter(None, inverse_blocks.VARIANTS.values()):
+        for got, want in zip(inverse_blocks._variant_module(inverse).launch_prepare(*args),
+                             expected):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -27,9 +27,10 @@ extra products sit on the serial path of every chunk step (data/benchmarks/kerne
 kept for that comparison. ``h`` is stored in the input dtype (bf16 on a GPU), or in fp32 when
 checkpoints are requested: then the checkpoints *are* ``h``.
 
-The inverse is a block doubling on the whole 64×64 tile (:func:`invert_unit_lower`): every
+The inverse is a block doubling of the 64×64 tile (:func:`invert_unit_lower`): every
 intermediate is an entry of T or of L, so it stays bounded (a power series in L would not: its
-terms can reach 1e13 for correlated keys), and all of it runs on tensor cores in 64-row products.
+terms can reach 1e13 for correlated keys), and all of it runs on tensor cores: the first steps
+on the four 16×16 diagonal blocks as one batch, the last two in 64-row products.
 
 Precision on a GPU: the Gram matrix ``K Kᵀ`` is taken from the raw keys in their own dtype
 (bf16: exact products, fp32 sums) and normalised afterwards, ``K̂K̂ᵀ = diag(n) K Kᵀ diag(n)``.
@@ -70,7 +71,8 @@ G_FLOOR = tl.constexpr(-110.0)
 @triton.jit
 def _merge_blocks(X, L, r, SIZE: tl.constexpr, FP16: tl.constexpr):
     """One doubling step of :func:`invert_unit_lower`: from the inverses of the SIZE-blocks on
-    the diagonal (in ``X``) to those of the 2·SIZE-blocks."""
+    the diagonal (in ``X``) to those of the 2·SIZE-blocks. ``X``, ``L``: ``[C, C]`` tiles with
+    ``r = arange(C)``, or ``[n, C, C]`` batches of tiles (the masks broadcast over n)."""
     same_pair = (r[:, None] // (2 * SIZE)) == (r[None, :] // (2 * SIZE))
     other_block = (r[:, None] // SIZE) != (r[None, :] // SIZE)
     B = tl.where(same_pair & other_block, L, 0.0)
@@ -78,6 +80,26 @@ def _merge_blocks(X, L, r, SIZE: tl.constexpr, FP16: tl.constexpr):
         X_op = X.to(tl.float16)
         return X - tl.dot(X_op, tl.dot(B.to(tl.float16), X_op).to(tl.float16))
     return X - tl.dot(X, tl.dot(B, X))
+
+
+@triton.jit
+def _diagonal_blocks(L, C: tl.constexpr, D: tl.constexpr):
+    """The ``D×D`` blocks on the diagonal of a ``[C, C]`` tile, as a batch ``[C/D, D, D]``."""
+    NB: tl.constexpr = C // D
+    b = tl.arange(0, NB)
+    on_diagonal = b[:, None, None, None] == b[None, None, :, None]  # block row == block column
+    return tl.sum(tl.where(on_diagonal, tl.reshape(L, (NB, D, NB, D)), 0.0), axis=2)
+
+
+@triton.jit
+def _block_diagonal(X, C: tl.constexpr, D: tl.constexpr):
+    """The inverse of :func:`_diagonal_blocks`: a batch ``[C/D, D, D]`` placed on the diagonal of
+    a ``[C, C]`` tile, zeros elsewhere."""
+    NB: tl.constexpr = C // D
+    b = tl.arange(0, NB)
+    on_diagonal = b[:, None, None, None] == b[None, None, :, None]
+    X = tl.broadcast_to(tl.expand_dims(X, 2), (NB, D, NB, D))
+    return tl.reshape(tl.where(on_diagonal, X, 0.0), (C, C))
 
 
 @triton.jit
@@ -89,6 +111,9 @@ def invert_unit_lower(L, C: tl.constexpr, FP16: tl.constexpr = False):
     the diagonal, that is ``X ← X − X (B X)`` for all blocks at once, B = the entries of L inside
     a 2s-block but outside both of its s-blocks (:func:`_merge_blocks`). The 2×2 blocks need no
     product: ``[[1, 0], [l, 1]]⁻¹ = [[1, 0], [−l, 1]]``. Then log₂ C − 1 doubling steps.
+    The steps up to 16 stay inside the 16×16 diagonal blocks, so they run on those blocks
+    alone, as one batch ``[C/16, 16, 16]``: products of 16×16 tiles instead of C×C ones
+    (H200: the prepare kernel 12–17 % faster, bit-equal; data/benchmarks/inverse_blocks.md).
     The products take fp32 operands (tf32 on a GPU), or fp16 ones with ``FP16``: the same
     10-bit mantissa as tf32 at twice its tensor-core rate. Sums and X stay fp32 either way. fp16's
     range suffices because every operand is an entry of L, of T or of B·X: with unit keys,
@@ -96,13 +121,16 @@ def invert_unit_lower(L, C: tl.constexpr, FP16: tl.constexpr = False):
     of B·X within ±64. bf16 operands (8-bit mantissa) tripled U's error on such chunks
     (notebook 03, section B5).
     """
-    r = tl.arange(0, C)
+    L16 = _diagonal_blocks(L, C, 16)
+    r = tl.arange(0, 16)
     diagonal = r[:, None] == r[None, :]
     same_pair = (r[:, None] // 2) == (r[None, :] // 2)
-    X = tl.where(diagonal, 1.0, tl.where(same_pair, -L, 0.0))
-    X = _merge_blocks(X, L, r, 2, FP16)
-    X = _merge_blocks(X, L, r, 4, FP16)
-    X = _merge_blocks(X, L, r, 8, FP16)
+    X = tl.where(diagonal, 1.0, tl.where(same_pair, -L16, 0.0))
+    X = _merge_blocks(X, L16, r, 2, FP16)
+    X = _merge_blocks(X, L16, r, 4, FP16)
+    X = _merge_blocks(X, L16, r, 8, FP16)
+    X = _block_diagonal(X, C, 16)
+    r = tl.arange(0, C)
     if C > 16:
         X = _merge_blocks(X, L, r, 16, FP16)
     if C > 32:

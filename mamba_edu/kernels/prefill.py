@@ -113,7 +113,7 @@ def invert_unit_lower(L, C: tl.constexpr, FP16: tl.constexpr = False):
     product: ``[[1, 0], [l, 1]]⁻¹ = [[1, 0], [−l, 1]]``. Then log₂ C − 1 doubling steps.
     The steps up to 16 stay inside the 16×16 diagonal blocks, so they run on those blocks
     alone, as one batch ``[C/16, 16, 16]``: products of 16×16 tiles instead of C×C ones
-    (H200: the prepare kernel 12–17 % faster, bit-equal; data/benchmarks/inverse_blocks.md).
+    (H200: the prepare kernel 12–16 % faster, bit-equal; data/benchmarks/inverse_blocks/).
     The products take fp32 operands (tf32 on a GPU), or fp16 ones with ``FP16``: the same
     10-bit mantissa as tf32 at twice its tensor-core rate. Sums and X stay fp32 either way. fp16's
     range suffices because every operand is an entry of L, of T or of B·X: with unit keys,

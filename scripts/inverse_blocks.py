@@ -34,7 +34,8 @@ import triton.testing
 from mamba_edu.kernels import api, build_chunk_meta
 from mamba_edu.kernels import prefill as P
 from mamba_edu.kernels.inputs import random_prefill_inputs
-from mamba_edu.kernels.prefill import _block_diagonal, _diagonal_blocks, _merge_blocks
+from mamba_edu.kernels.prefill import (_block_diagonal, _diagonal_blocks, _doubling_to_16,
+                                       _merge_blocks)
 from mamba_edu.testing import rel_err
 
 SHAPES = [("qwen3.5-tp8 1x512", 2, 8, [512]), ("qwen3.5-tp8 16x256", 2, 8, [256] * 16),
@@ -48,11 +49,7 @@ def _first_steps(L, C: tl.constexpr, D: tl.constexpr, FP16: tl.constexpr):
     """The doubling from 1 to D on the D×D diagonal blocks of L: ``[C/D, D, D]``."""
     Ld = _diagonal_blocks(L, C, D)
     r = tl.arange(0, D)
-    X = tl.where(r[:, None] == r[None, :], 1.0,
-                 tl.where((r[:, None] // 2) == (r[None, :] // 2), -Ld, 0.0))
-    X = _merge_blocks(X, Ld, r, 2, FP16)
-    X = _merge_blocks(X, Ld, r, 4, FP16)
-    X = _merge_blocks(X, Ld, r, 8, FP16)
+    X = _doubling_to_16(Ld, r, FP16)
     if D > 16:
         X = _merge_blocks(X, Ld, r, 16, FP16)
     return X
@@ -62,12 +59,7 @@ def _first_steps(L, C: tl.constexpr, D: tl.constexpr, FP16: tl.constexpr):
 def invert_whole_tile(L, C: tl.constexpr, FP16: tl.constexpr):
     """All doubling steps as products of the whole ``[C, C]`` tile."""
     r = tl.arange(0, C)
-    X = tl.where(r[:, None] == r[None, :], 1.0,
-                 tl.where((r[:, None] // 2) == (r[None, :] // 2), -L, 0.0))
-    X = _merge_blocks(X, L, r, 2, FP16)
-    X = _merge_blocks(X, L, r, 4, FP16)
-    X = _merge_blocks(X, L, r, 8, FP16)
-    X = _merge_blocks(X, L, r, 16, FP16)
+    X = _merge_blocks(_doubling_to_16(L, r, FP16), L, r, 16, FP16)
     return _merge_blocks(X, L, r, 32, FP16)
 
 

@@ -231,7 +231,7 @@ def _correlated_inverse_error(C, device, fp16=False):
 
 
 @interpreted
-@pytest.mark.parametrize("C", [16, 64])
+@pytest.mark.parametrize("C", [16, 32, 64])
 def test_invert_unit_lower_correlated_keys(C):
     assert _correlated_inverse_error(C, "cpu") <= 1e-5
 

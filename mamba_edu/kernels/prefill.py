@@ -103,6 +103,18 @@ def _block_diagonal(X, C: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
+def _doubling_to_16(L, r, FP16: tl.constexpr):
+    """The doubling steps up to the 16-blocks: X holding the inverses of the 16×16 blocks on the
+    diagonal of ``I + L``, for a ``[C, C]`` tile or a ``[n, C, C]`` batch (``r = arange(C)``)."""
+    diagonal = r[:, None] == r[None, :]
+    same_pair = (r[:, None] // 2) == (r[None, :] // 2)
+    X = tl.where(diagonal, 1.0, tl.where(same_pair, -L, 0.0))  # the 2×2 blocks need no product
+    X = _merge_blocks(X, L, r, 2, FP16)
+    X = _merge_blocks(X, L, r, 4, FP16)
+    return _merge_blocks(X, L, r, 8, FP16)
+
+
+@triton.jit
 def invert_unit_lower(L, C: tl.constexpr, FP16: tl.constexpr = False):
     """``(I + L)⁻¹`` of a strictly lower ``[C, C]`` fp32 tile (C = 16, 32 or 64) by doubling.
 
@@ -121,15 +133,7 @@ def invert_unit_lower(L, C: tl.constexpr, FP16: tl.constexpr = False):
     of B·X within ±64. bf16 operands (8-bit mantissa) tripled U's error on such chunks
     (notebook 03, section B5).
     """
-    L16 = _diagonal_blocks(L, C, 16)
-    r = tl.arange(0, 16)
-    diagonal = r[:, None] == r[None, :]
-    same_pair = (r[:, None] // 2) == (r[None, :] // 2)
-    X = tl.where(diagonal, 1.0, tl.where(same_pair, -L16, 0.0))
-    X = _merge_blocks(X, L16, r, 2, FP16)
-    X = _merge_blocks(X, L16, r, 4, FP16)
-    X = _merge_blocks(X, L16, r, 8, FP16)
-    X = _block_diagonal(X, C, 16)
+    X = _block_diagonal(_doubling_to_16(_diagonal_blocks(L, C, 16), tl.arange(0, 16), FP16), C, 16)
     r = tl.arange(0, C)
     if C > 16:
         X = _merge_blocks(X, L, r, 16, FP16)

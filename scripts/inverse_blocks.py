@@ -84,17 +84,18 @@ VARIANTS = {"16-blocks (package)": None, "whole tile": "invert_whole_tile",
 
 def _variant_module(inverse: str) -> types.ModuleType:
     """The package's prefill module, its kernels compiled anew, with ``invert_unit_lower(L, CHUNK,
-    FP16_INVERSE)`` replaced by ``inverse(L, CHUNK, FP16_INVERSE)`` from this script. Written to a
-    file of its own: Triton compiles a kernel from the source file it was defined in."""
+    FP16_INVERSE)`` replaced by ``inverse(L, CHUNK, FP16_INVERSE)`` from this script. Imported
+    from a file of its own: Triton reads a kernel's source from its file when it is defined."""
     source = Path(P.__file__).read_text()
     call = "T = invert_unit_lower(L, CHUNK, FP16_INVERSE)"
     assert source.count(call) == 1, "the prepare kernel's inverse call moved"
-    path = Path(tempfile.mkdtemp()) / f"prefill_{inverse}.py"
-    path.write_text(source.replace(call, f"T = {inverse}(L, CHUNK, FP16_INVERSE)"))
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    module.__dict__[inverse] = globals()[inverse]
-    spec.loader.exec_module(module)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / f"prefill_{inverse}.py"
+        path.write_text(source.replace(call, f"T = {inverse}(L, CHUNK, FP16_INVERSE)"))
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        module.__dict__[inverse] = globals()[inverse]
+        spec.loader.exec_module(module)
     return module
 
 

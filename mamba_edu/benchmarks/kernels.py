@@ -61,7 +61,8 @@ def _our_bytes(T: int, N: int, H: int, HV: int, act: int = 2) -> int:
                + T * HV * 4 + k_or_q + T * HV * (K + V) * act)            # Γ, k̂, W, U
     scan = k_or_q + T * HV * ((K + V) * act + 4) + 2 * N * HV * K * V * 4  # k̂, W, U, Γ, S
     if prefill.OUTPUT_IN_SCAN:
-        return prepare + scan + k_or_q + T * HV * V * act                  # q, o
+        fold = k_or_q + 2 * T * HV * (K + V) * act         # q; Q_h, O_local written and read
+        return prepare + fold + scan + T * HV * V * act                    # o
     scan += T * HV * V * act + h                                           # Ṽ, h
     output = 2 * k_or_q + T * HV * (V * act + 4) + h + T * HV * V * act    # q, k̂, Ṽ, Γ, h, o
     return prepare + scan + output
@@ -161,13 +162,15 @@ def _stage_times(x, pool, meta, row):
     (``output_in_scan``) its time includes it."""
     from mamba_edu.kernels import prefill
     from mamba_edu.kernels.prefill import launch_output, launch_prepare, launch_scan
-    prepare = lambda: launch_prepare(x["k"], x["v"], x["g"], x["beta"], meta, True)  # noqa: E731
-    row["ours_prepare_ms"] = _time(prepare, graph=True)
-    gamma, k_hat, w, u = prepare()
-    scan = lambda **kw: launch_scan(k_hat, w, u, gamma, pool, meta.state_indices, meta, **kw)  # noqa: E731
     row["output_in_scan"] = prefill.OUTPUT_IN_SCAN
+    queries = (x["q"], K ** -0.5) if row["output_in_scan"] else None
+    prepare = lambda: launch_prepare(x["k"], x["v"], x["g"], x["beta"], meta, True,  # noqa: E731
+                                     queries=queries)
+    row["ours_prepare_ms"] = _time(prepare, graph=True)
+    gamma, k_hat, w, u, *folded = prepare()
+    scan = lambda **kw: launch_scan(k_hat, w, u, gamma, pool, meta.state_indices, meta, **kw)  # noqa: E731
     if row["output_in_scan"]:
-        row["ours_scan_ms"] = _time(lambda: scan(queries=(x["q"], K ** -0.5, True)), graph=True)
+        row["ours_scan_ms"] = _time(lambda: scan(folded=folded), graph=True)
         return
     row["ours_scan_ms"] = _time(scan, graph=True)
     v_new, h = scan()
@@ -295,12 +298,14 @@ def bench_conv(preset, lengths, results):
 
 def bench_layer(preset, lengths, results):
     """The GDN path of one layer (conv + prefill kernels), graph-replayed, and its parts."""
-    from mamba_edu.kernels import conv1d_prefill
+    from mamba_edu.kernels import conv1d_prefill, prefill
     c = _layer_inputs(preset, lengths)
     row = dict(kind="gdn_layer", case=_case_name(preset, lengths), T=c["meta"].T, N=c["meta"].N,
                H=c["H"], HV=c["HV"], K=K, V=V, dtype="bf16", tracking="fused (in-kernel)")
     row["ours_graph_ms"] = _time(lambda: _layer_call(c), graph=True)
     row["ours_eager_ms"] = _time(lambda: _layer_call(c), graph=False)
+    with prefill.forced_output_path(not prefill.OUTPUT_IN_SCAN):
+        row["ours_graph_ms_other_output_path"] = _time(lambda: _layer_call(c), graph=True)
     _other_launch_path([lambda: _layer_call(c)], c["meta"], c["HV"], row)
     row["conv_graph_ms"] = _time(lambda: conv1d_prefill(c["x"], c["weight"],
                                                         conv_pool=c["conv_pool"], meta=c["meta"]),

@@ -106,10 +106,13 @@ def chained_prefill_kernel(
     scanned = ws_ptr + 2 + N    # [N] scan programs done, per sequence
     ticket = tl.atomic_add(ws_ptr, 1)
     if ticket < n_prepare:
+        # Without the output fold (FOLD = False) w_ptr, u_ptr fill its unread pointers, here
+        # and in the scan.
         seq = prepare_chunk(
-            ticket // HV, ticket % HV, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
+            ticket // HV, ticket % HV, 0, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
             gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr, stride_k, stride_v,
-            stride_g, stride_beta, H, HV, K, V, BK, BV, USE_L2NORM, GATED, FP16_INVERSE)
+            stride_g, stride_beta, q_ptr, w_ptr, u_ptr, stride_q, scale, H, HV, K, V, BK, BV,
+            USE_L2NORM, GATED, FP16_INVERSE, False, False)
         _signal(prepared + seq)
     elif ticket < n_prepare + n_scan:
         t = ticket - n_prepare
@@ -118,9 +121,9 @@ def chained_prefill_kernel(
         _wait_for(prepared + seq, chunks * HV)
         scan_sequence(
             t % n_scan_tiles, seq, t // (n_scan_tiles * N), k_hat_ptr, w_ptr, u_ptr, gamma_ptr,
-            v_new_ptr, h_ptr, pool_ptr, q_ptr, o_ptr, scale, stride_q, cu_ptr, chunk_off_ptr,
+            v_new_ptr, h_ptr, pool_ptr, w_ptr, u_ptr, o_ptr, cu_ptr, chunk_off_ptr,
             state_idx_ptr, track_slot_ptr, track_chunk_ptr, H, HV, K, V, BK, BV_SCAN, TRACK,
-            True, False, USE_L2NORM)
+            True, False)
         _signal(scanned + seq)
     else:
         t = ticket - n_prepare - n_scan

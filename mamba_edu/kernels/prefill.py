@@ -51,6 +51,8 @@ autotuned: an autotuner keyed on the head dims would reuse the choice of whichev
 first.
 """
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -179,19 +181,26 @@ def chunk_rows(i_chunk, cu_ptr, chunk_idx_ptr):
 
 
 @triton.jit
-def prepare_chunk(i_chunk, hv, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
+def prepare_chunk(i_chunk, hv, part, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
                   gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr,
                   stride_k, stride_v, stride_g, stride_beta,
+                  q_ptr, q_state_ptr, o_local_ptr, stride_q, scale,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
-                  GATED: tl.constexpr, FP16_INVERSE: tl.constexpr):
+                  GATED: tl.constexpr, FP16_INVERSE: tl.constexpr, FOLD: tl.constexpr,
+                  SPLIT: tl.constexpr):
     """Program (chunk ``i_chunk``, value head ``hv``) of kernel 1: Γ ``[T, HV]``, W ``[T, HV, K]``,
     U ``[T, HV, V]`` for its 64 rows, and the normalised keys k̂ ``[T, H, K]`` (written by the
     first value head of each group); returns the chunk's sequence.
     With ``GATED``, ``g_ptr``/``beta_ptr`` hold the raw projections a, b and the gating is
     computed here (with ``A_log``, ``dt_bias``). Inputs are read with their row strides.
     ``BK``, ``BV`` are at least 64 (masked past K, V): see the module docstring.
-    ``FP16_INVERSE``: the inverse's products on fp16 operands (:func:`launch_prepare`)."""
+    ``FP16_INVERSE``: the inverse's products on fp16 operands (:func:`launch_prepare`).
+    With ``FOLD`` it also writes ``Q_h [T, HV, K]`` (``q_state_ptr``) and ``O_local [T, HV, V]``
+    (``o_local_ptr``), the chunk's output as a function of its start state (:func:`_fold_output`,
+    from q with row stride ``stride_q``, and ``scale``); without, those five arguments are unread.
+    With ``SPLIT`` two programs share the chunk: ``part`` 0 writes k̂, W and U, ``part`` 1 the
+    fold, and both invert."""
     seq, bos, eos = chunk_rows(i_chunk, cu_ptr, chunk_idx_ptr)
     gamma, beta = _gates(g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr, bos, eos, hv,
                          stride_g, stride_beta, HV, GATED)
@@ -207,35 +216,102 @@ def prepare_chunk(i_chunk, hv, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias
     L = (beta * norm)[:, None] * tl.dot(k, tl.trans(k)) * norm[None, :] * tl.exp(diff)
     T = invert_unit_lower(L, CHUNK, FP16_INVERSE)
 
+    T = T.to(w_ptr.dtype.element_ty)
     k_hat = k_f32 * norm[:, None]
+    if SPLIT:
+        if part == 0:
+            _write_w_u(T, k_hat, beta, gamma, v_ptr + hv * V, k_hat_ptr + hk * K, w_ptr + hv * K,
+                       u_ptr + hv * V, hv, bos, eos, stride_v, H, HV, K, V, BK, BV)
+        else:
+            keys_in, values_in = _fold_inputs(T, k_hat, beta, gamma, v_ptr + hv * V, bos, eos,
+                                              stride_v, V, BV)
+            _fold_output(q_ptr + hk * K, q_state_ptr + hv * K, o_local_ptr + hv * V, bos, eos,
+                         stride_q, scale, k, norm, gamma, T, keys_in, values_in, HV, K, V, BK,
+                         BV, USE_L2NORM)
+    else:
+        keys_in, values_in = _write_w_u(T, k_hat, beta, gamma, v_ptr + hv * V,
+                                        k_hat_ptr + hk * K, w_ptr + hv * K, u_ptr + hv * V, hv,
+                                        bos, eos, stride_v, H, HV, K, V, BK, BV)
+        if FOLD:
+            _fold_output(q_ptr + hk * K, q_state_ptr + hv * K, o_local_ptr + hv * V, bos, eos,
+                         stride_q, scale, k, norm, gamma, T, keys_in, values_in, HV, K, V, BK,
+                         BV, USE_L2NORM)
+    return seq
+
+
+@triton.jit
+def _fold_inputs(T, k_hat, beta, gamma, v_ptr, bos, eos, stride_v, V: tl.constexpr,
+                 BV: tl.constexpr):
+    """What W and U are T times, in T's dtype: ``β e^Γ K̂ [64, BK]`` and ``β V [64, BV]`` (v read
+    at the head's first column ``v_ptr``)."""
+    keys_in = (k_hat * (beta * tl.exp(gamma))[:, None]).to(T.dtype)
+    v = load_rows(v_ptr, bos, eos, stride_v, 0, V, CHUNK, BV).to(tl.float32)
+    return keys_in, (v * beta[:, None]).to(T.dtype)
+
+
+@triton.jit
+def _write_w_u(T, k_hat, beta, gamma, v_ptr, k_hat_ptr, w_ptr, u_ptr, hv, bos, eos, stride_v,
+               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+               BK: tl.constexpr, BV: tl.constexpr):
+    """Store k̂ (first value head of the group only), ``W = T (β e^Γ K̂)`` and ``U = T (β V)``:
+    operands in T's dtype (the storage dtype), fp32 accumulation. Pointers at the head's first
+    column. Returns the two right operands (:func:`_fold_inputs`)."""
     # Rows below bos do not exist: the other value heads of the group store no k̂.
     k_hat_end = tl.where(hv % (HV // H) == 0, eos, bos)
-    store_rows(k_hat_ptr + hk * K, k_hat, bos, k_hat_end, H * K, 0, K, CHUNK, BK)
-    # W = T (β e^Γ K̂), U = T (β V): operands in the storage dtype, fp32 accumulation.
-    work = w_ptr.dtype.element_ty
-    T = T.to(work)
-    w = tl.dot(T, (k_hat * (beta * tl.exp(gamma))[:, None]).to(work))
-    store_rows(w_ptr + hv * K, w, bos, eos, HV * K, 0, K, CHUNK, BK)
-    v = load_rows(v_ptr + hv * V, bos, eos, stride_v, 0, V, CHUNK, BV).to(tl.float32)
-    u = tl.dot(T, (v * beta[:, None]).to(work))
-    store_rows(u_ptr + hv * V, u, bos, eos, HV * V, 0, V, CHUNK, BV)
-    return seq
+    store_rows(k_hat_ptr, k_hat, bos, k_hat_end, H * K, 0, K, CHUNK, BK)
+    keys_in = (k_hat * (beta * tl.exp(gamma))[:, None]).to(T.dtype)
+    store_rows(w_ptr, tl.dot(T, keys_in), bos, eos, HV * K, 0, K, CHUNK, BK)
+    v = load_rows(v_ptr, bos, eos, stride_v, 0, V, CHUNK, BV).to(tl.float32)
+    values_in = (v * beta[:, None]).to(T.dtype)
+    store_rows(u_ptr, tl.dot(T, values_in), bos, eos, HV * V, 0, V, CHUNK, BV)
+    return keys_in, values_in
+
+
+@triton.jit
+def _fold_output(q_ptr, q_state_ptr, o_local_ptr, bos, eos, stride_q, scale, k, k_norm, gamma,
+                 T, keys_in, values_in, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                 BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr):
+    """The chunk's output as an affine function of its start state h, ``O = O_local + Q_h h``,
+    written for the scan: ``Q_h [64, K]`` (``q_state_ptr``) and ``O_local [64, V]``
+    (``o_local_ptr``), both at the head's first column, rows ``bos .. eos``.
+
+    With ``A = scale·(Q̂ K̂ᵀ ⊙ e^{Γr−Γs} ⊙ [s≤r])`` the output is ``scale·(Q̂ e^Γ) h + A Ṽ``, and
+    ``Ṽ = U − W h``; so ``Q_h = scale·Q̂ e^Γ − A W`` and ``O_local = A U``, the output from a
+    zero state. As ``W = T·keys_in`` and ``U = T·values_in``, both come from ``P = A T``.
+    Inputs: the raw keys ``k [64, BK]`` and their factors ``k_norm [64]``, ``Γ [64]``,
+    ``T [64, 64]``, ``keys_in [64, BK]``, ``values_in [64, BV]`` (the last three in the
+    storage dtype)."""
+    r = tl.arange(0, CHUNK)
+    q = load_rows(q_ptr, bos, eos, stride_q, 0, K, CHUNK, BK)
+    q_f32 = q.to(tl.float32)
+    q_norm = scale * _inverse_norm(tl.sum(q_f32 * q_f32, 1), USE_L2NORM)
+    # Masks before exp: padded rows would otherwise give 0·inf.
+    causal = (r[:, None] >= r[None, :]) & (bos + r < eos)[:, None]
+    decay = tl.exp(tl.where(causal, gamma[:, None] - gamma[None, :], float("-inf")))
+    A = q_norm[:, None] * tl.dot(q, tl.trans(k)) * k_norm[None, :] * decay
+    P = tl.dot(A.to(T.dtype), T).to(T.dtype)
+    q_state = q_f32 * (q_norm * tl.exp(gamma))[:, None] - tl.dot(P, keys_in)
+    store_rows(q_state_ptr, q_state, bos, eos, HV * K, 0, K, CHUNK, BK)
+    store_rows(o_local_ptr, tl.dot(P, values_in), bos, eos, HV * V, 0, V, CHUNK, BV)
 
 
 @triton.jit
 def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
                          gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr,
                          stride_k, stride_v, stride_g, stride_beta,
+                         q_ptr, q_state_ptr, o_local_ptr, stride_q, scale,
                          H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                          BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
-                         GATED: tl.constexpr, FP16_INVERSE: tl.constexpr,
-                         USE_PDL: tl.constexpr):
-    """Kernel 1, grid ``(NT, HV)``: :func:`prepare_chunk` for every (chunk, value head)."""
+                         GATED: tl.constexpr, FP16_INVERSE: tl.constexpr, FOLD: tl.constexpr,
+                         SPLIT: tl.constexpr, USE_PDL: tl.constexpr):
+    """Kernel 1, grid ``(NT, HV)``, or ``(NT, HV, 2)`` with ``SPLIT``: :func:`prepare_chunk` for
+    every (chunk, value head[, part])."""
     await_previous_kernel(USE_PDL)
-    prepare_chunk(tl.program_id(0), tl.program_id(1), k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr,
-                  dt_bias_ptr, gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr,
-                  stride_k, stride_v, stride_g, stride_beta, H, HV, K, V, BK, BV, USE_L2NORM,
-                  GATED, FP16_INVERSE)
+    prepare_chunk(tl.program_id(0), tl.program_id(1), tl.program_id(2), k_ptr, v_ptr, g_ptr,
+                  beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr,
+                  chunk_idx_ptr, stride_k, stride_v, stride_g, stride_beta, q_ptr, q_state_ptr,
+                  o_local_ptr, stride_q, scale, H, HV, K, V, BK, BV, USE_L2NORM, GATED,
+                  FP16_INVERSE, FOLD, SPLIT)
 
 
 @triton.jit
@@ -315,18 +391,19 @@ def advance_state(S, k, v_new, gamma, gamma_last, valid):
 
 @triton.jit
 def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool_ptr,
-                  q_ptr, o_ptr, scale, stride_q,
+                  q_state_ptr, o_local_ptr, o_ptr,
                   cu_ptr, chunk_off_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BK: tl.constexpr, BV: tl.constexpr, TRACK: tl.constexpr,
-                  STORE_H: tl.constexpr, OUTPUT: tl.constexpr, USE_L2NORM: tl.constexpr):
+                  STORE_H: tl.constexpr, OUTPUT: tl.constexpr):
     """Program (V-tile ``i_v``, sequence ``seq``, value head ``hv``) of kernel 2: the sequential
     state pass over the sequence's chunks.
     Reads the initial state from the pool slot, writes the final state back into the slot and,
     with ``TRACK``, the tracked state into its track slot. With ``STORE_H`` it writes
     ``h [NT, HV, K, V]`` (start state of every chunk). Without ``OUTPUT`` it writes
-    ``Ṽ [T, HV, V]`` for :func:`output_chunk`; with ``OUTPUT`` it computes the chunk's
-    output ``o [T, HV, V]`` itself from q (``q_ptr``, row stride ``stride_q``) and writes no Ṽ."""
+    ``Ṽ [T, HV, V]`` for :func:`output_chunk`; with ``OUTPUT`` it writes no Ṽ but the output
+    ``o [T, HV, V] = O_local + Q_h h`` from the two tiles :func:`prepare_chunk` wrote
+    (``q_state_ptr`` ``[T, HV, K]``, ``o_local_ptr`` ``[T, HV, V]``)."""
     bos, eos, first_chunk, n_chunks = sequence_chunks(seq, cu_ptr, chunk_off_ptr)
     hk = hv // (HV // H)
     v0 = i_v * BV
@@ -361,8 +438,10 @@ def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h
         S_work = S.to(work)
         v_new = u - tl.dot(w, S_work)
         if OUTPUT:
-            q = _queries(q_ptr, hk, t0, eos, stride_q, scale, K, BK, USE_L2NORM)
-            o = _chunk_output(q, k, v_new.to(work), S_work, gamma, valid)
+            # One product beside the chain: nothing later needs o.
+            q_state = load_rows(q_state_ptr + hv * K, t0, eos, HV * K, 0, K, CHUNK, BK)
+            o = load_rows(o_local_ptr + hv * V, t0, eos, HV * V, v0, V, CHUNK, BV)
+            o = tl.dot(q_state, S_work, o.to(tl.float32))
             store_rows(o_ptr + hv * V, o, t0, eos, HV * V, v0, V, CHUNK, BV)
         else:
             store_rows(v_new_ptr + hv * V, v_new, t0, eos, HV * V, v0, V, CHUNK, BV)
@@ -376,19 +455,18 @@ def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h
 
 @triton.jit
 def chunk_scan_kernel(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool_ptr,
-                      q_ptr, o_ptr, scale, stride_q,
+                      q_state_ptr, o_local_ptr, o_ptr,
                       cu_ptr, chunk_off_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr,
                       H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, TRACK: tl.constexpr,
-                      STORE_H: tl.constexpr, OUTPUT: tl.constexpr, USE_L2NORM: tl.constexpr,
-                      USE_PDL: tl.constexpr):
+                      STORE_H: tl.constexpr, OUTPUT: tl.constexpr, USE_PDL: tl.constexpr):
     """Kernel 2, grid ``(⌈V/BV⌉, N, HV)``: :func:`scan_sequence` for every (V-tile, sequence,
     value head)."""
     await_previous_kernel(USE_PDL)
     scan_sequence(tl.program_id(0), tl.program_id(1), tl.program_id(2), k_hat_ptr, w_ptr, u_ptr,
-                  gamma_ptr, v_new_ptr, h_ptr, pool_ptr, q_ptr, o_ptr, scale, stride_q, cu_ptr,
+                  gamma_ptr, v_new_ptr, h_ptr, pool_ptr, q_state_ptr, o_local_ptr, o_ptr, cu_ptr,
                   chunk_off_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr, H, HV, K, V,
-                  BK, BV, TRACK, STORE_H, OUTPUT, USE_L2NORM)
+                  BK, BV, TRACK, STORE_H, OUTPUT)
 
 
 @triton.jit
@@ -449,12 +527,17 @@ def _block(d: int) -> int:
 SCAN_PROGRAMS = 128      # the scan narrows its V-tile (64, 32, 16) until it has this many programs
 PREPARE_WARPS = 4        # 209 µs at 1×8192 (8 warps: 419 µs)
 OUTPUT_IN_SCAN = False   # the output kernel runs after the scan (module docstring)
+SPLIT_FOLD = False       # with the output in the scan: the fold in programs of its own
 
 
-def forced_output_path(in_scan: bool):
-    """Within the block, every prefill computes its output inside the scan (``in_scan``) or with
-    the output kernel: for the tests and the benchmark, which compare the two."""
-    return overriding(globals(), "OUTPUT_IN_SCAN", in_scan)
+@contextlib.contextmanager
+def forced_output_path(in_scan: bool, split: bool = False):
+    """Within the block, every prefill computes its output inside the scan (``in_scan``; with
+    ``split``, the prepare kernel's fold in programs of their own) or with the output kernel: for
+    the tests and the benchmark, which compare them."""
+    with overriding(globals(), "OUTPUT_IN_SCAN", in_scan), \
+            overriding(globals(), "SPLIT_FOLD", split):
+        yield
 
 
 def _scan_config(n_chains: int, V: int) -> tuple[int, int, int]:
@@ -503,49 +586,53 @@ def prepare_outputs(k, v):
             torch.empty(T, HV, V, device=k.device, dtype=work))
 
 
-def launch_prepare(k, v, g, beta, meta, use_qk_l2norm, gating=None):
+def launch_prepare(k, v, g, beta, meta, use_qk_l2norm, gating=None, queries=None):
     """Kernel 1 on validated inputs: returns :func:`prepare_outputs`, filled. ``gating``:
-    ``(A_log, dt_bias)`` when ``g, beta`` are the raw projections ``a, b``."""
+    ``(A_log, dt_bias)`` when ``g, beta`` are the raw projections ``a, b``. With ``queries =
+    (q, scale)`` it also folds the output (:func:`_fold_output`) and returns, after those four,
+    ``q_state [T, HV, K]`` and ``o_local [T, HV, V]`` in :func:`work_dtype`."""
     T, H, K = k.shape
     HV, V = v.shape[1:]
     gamma, k_hat, w, u = prepare_outputs(k, v)
     A_log, dt_bias = gating or (g, g)  # unread without gating
-    chunk_prepare_kernel[(meta.NT, HV)](
+    q, scale = queries or (k, 1.0)
+    folded = (torch.empty_like(w), torch.empty_like(u)) if queries else (w, u)  # unread without
+    split = queries is not None and SPLIT_FOLD
+    chunk_prepare_kernel[(meta.NT, HV, 2 if split else 1)](
         k, v, g, beta, A_log, dt_bias, gamma, k_hat, w, u, meta.cu_seqlens, meta.chunk_indices,
-        k.stride(0), v.stride(0), g.stride(0), beta.stride(0), H, HV, K, V,
-        _block(K), _block(V), use_qk_l2norm, gating is not None,
-        fp16_inverse(use_qk_l2norm, w.dtype),
+        k.stride(0), v.stride(0), g.stride(0), beta.stride(0), q, *folded, q.stride(0), scale,
+        H, HV, K, V, _block(K), _block(V), use_qk_l2norm, gating is not None,
+        fp16_inverse(use_qk_l2norm, w.dtype), queries is not None, split,
         num_warps=PREPARE_WARPS, **pdl_options(u.device))
-    return gamma, k_hat, w, u
+    return (gamma, k_hat, w, u, *folded) if queries else (gamma, k_hat, w, u)
 
 
 def launch_scan(k_hat, w, u, gamma, state_pool, state_indices, meta, h=None,
-                track_slots=None, track_chunks=None, queries=None):
+                track_slots=None, track_chunks=None, folded=None):
     """Kernel 2, the sequential pass; updates the pool and writes the tracked states if asked.
-    ``h``: the fp32 checkpoints to fill, if wanted. Without ``queries`` returns
+    ``h``: the fp32 checkpoints to fill, if wanted. Without ``folded`` returns
     ``(v_new [T, HV, V], h [NT, HV, K, V])`` for :func:`launch_output` (``h`` allocated in
-    :func:`work_dtype` unless given). With ``queries = (q, scale, use_qk_l2norm)`` the scan
-    computes the output itself and returns ``o [T, HV, V]`` in q's dtype."""
+    :func:`work_dtype` unless given). With ``folded = (q_state, o_local)`` from
+    :func:`launch_prepare` the scan computes the output itself and returns ``o [T, HV, V]``
+    (in their dtype, q's)."""
     T, H, K = k_hat.shape
     HV, V = u.shape[1:]
-    if queries is None:
-        out = torch.empty_like(u)  # Ṽ
-        q, scale, use_qk_l2norm = u, 1.0, False  # unread
+    out = torch.empty_like(u)  # Ṽ, or o with the output folded
+    output = folded is not None
+    if not output:
+        folded = (w, u)  # unread
         if h is None:
             h = torch.empty(meta.NT, HV, K, V, device=u.device, dtype=u.dtype)
-    else:
-        q, scale, use_qk_l2norm = queries
-        out = torch.empty(T, HV, V, device=u.device, dtype=q.dtype)  # o
     store_h = h is not None
     track = track_slots is not None
     BV, warps, stages = _scan_config(meta.N * HV, V)
     chunk_scan_kernel[(triton.cdiv(V, BV), meta.N, HV)](
-        k_hat, w, u, gamma, out, h if store_h else u, state_pool, q, out, scale, q.stride(0),
+        k_hat, w, u, gamma, out, h if store_h else u, state_pool, *folded, out,
         meta.cu_seqlens, meta.chunk_offsets, state_indices,
         track_slots if track else state_indices, track_chunks if track else state_indices,
-        H, HV, K, V, _block(K), BV, track, store_h, queries is not None, use_qk_l2norm,
+        H, HV, K, V, _block(K), BV, track, store_h, output,
         num_warps=warps, num_stages=stages, **pdl_options(u.device))
-    return out if queries is not None else (out, h)
+    return out if output else (out, h)
 
 
 def launch_output(q, k_hat, v_new, h, gamma, meta, scale, use_qk_l2norm, output_norm=None):
@@ -586,12 +673,14 @@ def prefill_triton(q, k, v, g, beta, state_pool, state_indices, meta, scale, use
     follows it."""
     T, H, K = q.shape
     HV, V = v.shape[1:]
-    gamma, k_hat, w, u = launch_prepare(k, v, g, beta, meta, use_qk_l2norm, gating)
+    prepared = launch_prepare(k, v, g, beta, meta, use_qk_l2norm, gating,
+                              queries=(q, scale) if OUTPUT_IN_SCAN else None)
+    gamma, k_hat, w, u = prepared[:4]
     ckpt = (torch.empty(meta.NT, HV, K, V, device=q.device, dtype=torch.float32)
             if output_checkpoints else None)
     if OUTPUT_IN_SCAN:
         o = launch_scan(k_hat, w, u, gamma, state_pool, state_indices, meta, ckpt,
-                        track_slots, track_chunks, queries=(q, scale, use_qk_l2norm))
+                        track_slots, track_chunks, folded=prepared[4:])
         return apply_output_norm(o, output_norm), ckpt
     v_new, h = launch_scan(k_hat, w, u, gamma, state_pool, state_indices, meta, ckpt,
                            track_slots, track_chunks)

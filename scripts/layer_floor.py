@@ -221,10 +221,10 @@ def conv_then_prepare_kernel(x_ptr, cw_ptr, conv_pool_ptr, y_ptr, state_idx_ptr,
         _conv_into(x_ptr, cw_ptr, conv_pool_ptr, y_ptr, slot, 2 * H * K + hv * V + part * CB,
                    rows, bos, eos, D, stride_x, CB, W)
     tl.debug_barrier()
-    P.prepare_chunk(i_chunk, hv, 0, y_ptr + H * K, y_ptr + 2 * H * K, a_ptr, b_ptr, A_log_ptr,
+    P.prepare_chunk(i_chunk, hv, y_ptr + H * K, y_ptr + 2 * H * K, a_ptr, b_ptr, A_log_ptr,
                     dt_bias_ptr, gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr, D, D,
                     stride_a, stride_b, y_ptr, w_ptr, u_ptr, D, 1.0, H, HV, K, V, K, V, True, True,
-                    FP16_INVERSE, False, False)
+                    FP16_INVERSE, False)
 
 
 @triton.jit

@@ -5,12 +5,14 @@
 A chunk's output is an affine function of its start state h: ``O = O_local + Q_h h``. The
 prepare kernel can compute ``Q_h`` and ``O_local`` in parallel (``FOLD``,
 :func:`mamba_edu.kernels.prefill._fold_output`), and the scan then adds one product beside its
-chain instead of storing h and Ṽ for an output kernel. Three paths, each the package's code,
+chain instead of storing h and Ṽ for an output kernel. Two paths, each the package's code,
 switched with :func:`mamba_edu.kernels.prefill.forced_output_path`:
 
 - ``output kernel``: prepare → scan (stores h, Ṽ) → output kernel (the default);
-- ``fold``: the fold in the prepare programs → scan with the output;
-- ``fold, split``: the fold in programs of their own (two per chunk and head, both invert).
+- ``fold``: the fold in the prepare programs → scan with the output.
+
+(At commit ``dd98d18`` the script also timed ``fold, split``: the fold in programs of their own,
+two per chunk and head, both inverting; that variant is not in the package.)
 
 For every shape of the kernel benchmark it times the whole prefill, each kernel alone and (for
 the ``qwen3.5-tp8`` shapes) the GDN layer (conv + prefill), and compares the output and the
@@ -38,7 +40,7 @@ from mamba_edu.testing import rel_err
 SHAPES = [("qwen3.5-tp8", [512]), ("qwen3.5-tp8", [256] * 16), ("qwen3-next", [2048]),
           ("qwen3-next", [256] * 8), ("qwen3-next", [1024] * 8), ("qwen3-next", [8192]),
           ("qwen3-next", [4096] * 8), ("qwen3-next", [32768])]
-PATHS = {"output kernel": (False, False), "fold": (True, False), "fold, split": (True, True)}
+PATHS = {"output kernel": False, "fold": True}
 OUT = Path(os.environ.get("OUT", "out/output_fold"))
 
 
@@ -88,8 +90,8 @@ def main() -> int:
             meta = build_chunk_meta(lengths, "cuda", state_indices=list(range(len(lengths))))
             pool0 = torch.randn(len(lengths), HV, 128, 128, device="cuda") * 0.1
             expected = None
-            for path, (in_scan, split) in PATHS.items():
-                with P.forced_output_path(in_scan, split):
+            for path, in_scan in PATHS.items():
+                with P.forced_output_path(in_scan):
                     pool = pool0.clone()
                     o, _ = gdn_prefill(**x, state_pool=pool, meta=meta)
                     if expected is None:

@@ -15,13 +15,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(params=["in_scan", "in_scan_split", "separate", "chained"])
+@pytest.fixture(params=["in_scan", "separate", "chained"])
 def output_path(request):
-    """Run the Triton prefill four ways: the output computed inside the scan (its fold in the
-    prepare programs, or in programs of its own), by its own kernel (the default), and the three
-    stages in one launch."""
+    """Run the Triton prefill three ways: the output computed inside the scan, by its own kernel
+    (the default), and the three stages in one launch."""
     from mamba_edu.kernels.chained import forced_chained
     from mamba_edu.kernels.prefill import forced_output_path
-    with forced_output_path(request.param.startswith("in_scan"), request.param.endswith("split")), \
-            forced_chained(request.param == "chained"):
+    with forced_output_path(request.param == "in_scan"), forced_chained(request.param == "chained"):
         yield request.param

@@ -16,15 +16,14 @@ def test_switches_come_back_after_their_block():
     """The benchmark's and tests' switches (PDL, one launch, output path) hold inside their
     ``with`` block only, and come back after an exception too."""
     from mamba_edu.kernels import chained, launch, prefill
-    def switches():
-        return launch.ENABLED, chained.ONE_LAUNCH, prefill.OUTPUT_IN_SCAN, prefill.SPLIT_FOLD
-    before = switches()
+    before = (launch.ENABLED, chained.ONE_LAUNCH, prefill.OUTPUT_IN_SCAN)
     with pytest.raises(RuntimeError):
         with programmatic_launch(not before[0]), forced_chained(not before[1]), \
-                prefill.forced_output_path(not before[2], not before[3]):
-            assert switches() == tuple(not x for x in before)
+                prefill.forced_output_path(not before[2]):
+            assert (launch.ENABLED, chained.ONE_LAUNCH, prefill.OUTPUT_IN_SCAN) == tuple(
+                not x for x in before)
             raise RuntimeError
-    assert switches() == before
+    assert (launch.ENABLED, chained.ONE_LAUNCH, prefill.OUTPUT_IN_SCAN) == before
 
 
 def test_pdl_is_never_used_on_a_cpu():

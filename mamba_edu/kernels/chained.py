@@ -109,10 +109,10 @@ def chained_prefill_kernel(
         # Without the output fold (FOLD = False) w_ptr, u_ptr fill its unread pointers, here
         # and in the scan.
         seq = prepare_chunk(
-            ticket // HV, ticket % HV, 0, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
+            ticket // HV, ticket % HV, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
             gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr, stride_k, stride_v,
             stride_g, stride_beta, q_ptr, w_ptr, u_ptr, stride_q, scale, H, HV, K, V, BK, BV,
-            USE_L2NORM, GATED, FP16_INVERSE, False, False)
+            USE_L2NORM, GATED, FP16_INVERSE, False)
         _signal(prepared + seq)
     elif ticket < n_prepare + n_scan:
         t = ticket - n_prepare

@@ -51,8 +51,6 @@ autotuned: an autotuner keyed on the head dims would reuse the choice of whichev
 first.
 """
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
@@ -181,14 +179,13 @@ def chunk_rows(i_chunk, cu_ptr, chunk_idx_ptr):
 
 
 @triton.jit
-def prepare_chunk(i_chunk, hv, part, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
+def prepare_chunk(i_chunk, hv, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
                   gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr,
                   stride_k, stride_v, stride_g, stride_beta,
                   q_ptr, q_state_ptr, o_local_ptr, stride_q, scale,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
-                  GATED: tl.constexpr, FP16_INVERSE: tl.constexpr, FOLD: tl.constexpr,
-                  SPLIT: tl.constexpr):
+                  GATED: tl.constexpr, FP16_INVERSE: tl.constexpr, FOLD: tl.constexpr):
     """Program (chunk ``i_chunk``, value head ``hv``) of kernel 1: Γ ``[T, HV]``, W ``[T, HV, K]``,
     U ``[T, HV, V]`` for its 64 rows, and the normalised keys k̂ ``[T, H, K]`` (written by the
     first value head of each group); returns the chunk's sequence.
@@ -198,9 +195,7 @@ def prepare_chunk(i_chunk, hv, part, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, d
     ``FP16_INVERSE``: the inverse's products on fp16 operands (:func:`launch_prepare`).
     With ``FOLD`` it also writes ``Q_h [T, HV, K]`` (``q_state_ptr``) and ``O_local [T, HV, V]``
     (``o_local_ptr``), the chunk's output as a function of its start state (:func:`_fold_output`,
-    from q with row stride ``stride_q``, and ``scale``); without, those five arguments are unread.
-    With ``SPLIT`` two programs share the chunk: ``part`` 0 writes k̂, W and U, ``part`` 1 the
-    fold, and both invert."""
+    from q with row stride ``stride_q``, and ``scale``); without, those five arguments are unread."""
     seq, bos, eos = chunk_rows(i_chunk, cu_ptr, chunk_idx_ptr)
     gamma, beta = _gates(g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr, bos, eos, hv,
                          stride_g, stride_beta, HV, GATED)
@@ -216,37 +211,14 @@ def prepare_chunk(i_chunk, hv, part, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, d
     L = (beta * norm)[:, None] * tl.dot(k, tl.trans(k)) * norm[None, :] * tl.exp(diff)
     T = invert_unit_lower(L, CHUNK, FP16_INVERSE)
 
-    T = T.to(w_ptr.dtype.element_ty)
-    k_hat = k_f32 * norm[:, None]
-    if SPLIT:
-        if part == 0:
-            _write_w_u(T, k_hat, beta, gamma, v_ptr + hv * V, k_hat_ptr + hk * K, w_ptr + hv * K,
-                       u_ptr + hv * V, hv, bos, eos, stride_v, H, HV, K, V, BK, BV)
-        else:
-            keys_in, values_in = _fold_inputs(T, k_hat, beta, gamma, v_ptr + hv * V, bos, eos,
-                                              stride_v, V, BV)
-            _fold_output(q_ptr + hk * K, q_state_ptr + hv * K, o_local_ptr + hv * V, bos, eos,
-                         stride_q, scale, k, norm, gamma, T, keys_in, values_in, HV, K, V, BK,
-                         BV, USE_L2NORM)
-    else:
-        keys_in, values_in = _write_w_u(T, k_hat, beta, gamma, v_ptr + hv * V,
-                                        k_hat_ptr + hk * K, w_ptr + hv * K, u_ptr + hv * V, hv,
-                                        bos, eos, stride_v, H, HV, K, V, BK, BV)
-        if FOLD:
-            _fold_output(q_ptr + hk * K, q_state_ptr + hv * K, o_local_ptr + hv * V, bos, eos,
-                         stride_q, scale, k, norm, gamma, T, keys_in, values_in, HV, K, V, BK,
-                         BV, USE_L2NORM)
+    T, keys_in, values_in = _write_w_u(T, k_f32 * norm[:, None], beta, gamma, v_ptr + hv * V,
+                                       k_hat_ptr + hk * K, w_ptr + hv * K, u_ptr + hv * V, hv,
+                                       bos, eos, stride_v, H, HV, K, V, BK, BV)
+    if FOLD:
+        _fold_output(q_ptr + hk * K, q_state_ptr + hv * K, o_local_ptr + hv * V, bos, eos,
+                     stride_q, scale, k, norm, gamma, T, keys_in, values_in, HV, K, V, BK, BV,
+                     USE_L2NORM)
     return seq
-
-
-@triton.jit
-def _fold_inputs(T, k_hat, beta, gamma, v_ptr, bos, eos, stride_v, V: tl.constexpr,
-                 BV: tl.constexpr):
-    """What W and U are T times, in T's dtype: ``β e^Γ K̂ [64, BK]`` and ``β V [64, BV]`` (v read
-    at the head's first column ``v_ptr``)."""
-    keys_in = (k_hat * (beta * tl.exp(gamma))[:, None]).to(T.dtype)
-    v = load_rows(v_ptr, bos, eos, stride_v, 0, V, CHUNK, BV).to(tl.float32)
-    return keys_in, (v * beta[:, None]).to(T.dtype)
 
 
 @triton.jit
@@ -254,17 +226,19 @@ def _write_w_u(T, k_hat, beta, gamma, v_ptr, k_hat_ptr, w_ptr, u_ptr, hv, bos, e
                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                BK: tl.constexpr, BV: tl.constexpr):
     """Store k̂ (first value head of the group only), ``W = T (β e^Γ K̂)`` and ``U = T (β V)``:
-    operands in T's dtype (the storage dtype), fp32 accumulation. Pointers at the head's first
-    column. Returns the two right operands (:func:`_fold_inputs`)."""
+    operands in the storage dtype (W's), fp32 accumulation. Pointers at the head's first
+    column. Returns T in that dtype and the two right operands, ``β e^Γ K̂ [64, BK]`` and
+    ``β V [64, BV]``."""
     # Rows below bos do not exist: the other value heads of the group store no k̂.
     k_hat_end = tl.where(hv % (HV // H) == 0, eos, bos)
     store_rows(k_hat_ptr, k_hat, bos, k_hat_end, H * K, 0, K, CHUNK, BK)
+    T = T.to(w_ptr.dtype.element_ty)
     keys_in = (k_hat * (beta * tl.exp(gamma))[:, None]).to(T.dtype)
     store_rows(w_ptr, tl.dot(T, keys_in), bos, eos, HV * K, 0, K, CHUNK, BK)
     v = load_rows(v_ptr, bos, eos, stride_v, 0, V, CHUNK, BV).to(tl.float32)
     values_in = (v * beta[:, None]).to(T.dtype)
     store_rows(u_ptr, tl.dot(T, values_in), bos, eos, HV * V, 0, V, CHUNK, BV)
-    return keys_in, values_in
+    return T, keys_in, values_in
 
 
 @triton.jit
@@ -303,15 +277,13 @@ def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
                          H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                          BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
                          GATED: tl.constexpr, FP16_INVERSE: tl.constexpr, FOLD: tl.constexpr,
-                         SPLIT: tl.constexpr, USE_PDL: tl.constexpr):
-    """Kernel 1, grid ``(NT, HV)``, or ``(NT, HV, 2)`` with ``SPLIT``: :func:`prepare_chunk` for
-    every (chunk, value head[, part])."""
+                         USE_PDL: tl.constexpr):
+    """Kernel 1, grid ``(NT, HV)``: :func:`prepare_chunk` for every (chunk, value head)."""
     await_previous_kernel(USE_PDL)
-    prepare_chunk(tl.program_id(0), tl.program_id(1), tl.program_id(2), k_ptr, v_ptr, g_ptr,
-                  beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr,
-                  chunk_idx_ptr, stride_k, stride_v, stride_g, stride_beta, q_ptr, q_state_ptr,
-                  o_local_ptr, stride_q, scale, H, HV, K, V, BK, BV, USE_L2NORM, GATED,
-                  FP16_INVERSE, FOLD, SPLIT)
+    prepare_chunk(tl.program_id(0), tl.program_id(1), k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr,
+                  dt_bias_ptr, gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr,
+                  stride_k, stride_v, stride_g, stride_beta, q_ptr, q_state_ptr, o_local_ptr,
+                  stride_q, scale, H, HV, K, V, BK, BV, USE_L2NORM, GATED, FP16_INVERSE, FOLD)
 
 
 @triton.jit
@@ -527,17 +499,12 @@ def _block(d: int) -> int:
 SCAN_PROGRAMS = 128      # the scan narrows its V-tile (64, 32, 16) until it has this many programs
 PREPARE_WARPS = 4        # 209 µs at 1×8192 (8 warps: 419 µs)
 OUTPUT_IN_SCAN = False   # the output kernel runs after the scan (module docstring)
-SPLIT_FOLD = False       # with the output in the scan: the fold in programs of its own
 
 
-@contextlib.contextmanager
-def forced_output_path(in_scan: bool, split: bool = False):
-    """Within the block, every prefill computes its output inside the scan (``in_scan``; with
-    ``split``, the prepare kernel's fold in programs of their own) or with the output kernel: for
-    the tests and the benchmark, which compare them."""
-    with overriding(globals(), "OUTPUT_IN_SCAN", in_scan), \
-            overriding(globals(), "SPLIT_FOLD", split):
-        yield
+def forced_output_path(in_scan: bool):
+    """Within the block, every prefill computes its output inside the scan (``in_scan``) or with
+    the output kernel: for the tests and the benchmark, which compare the two."""
+    return overriding(globals(), "OUTPUT_IN_SCAN", in_scan)
 
 
 def _scan_config(n_chains: int, V: int) -> tuple[int, int, int]:
@@ -597,12 +564,11 @@ def launch_prepare(k, v, g, beta, meta, use_qk_l2norm, gating=None, queries=None
     A_log, dt_bias = gating or (g, g)  # unread without gating
     q, scale = queries or (k, 1.0)
     folded = (torch.empty_like(w), torch.empty_like(u)) if queries else (w, u)  # unread without
-    split = queries is not None and SPLIT_FOLD
-    chunk_prepare_kernel[(meta.NT, HV, 2 if split else 1)](
+    chunk_prepare_kernel[(meta.NT, HV)](
         k, v, g, beta, A_log, dt_bias, gamma, k_hat, w, u, meta.cu_seqlens, meta.chunk_indices,
         k.stride(0), v.stride(0), g.stride(0), beta.stride(0), q, *folded, q.stride(0), scale,
         H, HV, K, V, _block(K), _block(V), use_qk_l2norm, gating is not None,
-        fp16_inverse(use_qk_l2norm, w.dtype), queries is not None, split,
+        fp16_inverse(use_qk_l2norm, w.dtype), queries is not None,
         num_warps=PREPARE_WARPS, **pdl_options(u.device))
     return (gamma, k_hat, w, u, *folded) if queries else (gamma, k_hat, w, u)
 

@@ -159,7 +159,7 @@ def _bench_fla(fla, sets, meta, HV, row):
 
 def _stage_times(x, pool, meta, row):
     """Graph-replayed time of each of our kernels alone; when the scan computes the output itself
-    (``output_in_scan``) its time includes it."""
+    (``output_in_scan``) its time includes it, and the prepare's the fold."""
     from mamba_edu.kernels import prefill
     from mamba_edu.kernels.prefill import launch_output, launch_prepare, launch_scan
     row["output_in_scan"] = prefill.OUTPUT_IN_SCAN

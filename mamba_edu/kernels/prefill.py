@@ -3,7 +3,8 @@
 1. :func:`chunk_prepare_kernel`, grid ``(NT, HV)``, one program per (chunk, value head), all in
    parallel: the gating (when given the raw projections a, b), the chunk-local cumsum Γ of g,
    the L2 norm k̂ of k, ``L = strict_lower(β (k̂ k̂ᵀ) e^{Γs−Γj})``, the inverse
-   ``T = (I+L)⁻¹`` and ``W = T(β e^Γ K̂)``, ``U = T(β V)``. Writes Γ, k̂, W, U.
+   ``T = (I+L)⁻¹`` and ``W = T(β e^Γ K̂)``, ``U = T(β V)``. Writes Γ, k̂, W, U (and, for the
+   output in the scan, the fold ``Q_h``, ``O_local``: below).
 2. :func:`chunk_scan_kernel`, grid ``(⌈V/BV⌉, N, HV)``, one program per (V-tile, sequence, value
    head), looping over the sequence's chunks. Only what the next chunk needs is on this serial
    path: it writes the chunk's start state ``h[c] = S``, then ``Ṽ = U − W S`` (written too) and
@@ -20,12 +21,15 @@ needs the output. Computing it inside the serial pass makes every chunk step lon
 only ``(V/BV)·N·HV`` programs for all of that work. Writing ``h`` and ``Ṽ`` to memory costs
 bandwidth but lets the output run over every (chunk, head, tile) at once. The scan can also
 compute the output itself (``OUTPUT``, switched on by :func:`forced_output_path`): no ``h``/``Ṽ``
-round trip, one launch less. It seemed the better trade for few chains (one long prompt leaves
-most SMs idle during the scan), but on the H200 it was slower at every shape tried: its three
-extra products sit on the serial path of every chunk step (data/benchmarks/kernels.json,
-``ours_graph_ms_other_output_path``). So the output kernel is the default, and the fused path is
-kept for that comparison. ``h`` is stored in the input dtype (bf16 on a GPU), or in fp32 when
-checkpoints are requested: then the checkpoints *are* ``h``.
+round trip, one launch less. Then the prepare kernel *folds* the output (``FOLD``,
+:func:`_fold_output`): a chunk's output is an affine function of its start state,
+``O = O_local + Q_h h``, and both terms are computed in parallel, so the scan adds one product
+beside its chain (an earlier version put three on it). On the H200 the fold was still slower at
+every shape tried, 1.12–1.27× (data/benchmarks/kernels.json, ``ours_graph_ms_other_output_path``;
+data/benchmarks/output_fold/): the prepare kernel grows by more than half and every V-tile
+program of the scan reads the chunk's whole ``Q_h``. So the output kernel is the default, and the
+fold is kept for that comparison. ``h`` is stored in the input dtype (bf16 on a GPU), or in fp32
+when checkpoints are requested: then the checkpoints *are* ``h``.
 
 The inverse is a block doubling of the 64×64 tile (:func:`invert_unit_lower`): every
 intermediate is an entry of T or of L, so it stays bounded (a power series in L would not: its

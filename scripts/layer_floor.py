@@ -246,8 +246,7 @@ def output_from_u_kernel(q_ptr, k_hat_ptr, w_ptr, u_ptr, h_ptr, gamma_ptr, o_ptr
     rk, cv = tl.arange(0, K), v0 + tl.arange(0, BV)
     h = tl.load(h_ptr + (i_chunk.to(tl.int64) * HV + hv) * (K * V) + rk[:, None] * V + cv[None, :])
     v_new = (u - tl.dot(w, h)).to(k.dtype)
-    attn, q_decayed = P._chunk_scores(q, k, gamma, valid, h.dtype)
-    o = P._chunk_output(attn, q_decayed, v_new, h)
+    o = P._chunk_output(q, k, v_new, h, gamma, valid)
     store_rows(o_ptr + hv * V, o, bos, eos, HV * V, v0, V, CHUNK, BV)
 
 

@@ -123,7 +123,7 @@ def chained_prefill_kernel(
             t % n_scan_tiles, seq, t // (n_scan_tiles * N), k_hat_ptr, w_ptr, u_ptr, gamma_ptr,
             v_new_ptr, h_ptr, pool_ptr, w_ptr, u_ptr, o_ptr, cu_ptr, chunk_off_ptr,
             state_idx_ptr, track_slot_ptr, track_chunk_ptr, H, HV, K, V, BK, BV_SCAN, TRACK,
-            True, False, False)
+            True, False)
         _signal(scanned + seq)
     else:
         t = ticket - n_prepare - n_scan
@@ -135,7 +135,7 @@ def chained_prefill_kernel(
         output_chunk(
             t % n_out_tiles, i_chunk, t // (n_out_tiles * NT), q_ptr, k_hat_ptr, v_new_ptr,
             h_ptr, gamma_ptr, o_ptr, o_ptr, o_ptr, cu_ptr, chunk_idx_ptr, scale, stride_q, 0, 0.0,
-            H, HV, K, V, BK, BV_OUT, USE_L2NORM, False, False)
+            H, HV, K, V, BK, BV_OUT, USE_L2NORM, False)
     _retire(ws_ptr, n_programs, 2 + 2 * N)
 
 

@@ -299,24 +299,18 @@ def _queries(q_ptr, hk, bos, eos, stride_q, scale, K: tl.constexpr, BK: tl.const
 
 
 @triton.jit
-def _chunk_scores(q, k, gamma, valid, h_dtype: tl.constexpr):
-    """What a chunk's output needs besides h and Ṽ: ``(A [64, 64], Q̂ e^Γ [64, BK])`` with
-    ``A = Q̂ K̂ᵀ ⊙ e^{Γr−Γs} ⊙ [s≤r]``, A in k's dtype and ``Q̂ e^Γ`` in ``h_dtype`` (the operand
-    dtypes of the two products that follow). ``q [64, BK]`` fp32 (scaled), ``k [64, BK]`` in the
-    storage dtype, ``gamma``, ``valid [64]``."""
+def _chunk_output(q, k, v_new, h, gamma, valid):
+    """``O = (Q̂ e^Γ) h + (Q̂ K̂ᵀ ⊙ e^{Γr−Γs} ⊙ [s≤r]) Ṽ`` for one chunk and V-tile: ``q [64, BK]``
+    fp32 (scaled), ``k [64, BK]``, ``v_new [64, BV]`` in the storage dtype, ``h [BK, BV]`` (its
+    dtype sets the first product's), ``gamma [64]``; returns ``[64, BV]`` fp32."""
+    work = k.dtype
     r = tl.arange(0, CHUNK)
     # Masks before exp: padded rows would otherwise give 0·inf.
     causal = (r[:, None] >= r[None, :]) & valid[:, None]
     decay = tl.exp(tl.where(causal, gamma[:, None] - gamma[None, :], float("-inf")))
-    attn = tl.dot(q.to(k.dtype), tl.trans(k)) * decay
-    return attn.to(k.dtype), (q * tl.exp(gamma)[:, None]).to(h_dtype)
-
-
-@triton.jit
-def _chunk_output(attn, q_decayed, v_new, h):
-    """``O = (Q̂ e^Γ) h + A Ṽ`` for one chunk and V-tile from :func:`_chunk_scores`, ``v_new
-    [64, BV]`` and ``h [BK, BV]``; returns ``[64, BV]`` fp32."""
-    return tl.dot(attn, v_new, tl.dot(q_decayed, h))
+    attn = tl.dot(q.to(work), tl.trans(k)) * decay
+    o = tl.dot((q * tl.exp(gamma)[:, None]).to(h.dtype), h)
+    return tl.dot(attn.to(work), v_new, o)
 
 
 @triton.jit
@@ -377,10 +371,9 @@ def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h
                   cu_ptr, chunk_off_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BK: tl.constexpr, BV: tl.constexpr, TRACK: tl.constexpr,
-                  STORE_H: tl.constexpr, OUTPUT: tl.constexpr, USE_PDL: tl.constexpr):
+                  STORE_H: tl.constexpr, OUTPUT: tl.constexpr):
     """Program (V-tile ``i_v``, sequence ``seq``, value head ``hv``) of kernel 2: the sequential
-    state pass over the sequence's chunks (with ``USE_PDL`` it waits for the prepare kernel once
-    it has read its initial state).
+    state pass over the sequence's chunks.
     Reads the initial state from the pool slot, writes the final state back into the slot and,
     with ``TRACK``, the tracked state into its track slot. With ``STORE_H`` it writes
     ``h [NT, HV, K, V]`` (start state of every chunk). Without ``OUTPUT`` it writes
@@ -400,9 +393,6 @@ def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h
     slot = tl.load(state_idx_ptr + seq).to(tl.int64)
     state_ptr = pool_ptr + (slot * HV + hv) * HEAD + slab
     S = tl.load(state_ptr, mask=slab_mask, other=0.0)
-    # Launched early (PDL), the program read the pool before the prepare kernel ended (it
-    # writes no state); what follows reads the prepare's results.
-    await_previous_kernel(USE_PDL)
     if TRACK:
         track_chunk = tl.load(track_chunk_ptr + seq)
         track_slot = tl.maximum(tl.load(track_slot_ptr + seq).to(tl.int64), 0)
@@ -448,10 +438,11 @@ def chunk_scan_kernel(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool
                       STORE_H: tl.constexpr, OUTPUT: tl.constexpr, USE_PDL: tl.constexpr):
     """Kernel 2, grid ``(⌈V/BV⌉, N, HV)``: :func:`scan_sequence` for every (V-tile, sequence,
     value head)."""
+    await_previous_kernel(USE_PDL)
     scan_sequence(tl.program_id(0), tl.program_id(1), tl.program_id(2), k_hat_ptr, w_ptr, u_ptr,
                   gamma_ptr, v_new_ptr, h_ptr, pool_ptr, q_state_ptr, o_local_ptr, o_ptr, cu_ptr,
                   chunk_off_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr, H, HV, K, V,
-                  BK, BV, TRACK, STORE_H, OUTPUT, USE_PDL)
+                  BK, BV, TRACK, STORE_H, OUTPUT)
 
 
 @triton.jit
@@ -459,12 +450,11 @@ def output_chunk(i_v, i_chunk, hv, q_ptr, k_hat_ptr, v_new_ptr, h_ptr, gamma_ptr
                  norm_w_ptr, cu_ptr, chunk_idx_ptr, scale, stride_q, stride_z, eps,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
-                 GATE: tl.constexpr, USE_PDL: tl.constexpr):
+                 GATE: tl.constexpr):
     """Program (V-tile ``i_v``, chunk ``i_chunk``, value head ``hv``) of kernel 3: its 64 rows of
     ``o [T, HV, V]`` from ``h`` and ``Ṽ``. With ``GATE`` (then ``BV`` covers the whole head) the
     rows are normed before they are stored (:func:`_gated_norm`, gate ``z [T, HV·V]`` with row
-    stride ``stride_z``, weight ``norm_w [V]``, ``eps``); without, those four are unread.
-    With ``USE_PDL`` the program waits for the scan only once its scores are computed."""
+    stride ``stride_z``, weight ``norm_w [V]``, ``eps``); without, those four are unread."""
     v0 = i_v * BV
     seq, bos, eos = chunk_rows(i_chunk, cu_ptr, chunk_idx_ptr)
     hk = hv // (HV // H)
@@ -472,18 +462,14 @@ def output_chunk(i_v, i_chunk, hv, q_ptr, k_hat_ptr, v_new_ptr, h_ptr, gamma_ptr
 
     q = _queries(q_ptr, hk, bos, eos, stride_q, scale, K, BK, USE_L2NORM)
     k = load_rows(k_hat_ptr + hk * K, bos, eos, H * K, 0, K, CHUNK, BK)
-    gamma = tl.load(gamma_ptr + (bos + tl.arange(0, CHUNK)) * HV + hv, mask=valid, other=0.0)
-    attn, q_decayed = _chunk_scores(q, k, gamma, valid, h_ptr.dtype.element_ty)
-    # Launched early (PDL), the program ran the lines above during the scan: q, k̂ and Γ were
-    # final before the scan began. h and Ṽ are the scan's.
-    await_previous_kernel(USE_PDL)
     v_new = load_rows(v_new_ptr + hv * V, bos, eos, HV * V, v0, V, CHUNK, BV)
+    gamma = tl.load(gamma_ptr + (bos + tl.arange(0, CHUNK)) * HV + hv, mask=valid, other=0.0)
     # Row i_chunk of h is this chunk's start state (chunks are numbered like the checkpoints).
     rk = tl.arange(0, BK)
     cv = v0 + tl.arange(0, BV)
     h_offs = (i_chunk.to(tl.int64) * HV + hv) * (K * V) + rk[:, None] * V + cv[None, :]
     h = tl.load(h_ptr + h_offs, mask=(rk < K)[:, None] & (cv < V)[None, :], other=0.0)
-    o = _chunk_output(attn, q_decayed, v_new, h)
+    o = _chunk_output(q, k, v_new, h, gamma, valid)
     if GATE:
         o = _gated_norm(o, z_ptr + hv * V, norm_w_ptr, bos, eos, stride_z, eps, V, BV)
     store_rows(o_ptr + hv * V, o, bos, eos, HV * V, v0, V, CHUNK, BV)
@@ -497,9 +483,10 @@ def chunk_output_kernel(q_ptr, k_hat_ptr, v_new_ptr, h_ptr, gamma_ptr, o_ptr, z_
                         GATE: tl.constexpr, USE_PDL: tl.constexpr):
     """Kernel 3, grid ``(⌈V/BV⌉, NT, HV)``: :func:`output_chunk` for every (V-tile, chunk, value
     head). The V-tiles of a chunk are neighbours in the grid, so its q and k̂ are read from L2."""
+    await_previous_kernel(USE_PDL)
     output_chunk(tl.program_id(0), tl.program_id(1), tl.program_id(2), q_ptr, k_hat_ptr,
                  v_new_ptr, h_ptr, gamma_ptr, o_ptr, z_ptr, norm_w_ptr, cu_ptr, chunk_idx_ptr,
-                 scale, stride_q, stride_z, eps, H, HV, K, V, BK, BV, USE_L2NORM, GATE, USE_PDL)
+                 scale, stride_q, stride_z, eps, H, HV, K, V, BK, BV, USE_L2NORM, GATE)
 
 
 def _block(d: int) -> int:

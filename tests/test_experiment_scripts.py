@@ -1,10 +1,11 @@
 """The experiment scripts' kernels that claim to compute what the package computes do (interpreter).
 
-``scripts/layer_floor.py``, ``scripts/scan_transposed.py`` and ``scripts/inverse_blocks.py`` time
-probes and redesigns on the H200; some of their kernels are meant to give the package's results:
-the scan with its loop split at the tracked chunk, the conv computed inside the prepare kernel,
-the scan on the transposed state, and the prepare kernel with each of the inverse's variants.
-Small shapes, fp32 under the interpreter.
+``scripts/layer_floor.py``, ``scripts/scan_transposed.py``, ``scripts/inverse_blocks.py`` and
+``scripts/output_fold.py`` time probes and redesigns on the H200; some of their kernels are meant
+to give the package's results: the scan with its loop split at the tracked chunk, the conv
+computed inside the prepare kernel, the scan on the transposed state, and the prepare kernel with
+each of the inverse's variants; the output fold's script runs each path's kernels. Small shapes,
+fp32 under the interpreter.
 """
 
 import importlib.util
@@ -108,3 +109,17 @@ def test_inverse_variants_match_the_package():
         for got, want in zip(inverse_blocks._variant_module(inverse).launch_prepare(*args),
                              expected):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_output_fold_script_times_each_kernel_of_both_paths(monkeypatch):
+    """``scripts/output_fold.py`` launches the package's kernels of each path on its own (here
+    once each instead of timed): the output kernel's three, the fold's two."""
+    output_fold = _script("output_fold")
+    monkeypatch.setattr(output_fold, "bench_us", lambda fn: (fn(), 0.0)[1])
+    x = random_prefill_inputs(LENGTHS, H, HV, K, V, seed=4)
+    meta = build_chunk_meta(LENGTHS, "cpu", state_indices=[0])
+    pool = torch.zeros(1, HV, K, V)
+    for in_scan in output_fold.PATHS.values():
+        with P.forced_output_path(in_scan):
+            stages = output_fold._stages(x, meta, pool, in_scan)
+        assert set(stages) == ({"prepare", "scan"} if in_scan else {"prepare", "scan", "output"})

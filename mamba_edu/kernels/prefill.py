@@ -259,13 +259,10 @@ def _fold_output(q_ptr, q_state_ptr, o_local_ptr, bos, eos, stride_q, scale, k, 
     Inputs: the raw keys ``k [64, BK]`` and their factors ``k_norm [64]``, ``Γ [64]``,
     ``T [64, 64]``, ``keys_in [64, BK]``, ``values_in [64, BV]`` (the last three in the
     storage dtype)."""
-    r = tl.arange(0, CHUNK)
     q = load_rows(q_ptr, bos, eos, stride_q, 0, K, CHUNK, BK)
     q_f32 = q.to(tl.float32)
     q_norm = scale * _inverse_norm(tl.sum(q_f32 * q_f32, 1), USE_L2NORM)
-    # Masks before exp: padded rows would otherwise give 0·inf.
-    causal = (r[:, None] >= r[None, :]) & (bos + r < eos)[:, None]
-    decay = tl.exp(tl.where(causal, gamma[:, None] - gamma[None, :], float("-inf")))
+    decay = _causal_decay(gamma, bos + tl.arange(0, CHUNK) < eos)
     A = q_norm[:, None] * tl.dot(q, tl.trans(k)) * k_norm[None, :] * decay
     P = tl.dot(A.to(T.dtype), T).to(T.dtype)
     q_state = q_f32 * (q_norm * tl.exp(gamma))[:, None] - tl.dot(P, keys_in)
@@ -299,15 +296,22 @@ def _queries(q_ptr, hk, bos, eos, stride_q, scale, K: tl.constexpr, BK: tl.const
 
 
 @triton.jit
+def _causal_decay(gamma, valid):
+    """``e^{Γr−Γs}·[s≤r]`` ``[64, 64]`` fp32 for a chunk's ``Γ [64]``, rows past the sequence's
+    end (``valid`` false) zero."""
+    r = tl.arange(0, CHUNK)
+    # Masks before exp: padded rows would otherwise give 0·inf.
+    causal = (r[:, None] >= r[None, :]) & valid[:, None]
+    return tl.exp(tl.where(causal, gamma[:, None] - gamma[None, :], float("-inf")))
+
+
+@triton.jit
 def _chunk_output(q, k, v_new, h, gamma, valid):
     """``O = (Q̂ e^Γ) h + (Q̂ K̂ᵀ ⊙ e^{Γr−Γs} ⊙ [s≤r]) Ṽ`` for one chunk and V-tile: ``q [64, BK]``
     fp32 (scaled), ``k [64, BK]``, ``v_new [64, BV]`` in the storage dtype, ``h [BK, BV]`` (its
     dtype sets the first product's), ``gamma [64]``; returns ``[64, BV]`` fp32."""
     work = k.dtype
-    r = tl.arange(0, CHUNK)
-    # Masks before exp: padded rows would otherwise give 0·inf.
-    causal = (r[:, None] >= r[None, :]) & valid[:, None]
-    decay = tl.exp(tl.where(causal, gamma[:, None] - gamma[None, :], float("-inf")))
+    decay = _causal_decay(gamma, valid)
     attn = tl.dot(q.to(work), tl.trans(k)) * decay
     o = tl.dot((q * tl.exp(gamma)[:, None]).to(h.dtype), h)
     return tl.dot(attn.to(work), v_new, o)

@@ -4,8 +4,8 @@
 ``scripts/output_fold.py`` time probes and redesigns on the H200; some of their kernels are meant
 to give the package's results: the scan with its loop split at the tracked chunk, the conv
 computed inside the prepare kernel, the scan on the transposed state, and the prepare kernel with
-each of the inverse's variants; the output fold's script runs each path's kernels. Small shapes,
-fp32 under the interpreter.
+each of the inverse's variants; the output fold's script runs each path's kernels, and the
+prologue GEMMs' script each projection's three ways. Small shapes, fp32 under the interpreter.
 """
 
 import importlib.util
@@ -123,3 +123,14 @@ def test_output_fold_script_times_each_kernel_of_both_paths(monkeypatch):
         with P.forced_output_path(in_scan):
             stages = output_fold._stages(x, meta, pool, in_scan)
         assert set(stages) == ({"prepare", "scan"} if in_scan else {"prepare", "scan", "output"})
+
+
+@pytest.mark.parametrize("prologue", ["norm", "swiglu"])
+def test_prologue_gemms_script_runs_each_way_and_checks_it(monkeypatch, prologue):
+    """``scripts/prologue_gemms.py`` part 1 (here once each instead of timed): the two launches,
+    cuBLAS alone and the fused kernel agree with the fp64 expression."""
+    prologue_gemms = _script("prologue_gemms")
+    monkeypatch.setattr(prologue_gemms, "per_copy_us", lambda fn, n: (fn(), 1.0)[1])
+    row = prologue_gemms.time_projection("test", prologue, 9, 40, 24, "cpu", torch.float32)
+    assert row["err_two_launches"] <= 1e-5 and row["err_fused"] <= 1e-5
+    assert row["fused_over_two_launches"] == row["fused_over_cublas"] == 1.0

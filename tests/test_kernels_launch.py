@@ -13,17 +13,22 @@ from mamba_edu.kernels.launch import pdl_options, programmatic_launch
 
 
 def test_switches_come_back_after_their_block():
-    """The benchmark's and tests' switches (PDL, one launch, output path) hold inside their
-    ``with`` block only, and come back after an exception too."""
-    from mamba_edu.kernels import chained, launch, prefill
-    before = (launch.ENABLED, chained.ONE_LAUNCH, prefill.OUTPUT_IN_SCAN)
+    """The benchmark's and tests' switches (PDL, one launch, output path, prologue GEMMs) hold
+    inside their ``with`` block only, and come back after an exception too."""
+    from mamba_edu.kernels import chained, launch, prefill, prologue_linear
+
+    def switches():
+        return (launch.ENABLED, chained.ONE_LAUNCH, prefill.OUTPUT_IN_SCAN,
+                prologue_linear.PROLOGUE_GEMMS)
+
+    before = switches()
     with pytest.raises(RuntimeError):
         with programmatic_launch(not before[0]), forced_chained(not before[1]), \
-                prefill.forced_output_path(not before[2]):
-            assert (launch.ENABLED, chained.ONE_LAUNCH, prefill.OUTPUT_IN_SCAN) == tuple(
-                not x for x in before)
+                prefill.forced_output_path(not before[2]), \
+                prologue_linear.forced_prologue_gemms(not before[3]):
+            assert switches() == tuple(not x for x in before)
             raise RuntimeError
-    assert (launch.ENABLED, chained.ONE_LAUNCH, prefill.OUTPUT_IN_SCAN) == before
+    assert switches() == before
 
 
 def test_pdl_is_never_used_on_a_cpu():

@@ -15,8 +15,10 @@ from mamba_edu.profiling.ranges import profile_range
 class HybridLayer(nn.Module):
     """``x += mixer(norm(x)); x += mlp(norm(x))``; the mixer is a GDN layer or full attention.
 
-    Each residual add is fused with the norm that follows it (:meth:`RMSNorm.add`), so the MLP's
-    output is handed on *unadded* (``pending``) and the next layer's first norm adds it.
+    Each residual add is fused with the norm that follows it, and that norm with the projection
+    after it (:meth:`RMSNorm.add_linear`; the mixer and the MLP then go on from their projected
+    input: ``mix``, ``down_proj``). So the MLP's output is handed on *unadded* (``pending``) and the
+    next layer's first norm adds it.
     ``rotary``: the forward's rotary tables (:func:`~mamba_edu.model.layers.rope_tables`), used by
     attention layers only.
     """
@@ -36,14 +38,14 @@ class HybridLayer(nn.Module):
         in the first layer); returns ``(x, pending, kv)``: the next layer's inputs, and the
         attention mixer's per-sequence KV (None in a GDN layer)."""
         with profile_range(self._mixer_range):
-            x, h = self.mixer_norm.add(x, pending)
+            x, projected = self.mixer_norm.add_linear(x, pending, self.mixer.in_weight)
             if self.kind == "gdn":
-                delta, kv = self.mixer(h, batch, backend), None
+                delta, kv = self.mixer.mix(projected, batch, backend), None
             else:
-                delta, kv = self.mixer(h, batch, rotary)
+                delta, kv = self.mixer.mix(projected, batch, rotary)
         with profile_range(self._mlp_range):
-            x, h = self.mlp_norm.add(x, delta)
-            return x, self.mlp(h), kv
+            x, gate_up = self.mlp_norm.add_linear(x, delta, self.mlp.gate_up)
+            return x, self.mlp.down_proj(gate_up), kv
 
 
 class ModelOutput(NamedTuple):
@@ -116,9 +118,8 @@ class HybridModel(nn.Module):
                 attn_kv.append(kv)
         with profile_range("lm_head"):
             rows = batch.last_token_index  # only the last tokens need the final add and norm
-            _, last = self.norm.add(x[rows], pending[rows])
-            logits = torch.nn.functional.linear(last, self.lm_head).float()
-        return ModelOutput(logits, [[layer_kv[i] for layer_kv in attn_kv] for i in range(batch.size)])
+            _, logits = self.norm.add_linear(x[rows], pending[rows], self.lm_head)
+        return ModelOutput(logits.float(), [[layer_kv[i] for layer_kv in attn_kv] for i in range(batch.size)])
 
 
 def build_model(preset: str | ModelConfig = "tiny", device=None, dtype=torch.float32, seed: int = 0,

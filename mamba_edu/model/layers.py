@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mamba_edu.kernels.attention import causal_attention
-from mamba_edu.kernels.fused_ops import add_rms_norm, rms_norm, rope, silu_mul
+from mamba_edu.kernels.fused_ops import rms_norm, rope
+from mamba_edu.kernels.prologue_linear import norm_linear, swiglu_linear
 from mamba_edu.model.config import ModelConfig
 
 KV = tuple[torch.Tensor, torch.Tensor]  # (k, v) of one sequence in one attention layer
@@ -39,12 +40,12 @@ class RMSNorm(nn.Module):
     def forward(self, x):
         return rms_norm(x, self.weight, self.eps)
 
-    def add(self, x: torch.Tensor, delta: torch.Tensor | None):
-        """The pre-norm residual step ``x += delta; h = norm(x)``, one kernel on a GPU; returns
-        ``(x, h)``. ``delta = None``: nothing to add."""
-        if delta is None:
-            return x, self(x)
-        return add_rms_norm(x, delta, self.weight, self.eps)
+    def add_linear(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor):
+        """The pre-norm residual step and the projection after it: ``x += delta``, then
+        ``norm(x) @ weightᵀ``; returns ``(x, projection)``. ``delta = None``: nothing to add.
+        On a GPU a norm kernel and a cuBLAS GEMM, or one GEMM with the norm in its prologue
+        (:mod:`mamba_edu.kernels.prologue_linear`)."""
+        return norm_linear(x, delta, self.weight, self.eps, weight)
 
 
 class MLP(nn.Module):
@@ -58,7 +59,12 @@ class MLP(nn.Module):
                                device, dtype)
 
     def forward(self, x):
-        return F.linear(silu_mul(F.linear(x, self.gate_up)), self.down)
+        return self.down_proj(F.linear(x, self.gate_up))
+
+    def down_proj(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) · up`` of the gate/up projection ``[T, 2·mlp_width]``, projected down to
+        ``[T, hidden]``."""
+        return swiglu_linear(gate_up, self.down)
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float):
@@ -90,9 +96,18 @@ class Attention(nn.Module):
         self.out = init_param(gen, (cfg.hidden, self.heads * self.head_dim),
                               out_std * (self.heads * self.head_dim) ** -0.5, device, dtype)
 
+    @property
+    def in_weight(self) -> torch.Tensor:
+        """The input projection's weight (the model may apply it together with the norm before)."""
+        return self.qkv
+
     def forward(self, x: torch.Tensor, batch, rotary) -> tuple[torch.Tensor, list[KV]]:
-        T = x.shape[0]
-        qk, v = F.linear(x, self.qkv).split(
+        return self.mix(F.linear(x, self.qkv), batch, rotary)
+
+    def mix(self, qkv: torch.Tensor, batch, rotary) -> tuple[torch.Tensor, list[KV]]:
+        """The layer after its input projection ``qkv [T, (heads + 2·kv_heads)·head_dim]``."""
+        T = qkv.shape[0]
+        qk, v = qkv.split(
             [(self.heads + self.kv_heads) * self.head_dim, self.kv_heads * self.head_dim], -1)
         # q and k are neighbours in the projection: one rotation covers both.
         q, k = rope(qk.view(T, self.heads + self.kv_heads, self.head_dim), *rotary).split(
@@ -172,10 +187,20 @@ class GDNMixer(nn.Module):
         q, k, v = y.split([H * K, H * K, HV * V], dim=-1)
         return q.view(T, H, K), k.view(T, H, K), v.view(T, HV, V)
 
+    @property
+    def in_weight(self) -> torch.Tensor:
+        """The input projection's weight (the model may apply it together with the norm before)."""
+        return self.in_proj
+
     def forward(self, x: torch.Tensor, batch, backend) -> torch.Tensor:
-        T = x.shape[0]
+        return self.mix(F.linear(x, self.in_proj), batch, backend)
+
+    def mix(self, projected: torch.Tensor, batch, backend) -> torch.Tensor:
+        """The layer after its input projection ``projected [T, D + HV·V + 2·HV]``
+        (``mixed_qkv | z | b | a``)."""
+        T = projected.shape[0]
         HV, V = self.value_heads, self.value_dim
-        mixed_qkv, z, b, a = F.linear(x, self.in_proj).split([self.conv_dim, HV * V, HV, HV], -1)
+        mixed_qkv, z, b, a = projected.split([self.conv_dim, HV * V, HV, HV], -1)
         # mixed_qkv, z, a and b are column slices of the projection: the kernels read their rows
         # with its row stride, so nothing is copied out.
         o = backend.forward(self, mixed_qkv, a, b, batch, z=z)  # normed: rms(o)·w·silu(z)

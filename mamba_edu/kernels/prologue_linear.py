@@ -1,0 +1,192 @@
+"""Projections that compute the small op before them in their own prologue: one Triton GEMM where
+the forward otherwise launches a norm (or SwiGLU) kernel and then a cuBLAS GEMM.
+
+- :func:`norm_linear`: ``s = x + delta``; ``y = rms_norm(s) · w_n @ Wᵀ``, the pre-norm residual
+  step and the projection after it (a GDN layer's in-projection, attention's QKV, the MLP's
+  gate/up, the LM head);
+- :func:`swiglu_linear`: ``y = (silu(gate) · up) @ Wᵀ``, the MLP's down projection.
+
+Why it can be one kernel: a program of the GEMM owns a ``[BM, BN]`` tile of ``y`` and walks the
+*whole* row of its input, ``BK`` columns at a time. So it can add ``delta``, sum the squares of
+the rows as it goes, and multiply its accumulator by ``rsqrt(mean(s²) + eps)`` at the end: the
+norm is a per-row scale, ``diag(r)·(s·w_n)·Wᵀ = diag(r)·((s·w_n)·Wᵀ)``. Every program of a row
+block adds the same ``delta`` again; the first column block also stores ``s``, the new residual.
+
+Where it stands (notebook 09, "A kernel budget"): in the 1 × 512 graph replay, folding the norms
+and SwiGLU this way removes 226 of the forward's 691 kernels, and pays if these GEMMs are less
+than about 25 % slower than cuBLAS's. That has not been measured on a GPU yet, so the model keeps
+its two launches (:data:`PROLOGUE_GEMMS` off); :func:`forced_prologue_gemms` switches them on
+for the tests and the benchmark (``scripts/prologue_gemms.py``).
+
+Numerics: the two-launch path rounds ``h = s·r·w_n`` to the input dtype before its GEMM; here
+``s·w_n`` is rounded and ``r`` applied to the fp32 accumulator. The results agree to that
+rounding (one ulp of the dtype per input element), not bit for bit. fp32 inputs multiply in full
+fp32 (``input_precision="ieee"``), like torch's default ``F.linear``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from mamba_edu._runtime import overriding, triton_interpreted
+from mamba_edu.kernels.fused_ops import add_rms_norm, rms_norm, silu_mul
+from mamba_edu.kernels.launch import await_previous_kernel, pdl_options
+from mamba_edu.kernels.tiles import tuning_configs
+from mamba_edu.kernels.validation import check_eps, check_tensor, device_of, resolve_backend
+
+PROLOGUE_GEMMS = False  # not yet timed against cuBLAS on a GPU (module docstring)
+
+NORM = tl.constexpr(1)    # PROLOGUE values of the kernel
+SWIGLU = tl.constexpr(2)
+
+
+def forced_prologue_gemms(enabled: bool):
+    """Within the block, ``backend="auto"`` runs the fused kernel on CUDA (``enabled``) or the two
+    launches: for the tests and the benchmark, which compare the two."""
+    return overriding(globals(), "PROLOGUE_GEMMS", enabled)
+
+
+# (num_warps, num_stages, tile): the first is the interpreter's; a GPU autotunes over all of them.
+_CONFIGS = tuning_configs(
+    (4, 4, {"BM": 64, "BN": 128, "BK": 64}),
+    (8, 3, {"BM": 128, "BN": 128, "BK": 64}),
+    (4, 4, {"BM": 64, "BN": 64, "BK": 64}),
+    (8, 3, {"BM": 128, "BN": 64, "BK": 64}),  # 4 warps spill (sm_90, Triton 3.9)
+    (8, 3, {"BM": 64, "BN": 256, "BK": 64}),
+    (4, 5, {"BM": 64, "BN": 128, "BK": 32}),
+    (4, 4, {"BM": 16, "BN": 64, "BK": 128}),   # the LM head: one row per sequence
+)
+
+
+@triton.autotune(_CONFIGS, key=["M", "N", "Kd", "PROLOGUE", "HAS_DELTA"])
+@triton.jit
+def prologue_linear_kernel(a_ptr, delta_ptr, norm_w_ptr, w_ptr, s_ptr, y_ptr, M, N, Kd,
+                           stride_a, stride_delta, eps, PROLOGUE: tl.constexpr,
+                           HAS_DELTA: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr,
+                           BN: tl.constexpr, BK: tl.constexpr, USE_PDL: tl.constexpr):
+    """Tile ``(pid_m, pid_n)`` of ``y [M, N] = prologue(a) @ Wᵀ`` with ``W [N, Kd]`` contiguous.
+
+    ``NORM``: ``a [M, Kd]`` (row stride ``stride_a``), ``+ delta`` with ``HAS_DELTA`` (stored
+    rounded in ``s [M, Kd]`` by the programs with ``pid_n = 0``), times ``norm_w [Kd]``, rows
+    scaled by ``rsqrt(mean(s²) + eps)`` after the product. ``SWIGLU``: ``a [M, 2·Kd]``, the
+    operand is ``silu(a[:, :Kd]) · a[:, Kd:]`` rounded to a's dtype, as the SwiGLU kernel stores it.
+    """
+    await_previous_kernel(USE_PDL)
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    rows = pid_m * BM + tl.arange(0, BM)
+    cols = pid_n * BN + tl.arange(0, BN)
+    dtype = y_ptr.dtype.element_ty
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    sum_sq = tl.zeros((BM,), dtype=tl.float32)
+    a_rows = a_ptr + rows.to(tl.int64)[:, None] * stride_a
+    for k0 in range(0, Kd, BK):
+        ks = k0 + tl.arange(0, BK)
+        mask = (rows < M)[:, None] & (ks < Kd)[None, :]
+        if PROLOGUE == SWIGLU:
+            gate = tl.load(a_rows + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+            up = tl.load(a_rows + Kd + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+            a = (gate * tl.sigmoid(gate) * up).to(dtype)
+        else:
+            s = tl.load(a_rows + ks[None, :], mask=mask, other=0.0)
+            if HAS_DELTA:
+                delta = tl.load(delta_ptr + rows.to(tl.int64)[:, None] * stride_delta + ks[None, :],
+                                mask=mask, other=0.0)
+                s = (s.to(tl.float32) + delta.to(tl.float32)).to(dtype)
+                if pid_n == 0:
+                    tl.store(s_ptr + rows.to(tl.int64)[:, None] * Kd + ks[None, :], s, mask=mask)
+            s = s.to(tl.float32)
+            sum_sq += tl.sum(s * s, 1)
+            a = (s * tl.load(norm_w_ptr + ks, mask=ks < Kd, other=0.0).to(tl.float32)[None, :]).to(dtype)
+        w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * Kd + ks[None, :],
+                    mask=(cols < N)[:, None] & (ks < Kd)[None, :], other=0.0)
+        if IEEE:
+            acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, tl.trans(w), acc)
+    if PROLOGUE == NORM:
+        acc = acc * tl.rsqrt(sum_sq / Kd + eps)[:, None]
+    tl.store(y_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], acc.to(dtype),
+             mask=(rows < M)[:, None] & (cols < N)[None, :])
+
+
+def _launch(prologue, a, delta, norm_weight, weight, eps, Kd):
+    """Run :func:`prologue_linear_kernel`; returns ``(s or None, y [M, N])`` in a's dtype."""
+    M, N = a.shape[0], weight.shape[0]
+    y = torch.empty(M, N, device=a.device, dtype=a.dtype)
+    s = torch.empty(M, Kd, device=a.device, dtype=a.dtype) if delta is not None else None
+
+    def grid(meta):
+        return triton.cdiv(M, meta["BM"]), triton.cdiv(N, meta["BN"])
+
+    prologue_linear_kernel[grid](
+        a, a if delta is None else delta, weight if norm_weight is None else norm_weight, weight,
+        y if s is None else s, y, M, N, Kd, a.stride(0), 0 if delta is None else delta.stride(0),
+        eps, prologue, delta is not None, a.dtype == torch.float32, **pdl_options(a.device))
+    return s, y
+
+
+def _fused(backend: str, name: str, t: torch.Tensor) -> bool:
+    """Whether to run the fused kernel. ``auto``: with :data:`PROLOGUE_GEMMS` on, wherever Triton
+    can (CUDA, or the interpreter for fp32/fp16 CPU tensors, so the tests run the model with it)."""
+    if backend == "auto":
+        runs = t.device.type == "cuda" or (triton_interpreted() and t.dtype != torch.bfloat16)
+        return PROLOGUE_GEMMS and runs
+    return resolve_backend(backend, t.device, t.dtype, name) == "triton"
+
+
+def _check_weight(weight, in_features: int, like: torch.Tensor) -> None:
+    check_tensor("weight", weight, (None, in_features), device=like.device, dtypes=(like.dtype,))
+
+
+def norm_linear(x, delta, norm_weight, eps, weight, *, backend="auto"):
+    """The pre-norm residual step and the projection after it:
+    ``s = x + delta`` (``s = x`` when ``delta`` is None), ``y = rms_norm(s) · norm_weight @ weightᵀ``.
+
+    Args:
+        x, delta: ``[T, D]`` (row-strided allowed, one dtype; delta may be None);
+        norm_weight: ``[D]``; weight: ``[N, D]`` contiguous; all in x's dtype.
+        backend: ``"auto"`` (the fused kernel when :data:`PROLOGUE_GEMMS` is on, see
+            :func:`_fused`; else the norm's own launch and ``F.linear``), ``"triton"`` (the fused kernel; the interpreter on
+            CPU) or ``"torch"`` (``F.rms_norm`` and ``F.linear``).
+    Returns:
+        ``(s, y)``: the residual stream ``[T, D]`` and the projection ``[T, N]``, in x's dtype.
+    """
+    check_tensor("x", x, (None, None), device=device_of("x", x), rows=True)
+    D = x.shape[1]
+    if delta is not None:
+        check_tensor("delta", delta, tuple(x.shape), device=x.device, dtypes=(x.dtype,), rows=True)
+    check_tensor("norm_weight", norm_weight, (D,), device=x.device, dtypes=(x.dtype,))
+    _check_weight(weight, D, x)
+    eps = check_eps(eps)
+    if _fused(backend, "x", x):
+        s, y = _launch(NORM.value, x, delta, norm_weight, weight, eps, D)
+        return (x if s is None else s), y
+    step = "torch" if backend == "torch" else "auto"
+    if delta is None:
+        s, h = x, rms_norm(x, norm_weight, eps, backend=step)
+    else:
+        s, h = add_rms_norm(x, delta, norm_weight, eps, backend=step)
+    return s, F.linear(h, weight)
+
+
+def swiglu_linear(gate_up, weight, *, backend="auto"):
+    """The MLP's down projection of its SwiGLU product: ``(silu(gate) · up) @ weightᵀ``.
+
+    Args:
+        gate_up: ``[T, 2F]``, gate and up halves side by side (row-strided allowed);
+        weight: ``[N, F]`` contiguous, in gate_up's dtype.
+        backend: as in :func:`norm_linear` (the two launches: :func:`silu_mul` and ``F.linear``).
+    Returns:
+        ``[T, N]`` in gate_up's dtype.
+    """
+    check_tensor("gate_up", gate_up, (None, None), device=device_of("gate_up", gate_up), rows=True)
+    if gate_up.shape[1] % 2:
+        raise ValueError(f"gate_up must have an even last dim (gate and up halves); got {gate_up.shape[1]}")
+    Fw = gate_up.shape[1] // 2
+    _check_weight(weight, Fw, gate_up)
+    if _fused(backend, "gate_up", gate_up):
+        return _launch(SWIGLU.value, gate_up, None, None, weight, 0.0, Fw)[1]
+    return F.linear(silu_mul(gate_up, backend="torch" if backend == "torch" else "auto"), weight)

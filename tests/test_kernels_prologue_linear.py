@@ -1,0 +1,182 @@
+"""Projections with the norm or SwiGLU in the GEMM's prologue (interpreter on CPU, bf16 on a GPU)
+against the two steps the model otherwise runs, in fp64."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+from mamba_edu import triton_interpreted
+from mamba_edu.engine import Engine, Request
+from mamba_edu.kernels.prologue_linear import forced_prologue_gemms, norm_linear, swiglu_linear
+from mamba_edu.model import build_model
+from mamba_edu.testing import rel_err
+
+EPS = 1e-6
+interpreted = pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1")
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def _inputs(M, D, N, seed=0, pad=0, device="cpu", dtype=torch.float32):
+    """``x, delta [M, D]`` (row-strided column slices with ``pad``), ``norm_weight [D]``,
+    ``weight [N, D]`` and ``gate_up [M, 2D]``, seeded."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rows(width):
+        full = torch.randn(M, width + pad, generator=gen)
+        return full[:, pad // 2: pad // 2 + width].to(device, dtype)
+
+    x, delta, gate_up = rows(D), rows(D), rows(2 * D)
+    norm_weight = (1 + 0.5 * torch.randn(D, generator=gen)).to(device, dtype)
+    weight = (torch.randn(N, D, generator=gen) * D ** -0.5).to(device, dtype)
+    return x, delta, norm_weight, weight, gate_up
+
+
+def ref_norm_linear(x, delta, norm_weight, weight):
+    """fp64 reference from the rounded sum (both paths normalise ``s`` as stored)."""
+    s = x if delta is None else x + delta
+    h = F.rms_norm(s.double(), (s.shape[1],), norm_weight.double(), EPS)
+    return s, h @ weight.double().T
+
+
+def ref_swiglu_linear(gate_up, weight):
+    gate, up = gate_up.double().chunk(2, -1)
+    return (F.silu(gate) * up) @ weight.double().T
+
+
+def _check_norm_linear(M, D, N, dtype, with_delta, pad=0, seed=0, device="cpu", backend="triton"):
+    x, delta, w_n, W, _ = _inputs(M, D, N, seed, pad, device, dtype)
+    delta = delta if with_delta else None
+    s, y = norm_linear(x, delta, w_n, EPS, W, backend=backend)
+    s_ref, y_ref = ref_norm_linear(x, delta, w_n, W)
+    assert torch.equal(s, s_ref), "the residual must be x + delta rounded as torch rounds it"
+    assert y.shape == (M, N) and y.dtype == dtype and y.is_contiguous()
+    assert rel_err(y, y_ref) <= TOL[dtype]
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("with_delta", [True, False])
+@pytest.mark.parametrize("M, D, N, pad", [(1, 64, 200, 0), (70, 96, 130, 6), (5, 200, 40, 3)])
+def test_norm_linear_matches_fp64(M, D, N, pad, with_delta, dtype):
+    _check_norm_linear(M, D, N, dtype, with_delta, pad)
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("M, D, N, pad", [(1, 64, 200, 0), (70, 96, 130, 6), (5, 200, 40, 3)])
+def test_swiglu_linear_matches_fp64(M, D, N, pad, dtype):
+    *_, gate_up = _inputs(M, D, N, pad=pad, dtype=dtype)
+    W = _inputs(M, D, N, seed=1, dtype=dtype)[3]
+    y = swiglu_linear(gate_up, W, backend="triton")
+    assert y.shape == (M, N) and y.dtype == dtype
+    assert rel_err(y, ref_swiglu_linear(gate_up, W)) <= TOL[dtype]
+
+
+@interpreted
+@settings(max_examples=12, deadline=None)
+@given(M=st.integers(1, 90), D=st.integers(1, 160), N=st.integers(1, 150), pad=st.integers(0, 5),
+       with_delta=st.booleans(), seed=st.integers(0, 2**16))
+def test_property_norm_linear_any_shape(M, D, N, pad, with_delta, seed):
+    _check_norm_linear(M, D, N, torch.float32, with_delta, pad, seed)
+
+
+@pytest.mark.parametrize("fn", ["norm", "swiglu"])
+def test_two_steps_when_off_are_the_model_expressions_bit_for_bit(fn):
+    """``auto`` without :data:`PROLOGUE_GEMMS` is the norm (or SwiGLU) and ``F.linear``, as before."""
+    x, delta, w_n, W, gate_up = _inputs(9, 32, 24)
+    if fn == "norm":
+        s, y = norm_linear(x, delta, w_n, EPS, W)
+        expected = F.linear(F.rms_norm(x + delta, (32,), w_n, EPS), W)
+        assert torch.equal(s, x + delta)
+    else:
+        y = swiglu_linear(gate_up, W)
+        gate, up = gate_up.chunk(2, -1)
+        expected = F.linear(F.silu(gate) * up, W)
+    assert torch.equal(y, expected)
+
+
+@interpreted
+def test_model_forward_with_prologue_gemms_matches_two_launches():
+    """The whole tiny model, fp32: logits and the pool's final states agree with the GEMMs fused."""
+    prompts = [Request(0, list(range(1, 40))), Request(1, list(range(50, 75)))]
+    runs = []
+    for fused in (False, True):
+        engine = Engine(build_model("tiny", device="cpu"), strategy="fused", max_requests=2)
+        with forced_prologue_gemms(fused):
+            logits = engine.prefill(prompts).logits
+        runs.append((logits, engine.pool.ssm.clone(), engine.pool.conv.clone()))
+    (logits0, ssm0, conv0), (logits1, ssm1, conv1) = runs
+    assert rel_err(logits1, logits0) <= 1e-5
+    assert rel_err(ssm1, ssm0) <= 1e-5 and rel_err(conv1, conv0) <= 1e-5
+
+
+# ---------------------------------------------------------------------------------- validation
+
+def _bad(**changes):
+    x, delta, w_n, W, _ = _inputs(4, 8, 6)
+    args = dict(x=x, delta=delta, norm_weight=w_n, eps=EPS, weight=W) | changes
+    return lambda: norm_linear(args["x"], args["delta"], args["norm_weight"], args["eps"], args["weight"])
+
+
+@pytest.mark.parametrize("call, message", [
+    (_bad(delta=torch.zeros(4, 9)), r"delta must have shape \[4, 8\]"),
+    (_bad(delta=torch.zeros(4, 8, dtype=torch.float16)), "delta must have dtype in"),
+    (_bad(norm_weight=torch.ones(7)), r"norm_weight must have shape \[8\]"),
+    (_bad(weight=torch.zeros(6, 9)), r"weight must have shape \[\*, 8\]"),
+    (_bad(weight=torch.zeros(8, 6).t()), "weight must be contiguous"),
+    (_bad(weight=torch.zeros(6, 8, device="meta")), "weight must be on cpu"),
+    (_bad(x=torch.zeros(8, 4).t()), "x must be contiguous within"),
+    (_bad(eps=-1.0), "eps must be"),
+    (lambda: swiglu_linear(torch.zeros(4, 7), torch.zeros(3, 3)), "gate_up must have an even last dim"),
+    (lambda: swiglu_linear(torch.zeros(4, 8), torch.zeros(3, 5)), r"weight must have shape \[\*, 4\]"),
+    (lambda: swiglu_linear(torch.zeros(4, 8, dtype=torch.int32), torch.zeros(3, 4)),
+     "gate_up must have dtype in"),
+    (lambda: swiglu_linear(torch.zeros(4, 8), torch.zeros(3, 4), backend="cuda"), "backend must be"),
+])
+def test_rejects_bad_inputs(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+# ---------------------------------------------------------------------------------- GPU (bf16)
+
+QWEN35_TP8_PROJECTIONS = [  # (in features, out features) at 512 tokens: notebook 09's budget
+    (4096, 2576), (4096, 1536), (4096, 2816)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D, N", QWEN35_TP8_PROJECTIONS + [(4096, 248320)])
+@pytest.mark.parametrize("with_delta", [True, False])
+def test_gpu_bf16_norm_linear_model_shapes(D, N, with_delta):
+    M = 1 if N > 100_000 else 512  # the LM head sees the last token of a prompt
+    _check_norm_linear(M, D, N, torch.bfloat16, with_delta, pad=8, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("Fw, N", [(1408, 4096), (5632, 2048)])
+def test_gpu_bf16_swiglu_linear_model_shapes(Fw, N):
+    *_, gate_up = _inputs(512, Fw, N, pad=8, device="cuda", dtype=torch.bfloat16)
+    W = _inputs(1, Fw, N, seed=1, device="cuda", dtype=torch.bfloat16)[3]
+    with forced_prologue_gemms(True):
+        y = swiglu_linear(gate_up, W)
+    assert rel_err(y, ref_swiglu_linear(gate_up, W)) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+def test_gpu_model_with_prologue_gemms_replays_like_eager_and_like_two_launches():
+    """fp32 tiny model on CUDA: with the prologue GEMMs a captured prefill replays the eager
+    logits, and those agree with the two launches' (fp32 products in full precision)."""
+    prompts = [Request(0, list(range(1, 90))), Request(1, list(range(7, 40)))]
+    logits = {}
+    for fused in (False, True):
+        engine = Engine(build_model("tiny", device="cuda"), strategy="fused", max_requests=2)
+        with forced_prologue_gemms(fused):
+            batch = engine.prepare_prefill(prompts)
+            graph = engine.capture_prefill(batch)
+            logits[fused] = engine.forward_prefill(batch).clone()
+            graph.restore_states()
+            replayed = graph.replay().clone()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(replayed, logits[fused], rtol=1e-5, atol=1e-5)
+    assert rel_err(logits[True], logits[False]) <= 1e-4

@@ -32,8 +32,9 @@ import triton
 import triton.testing as tt
 
 from mamba_edu.benchmarks import ttft
-from mamba_edu.kernels.fused_ops import add_rms_norm, silu_mul
-from mamba_edu.kernels.prologue_linear import forced_prologue_gemms, norm_linear, swiglu_linear
+from mamba_edu.kernels.fused_ops import add_rms_norm, gated_rms_norm, silu_mul
+from mamba_edu.kernels.prologue_linear import (forced_prologue_gemms, gated_norm_linear, norm_linear,
+                                               swiglu_linear)
 from mamba_edu.model.config import get_config
 from mamba_edu.profiling.bubbles import GPU_CATEGORIES, load_trace, merge_intervals, trace_events
 from mamba_edu.testing import rel_err
@@ -45,11 +46,13 @@ EPS = 1e-6
 
 
 def projections(cfg, T: int) -> list[tuple[str, str, int, int, int]]:
-    """``(role, prologue, rows, in features, out features)`` of each distinct projection."""
+    """``(role, prologue, rows, in features, out features)`` of each distinct projection that
+    follows a norm or SwiGLU (attention's out-projection follows the attention kernel)."""
     HV, V = cfg.gdn_value_heads, cfg.gdn_value_dim
     qkv = (cfg.attn_heads + 2 * cfg.attn_kv_heads) * cfg.attn_head_dim
     return [("in_proj", "norm", T, cfg.hidden, cfg.conv_dim + HV * V + 2 * HV),
             ("qkv", "norm", T, cfg.hidden, qkv),
+            ("gdn_out", "gated", T, HV * V, cfg.hidden),
             ("gate_up", "norm", T, cfg.hidden, 2 * cfg.mlp_width),
             ("down", "swiglu", T, cfg.mlp_width, cfg.hidden),
             ("lm_head", "norm", 1, cfg.hidden, cfg.vocab)]
@@ -60,8 +63,9 @@ def per_copy_us(fn, n: int) -> float:
     return 1e3 * tt.do_bench_cudagraph(fn, rep=200, return_mode="median") / n
 
 
-def time_projection(role, prologue, M, D, N, device="cuda", dtype=torch.bfloat16) -> dict:
-    """One row of part 1 for a projection of :func:`projections`."""
+def time_projection(role, prologue, M, D, N, device="cuda", dtype=torch.bfloat16,
+                    head: int = 128) -> dict:
+    """One row of part 1 for a projection of :func:`projections` (``head``: V of a gated norm)."""
     gen = torch.Generator(device=device).manual_seed(0)
 
     def randn(*shape, scale=1.0):
@@ -79,6 +83,18 @@ def time_projection(role, prologue, M, D, N, device="cuda", dtype=torch.bfloat16
 
         h = add_rms_norm(x, delta, w_n, EPS)[1]  # what cuBLAS alone multiplies
         h64 = F.rms_norm((x + delta).double(), (D,), w_n.double(), EPS)
+    elif prologue == "gated":
+        o, z, w_n = randn(M, D // head, head), randn(M, D), 1 + 0.1 * randn(head)
+
+        def two(W):
+            return gated_norm_linear(o, z, w_n, EPS, W)
+
+        def fused(W):
+            return gated_norm_linear(o, z, w_n, EPS, W, backend="triton")
+
+        h = gated_rms_norm(o, z, w_n, EPS).view(M, D)
+        gates = F.silu(z.double().view(M, D // head, head))
+        h64 = (F.rms_norm(o.double(), (head,), w_n.double(), EPS) * gates).view(M, D)
     else:
         gate_up = randn(M, 2 * D)
 

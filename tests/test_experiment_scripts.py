@@ -125,12 +125,12 @@ def test_output_fold_script_times_each_kernel_of_both_paths(monkeypatch):
         assert set(stages) == ({"prepare", "scan"} if in_scan else {"prepare", "scan", "output"})
 
 
-@pytest.mark.parametrize("prologue", ["norm", "swiglu"])
+@pytest.mark.parametrize("prologue", ["norm", "swiglu", "gated"])
 def test_prologue_gemms_script_runs_each_way_and_checks_it(monkeypatch, prologue):
     """``scripts/prologue_gemms.py`` part 1 (here once each instead of timed): the two launches,
     cuBLAS alone and the fused kernel agree with the fp64 expression."""
     prologue_gemms = _script("prologue_gemms")
     monkeypatch.setattr(prologue_gemms, "per_copy_us", lambda fn, n: (fn(), 1.0)[1])
-    row = prologue_gemms.time_projection("test", prologue, 9, 40, 24, "cpu", torch.float32)
+    row = prologue_gemms.time_projection("test", prologue, 9, 64, 24, "cpu", torch.float32, head=32)
     assert row["err_two_launches"] <= 1e-5 and row["err_fused"] <= 1e-5
     assert row["fused_over_two_launches"] == row["fused_over_cublas"] == 1.0

@@ -8,7 +8,9 @@ from hypothesis import given, settings, strategies as st
 
 from mamba_edu import triton_interpreted
 from mamba_edu.engine import Engine, Request
-from mamba_edu.kernels.prologue_linear import forced_prologue_gemms, norm_linear, swiglu_linear
+from mamba_edu.kernels.fused_ops import gated_rms_norm
+from mamba_edu.kernels.prologue_linear import (forced_prologue_gemms, gated_norm_linear, norm_linear,
+                                               swiglu_linear)
 from mamba_edu.model import build_model
 from mamba_edu.testing import rel_err
 
@@ -44,6 +46,20 @@ def ref_swiglu_linear(gate_up, weight):
     return (F.silu(gate) * up) @ weight.double().T
 
 
+def ref_gated_norm_linear(o, z, norm_weight, weight):
+    T, HV, V = o.shape
+    normed = F.rms_norm(o.double(), (V,), norm_weight.double(), EPS) * F.silu(z.double().view(T, HV, V))
+    return normed.view(T, -1) @ weight.double().T
+
+
+def _gated_inputs(T, HV, V, N, pad=0, seed=0, device="cpu", dtype=torch.float32):
+    """``o [T, HV, V]``, ``z [T, HV·V]`` (a row-strided slice with ``pad``), ``norm_weight [V]``,
+    ``weight [N, HV·V]``."""
+    x, z, _, weight, _ = _inputs(T, HV * V, N, seed, pad, device, dtype)
+    norm_weight = _inputs(1, V, 1, seed + 1, 0, device, dtype)[2]
+    return x.contiguous().view(T, HV, V), z, norm_weight, weight
+
+
 def _check_norm_linear(M, D, N, dtype, with_delta, pad=0, seed=0, device="cpu", backend="triton"):
     x, delta, w_n, W, _ = _inputs(M, D, N, seed, pad, device, dtype)
     delta = delta if with_delta else None
@@ -71,6 +87,19 @@ def test_swiglu_linear_matches_fp64(M, D, N, pad, dtype):
     y = swiglu_linear(gate_up, W, backend="triton")
     assert y.shape == (M, N) and y.dtype == dtype
     assert rel_err(y, ref_swiglu_linear(gate_up, W)) <= TOL[dtype]
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("T, HV, V, N, pad", [(1, 2, 16, 40, 0), (70, 3, 32, 130, 6), (9, 1, 64, 24, 3)])
+def test_gated_norm_linear_matches_fp64_and_the_norm_kernel_operand(T, HV, V, N, pad, dtype):
+    o, z, w_n, W = _gated_inputs(T, HV, V, N, pad, dtype=dtype)
+    y = gated_norm_linear(o, z, w_n, EPS, W, backend="triton")
+    assert y.shape == (T, N) and y.dtype == dtype
+    assert rel_err(y, ref_gated_norm_linear(o, z, w_n, W)) <= TOL[dtype]
+    # The operand is rounded as the gated norm kernel stores it: fp32 products agree to fp32.
+    two = F.linear(gated_rms_norm(o, z, w_n, EPS, backend="triton").view(T, -1), W)
+    assert rel_err(y, two) <= (1e-6 if dtype == torch.float32 else TOL[dtype])
 
 
 @interpreted
@@ -133,6 +162,14 @@ def _bad(**changes):
     (lambda: swiglu_linear(torch.zeros(4, 8, dtype=torch.int32), torch.zeros(3, 4)),
      "gate_up must have dtype in"),
     (lambda: swiglu_linear(torch.zeros(4, 8), torch.zeros(3, 4), backend="cuda"), "backend must be"),
+    (lambda: gated_norm_linear(torch.zeros(4, 2, 16), torch.zeros(4, 33), torch.ones(16), EPS,
+                               torch.zeros(5, 32)), r"z must have shape \[4, 32\]"),
+    (lambda: gated_norm_linear(torch.zeros(4, 2, 16), torch.zeros(4, 32), torch.ones(8), EPS,
+                               torch.zeros(5, 32)), r"norm_weight must have shape \[16\]"),
+    (lambda: gated_norm_linear(torch.zeros(4, 2, 16), torch.zeros(4, 32), torch.ones(16), EPS,
+                               torch.zeros(5, 16)), r"weight must have shape \[\*, 32\]"),
+    (lambda: gated_norm_linear(torch.zeros(4, 4, 16)[:, :2], torch.zeros(4, 32), torch.ones(16),
+                               EPS, torch.zeros(5, 32)), "o must be contiguous"),
 ])
 def test_rejects_bad_inputs(call, message):
     with pytest.raises(ValueError, match=message):
@@ -151,6 +188,23 @@ QWEN35_TP8_PROJECTIONS = [  # (in features, out features) at 512 tokens: noteboo
 def test_gpu_bf16_norm_linear_model_shapes(D, N, with_delta):
     M = 1 if N > 100_000 else 512  # the LM head sees the last token of a prompt
     _check_norm_linear(M, D, N, torch.bfloat16, with_delta, pad=8, device="cuda")
+
+
+@interpreted
+def test_gated_norm_linear_refuses_a_head_dim_its_kernel_cannot_step_by():
+    o, z, w_n, W = _gated_inputs(4, 2, 24, 8)
+    with pytest.raises(ValueError, match="V=24 must be a power of two"):
+        gated_norm_linear(o, z, w_n, EPS, W, backend="triton")
+    with forced_prologue_gemms(True):  # "auto" falls back to the two launches
+        assert rel_err(gated_norm_linear(o, z, w_n, EPS, W), ref_gated_norm_linear(o, z, w_n, W)) <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T, HV, N", [(512, 8, 4096), (300, 32, 2048)])
+def test_gpu_bf16_gated_norm_linear_model_shapes(T, HV, N):
+    o, z, w_n, W = _gated_inputs(T, HV, 128, N, pad=8, device="cuda", dtype=torch.bfloat16)
+    y = gated_norm_linear(o, z, w_n, EPS, W, backend="triton")
+    assert rel_err(y, ref_gated_norm_linear(o, z, w_n, W)) <= TOL[torch.bfloat16]
 
 
 @pytest.mark.gpu

@@ -4,13 +4,17 @@ the forward otherwise launches a norm (or SwiGLU) kernel and then a cuBLAS GEMM.
 - :func:`norm_linear`: ``s = x + delta``; ``y = rms_norm(s) · w_n @ Wᵀ``, the pre-norm residual
   step and the projection after it (a GDN layer's in-projection, attention's QKV, the MLP's
   gate/up, the LM head);
-- :func:`swiglu_linear`: ``y = (silu(gate) · up) @ Wᵀ``, the MLP's down projection.
+- :func:`swiglu_linear`: ``y = (silu(gate) · up) @ Wᵀ``, the MLP's down projection;
+- :func:`gated_norm_linear`: ``y = (rms_norm(o) · w_n · silu(z) per head) @ Wᵀ``, a GDN layer's
+  output norm and out-projection.
 
 Why it can be one kernel: a program of the GEMM owns a ``[BM, BN]`` tile of ``y`` and walks the
 *whole* row of its input, ``BK`` columns at a time. So it can add ``delta``, sum the squares of
 the rows as it goes, and multiply its accumulator by ``rsqrt(mean(s²) + eps)`` at the end: the
 norm is a per-row scale, ``diag(r)·(s·w_n)·Wᵀ = diag(r)·((s·w_n)·Wᵀ)``. Every program of a row
 block adds the same ``delta`` again; the first column block also stores ``s``, the new residual.
+The GDN output norm is per head of ``V`` columns, so that kernel steps one head at a time and
+norms it before the product.
 
 Where it stands (notebook 09, "A kernel budget"): in the 1 × 512 graph replay, folding the norms
 and SwiGLU this way removes 226 of the forward's 691 kernels, and pays if these GEMMs are less
@@ -18,10 +22,11 @@ than about 25 % slower than cuBLAS's. That has not been measured on a GPU yet, s
 its two launches (:data:`PROLOGUE_GEMMS` off); :func:`forced_prologue_gemms` switches them on
 for the tests and the benchmark (``scripts/prologue_gemms.py``).
 
-Numerics: the two-launch path rounds ``h = s·r·w_n`` to the input dtype before its GEMM; here
-``s·w_n`` is rounded and ``r`` applied to the fp32 accumulator. The results agree to that
-rounding (one ulp of the dtype per input element), not bit for bit. fp32 inputs multiply in full
-fp32 (``input_precision="ieee"``), like torch's default ``F.linear``.
+Numerics: the SwiGLU and gated-norm operands are rounded to the input dtype exactly as their
+own kernels store them. For the residual norm, the two-launch path rounds ``h = s·r·w_n`` before
+its GEMM; here ``s·w_n`` is rounded and ``r`` applied to the fp32 accumulator, so the results
+agree to that rounding (one ulp of the dtype per input element), not bit for bit. fp32 inputs
+multiply in full fp32 (``input_precision="ieee"``), like torch's default ``F.linear``.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import triton
 import triton.language as tl
 
 from mamba_edu._runtime import overriding, triton_interpreted
-from mamba_edu.kernels.fused_ops import add_rms_norm, rms_norm, silu_mul
+from mamba_edu.kernels.fused_ops import add_rms_norm, gated_rms_norm, rms_norm, silu_mul
 from mamba_edu.kernels.launch import await_previous_kernel, pdl_options
 from mamba_edu.kernels.tiles import tuning_configs
 from mamba_edu.kernels.validation import check_eps, check_tensor, device_of, resolve_backend
@@ -41,6 +46,7 @@ PROLOGUE_GEMMS = False  # not yet timed against cuBLAS on a GPU (module docstrin
 
 NORM = tl.constexpr(1)    # PROLOGUE values of the kernel
 SWIGLU = tl.constexpr(2)
+GATED = tl.constexpr(3)
 
 
 def forced_prologue_gemms(enabled: bool):
@@ -61,18 +67,36 @@ _CONFIGS = tuning_configs(
 )
 
 
-@triton.autotune(_CONFIGS, key=["M", "N", "Kd", "PROLOGUE", "HAS_DELTA"])
 @triton.jit
-def prologue_linear_kernel(a_ptr, delta_ptr, norm_w_ptr, w_ptr, s_ptr, y_ptr, M, N, Kd,
-                           stride_a, stride_delta, eps, PROLOGUE: tl.constexpr,
-                           HAS_DELTA: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr,
-                           BN: tl.constexpr, BK: tl.constexpr, USE_PDL: tl.constexpr):
-    """Tile ``(pid_m, pid_n)`` of ``y [M, N] = prologue(a) @ Wᵀ`` with ``W [N, Kd]`` contiguous.
+def _times_weight(acc, a, w_ptr, cols, ks, N, Kd, IEEE: tl.constexpr):
+    """``acc + a @ W[cols, ks]ᵀ``: ``a [BM, BK]`` in the weights' dtype, ``W [N, Kd]``."""
+    w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * Kd + ks[None, :],
+                mask=(cols < N)[:, None] & (ks < Kd)[None, :], other=0.0)
+    if IEEE:
+        acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, tl.trans(w), acc)
+    return acc
 
-    ``NORM``: ``a [M, Kd]`` (row stride ``stride_a``), ``+ delta`` with ``HAS_DELTA`` (stored
-    rounded in ``s [M, Kd]`` by the programs with ``pid_n = 0``), times ``norm_w [Kd]``, rows
-    scaled by ``rsqrt(mean(s²) + eps)`` after the product. ``SWIGLU``: ``a [M, 2·Kd]``, the
-    operand is ``silu(a[:, :Kd]) · a[:, Kd:]`` rounded to a's dtype, as the SwiGLU kernel stores it.
+
+@triton.autotune(_CONFIGS, key=["M", "N", "Kd", "PROLOGUE", "HAS_DELTA", "HEAD"])
+@triton.jit
+def prologue_linear_kernel(a_ptr, aux_ptr, norm_w_ptr, w_ptr, s_ptr, y_ptr, M, N, Kd,
+                           stride_a, stride_aux, eps, PROLOGUE: tl.constexpr,
+                           HAS_DELTA: tl.constexpr, HEAD: tl.constexpr, IEEE: tl.constexpr,
+                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                           USE_PDL: tl.constexpr):
+    """Tile ``(pid_m, pid_n)`` of ``y [M, N] = prologue(a) @ Wᵀ`` with ``W [N, Kd]`` contiguous;
+    ``a`` and ``aux`` have row strides ``stride_a``, ``stride_aux``.
+
+    - ``NORM``: ``a [M, Kd]``, plus ``aux [M, Kd]`` (delta) with ``HAS_DELTA``, the sum stored
+      rounded in ``s [M, Kd]`` by the programs with ``pid_n = 0``; times ``norm_w [Kd]``; rows
+      scaled by ``rsqrt(mean(s²) + eps)`` after the product.
+    - ``SWIGLU``: ``a [M, 2·Kd]``; the operand is ``silu(a[:, :Kd]) · a[:, Kd:]`` rounded to a's
+      dtype, as the SwiGLU kernel stores it.
+    - ``GATED``: ``a [M, Kd]`` holds heads of ``HEAD`` columns (a power of two), ``aux [M, Kd]``
+      the gate ``z``; the operand is ``rms_norm(head) · norm_w [HEAD] · silu(z)``, rounded as the
+      gated norm kernel stores it. One head per step (``BK`` unused): its norm needs all of it.
     """
     await_previous_kernel(USE_PDL)
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
@@ -80,60 +104,77 @@ def prologue_linear_kernel(a_ptr, delta_ptr, norm_w_ptr, w_ptr, s_ptr, y_ptr, M,
     cols = pid_n * BN + tl.arange(0, BN)
     dtype = y_ptr.dtype.element_ty
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    sum_sq = tl.zeros((BM,), dtype=tl.float32)
     a_rows = a_ptr + rows.to(tl.int64)[:, None] * stride_a
-    for k0 in range(0, Kd, BK):
-        ks = k0 + tl.arange(0, BK)
-        mask = (rows < M)[:, None] & (ks < Kd)[None, :]
-        if PROLOGUE == SWIGLU:
-            gate = tl.load(a_rows + ks[None, :], mask=mask, other=0.0).to(tl.float32)
-            up = tl.load(a_rows + Kd + ks[None, :], mask=mask, other=0.0).to(tl.float32)
-            a = (gate * tl.sigmoid(gate) * up).to(dtype)
-        else:
-            s = tl.load(a_rows + ks[None, :], mask=mask, other=0.0)
-            if HAS_DELTA:
-                delta = tl.load(delta_ptr + rows.to(tl.int64)[:, None] * stride_delta + ks[None, :],
-                                mask=mask, other=0.0)
-                s = (s.to(tl.float32) + delta.to(tl.float32)).to(dtype)
-                if pid_n == 0:
-                    tl.store(s_ptr + rows.to(tl.int64)[:, None] * Kd + ks[None, :], s, mask=mask)
-            s = s.to(tl.float32)
-            sum_sq += tl.sum(s * s, 1)
-            a = (s * tl.load(norm_w_ptr + ks, mask=ks < Kd, other=0.0).to(tl.float32)[None, :]).to(dtype)
-        w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * Kd + ks[None, :],
-                    mask=(cols < N)[:, None] & (ks < Kd)[None, :], other=0.0)
-        if IEEE:
-            acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, tl.trans(w), acc)
-    if PROLOGUE == NORM:
-        acc = acc * tl.rsqrt(sum_sq / Kd + eps)[:, None]
+    aux_rows = aux_ptr + rows.to(tl.int64)[:, None] * stride_aux
+    if PROLOGUE == GATED:
+        w_n = tl.load(norm_w_ptr + tl.arange(0, HEAD)).to(tl.float32)
+        for k0 in range(0, Kd, HEAD):
+            ks = k0 + tl.arange(0, HEAD)
+            mask = (rows < M)[:, None] & (ks < Kd)[None, :]
+            o = tl.load(a_rows + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+            z = tl.load(aux_rows + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.rsqrt(tl.sum(o * o, 1) / HEAD + eps)
+            normed = o * rstd[:, None] * w_n[None, :]
+            acc = _times_weight(acc, (normed * z * tl.sigmoid(z)).to(dtype), w_ptr, cols, ks, N,
+                                Kd, IEEE)
+    else:
+        sum_sq = tl.zeros((BM,), dtype=tl.float32)
+        for k0 in range(0, Kd, BK):
+            ks = k0 + tl.arange(0, BK)
+            mask = (rows < M)[:, None] & (ks < Kd)[None, :]
+            if PROLOGUE == SWIGLU:
+                gate = tl.load(a_rows + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+                up = tl.load(a_rows + Kd + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+                a = (gate * tl.sigmoid(gate) * up).to(dtype)
+            else:
+                s = tl.load(a_rows + ks[None, :], mask=mask, other=0.0)
+                if HAS_DELTA:
+                    delta = tl.load(aux_rows + ks[None, :], mask=mask, other=0.0)
+                    s = (s.to(tl.float32) + delta.to(tl.float32)).to(dtype)
+                    if pid_n == 0:
+                        tl.store(s_ptr + rows.to(tl.int64)[:, None] * Kd + ks[None, :], s,
+                                 mask=mask)
+                s = s.to(tl.float32)
+                sum_sq += tl.sum(s * s, 1)
+                w_n = tl.load(norm_w_ptr + ks, mask=ks < Kd, other=0.0).to(tl.float32)
+                a = (s * w_n[None, :]).to(dtype)
+            acc = _times_weight(acc, a, w_ptr, cols, ks, N, Kd, IEEE)
+        if PROLOGUE == NORM:
+            acc = acc * tl.rsqrt(sum_sq / Kd + eps)[:, None]
     tl.store(y_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], acc.to(dtype),
              mask=(rows < M)[:, None] & (cols < N)[None, :])
 
 
-def _launch(prologue, a, delta, norm_weight, weight, eps, Kd):
-    """Run :func:`prologue_linear_kernel`; returns ``(s or None, y [M, N])`` in a's dtype."""
+def _launch(prologue, a, aux, norm_weight, weight, eps, Kd, head=1):
+    """Run :func:`prologue_linear_kernel`; returns ``(s or None, y [M, N])`` in a's dtype
+    (``s``: the residual sum, with ``NORM`` and a delta in ``aux``)."""
     M, N = a.shape[0], weight.shape[0]
     y = torch.empty(M, N, device=a.device, dtype=a.dtype)
-    s = torch.empty(M, Kd, device=a.device, dtype=a.dtype) if delta is not None else None
+    has_delta = prologue == NORM.value and aux is not None
+    s = torch.empty(M, Kd, device=a.device, dtype=a.dtype) if has_delta else None
 
     def grid(meta):
         return triton.cdiv(M, meta["BM"]), triton.cdiv(N, meta["BN"])
 
     prologue_linear_kernel[grid](
-        a, a if delta is None else delta, weight if norm_weight is None else norm_weight, weight,
-        y if s is None else s, y, M, N, Kd, a.stride(0), 0 if delta is None else delta.stride(0),
-        eps, prologue, delta is not None, a.dtype == torch.float32, **pdl_options(a.device))
+        a, a if aux is None else aux, weight if norm_weight is None else norm_weight, weight,
+        y if s is None else s, y, M, N, Kd, a.stride(0), 0 if aux is None else aux.stride(0),
+        eps, prologue, has_delta, head, a.dtype == torch.float32, **pdl_options(a.device))
     return s, y
 
 
+def auto_fuses(t: torch.Tensor) -> bool:
+    """Whether ``backend="auto"`` runs the fused kernel on tensors like ``t``: with
+    :data:`PROLOGUE_GEMMS` on, wherever Triton can (CUDA, or the interpreter for fp32/fp16 CPU
+    tensors, so that the tests run the model with it)."""
+    runs = t.device.type == "cuda" or (triton_interpreted() and t.dtype != torch.bfloat16)
+    return PROLOGUE_GEMMS and runs
+
+
 def _fused(backend: str, name: str, t: torch.Tensor) -> bool:
-    """Whether to run the fused kernel. ``auto``: with :data:`PROLOGUE_GEMMS` on, wherever Triton
-    can (CUDA, or the interpreter for fp32/fp16 CPU tensors, so the tests run the model with it)."""
+    """Whether to run the fused kernel (``name``: the argument whose dtype decides, for errors)."""
     if backend == "auto":
-        runs = t.device.type == "cuda" or (triton_interpreted() and t.dtype != torch.bfloat16)
-        return PROLOGUE_GEMMS and runs
+        return auto_fuses(t)
     return resolve_backend(backend, t.device, t.dtype, name) == "triton"
 
 
@@ -190,3 +231,35 @@ def swiglu_linear(gate_up, weight, *, backend="auto"):
     if _fused(backend, "gate_up", gate_up):
         return _launch(SWIGLU.value, gate_up, None, None, weight, 0.0, Fw)[1]
     return F.linear(silu_mul(gate_up, backend="torch" if backend == "torch" else "auto"), weight)
+
+
+def gated_norm_linear(o, z, norm_weight, eps, weight, *, backend="auto"):
+    """The GDN output norm and the out-projection after it:
+    ``y = (rms_norm(o) · norm_weight · silu(z), per value head) @ weightᵀ``.
+
+    Args:
+        o: ``[T, HV, V]`` contiguous, the unnormed output of the GDN core; z: ``[T, HV·V]``
+            (row-strided allowed: a column slice of the in-projection); norm_weight: ``[V]``;
+            weight: ``[N, HV·V]`` contiguous; all in o's dtype.
+        backend: as in :func:`norm_linear` (the two launches:
+            :func:`~mamba_edu.kernels.fused_ops.gated_rms_norm` and ``F.linear``). The fused
+            kernel takes one head per step, so it needs V to be a power of two, at least 16;
+            ``"auto"`` runs the two launches otherwise.
+    Returns:
+        ``[T, N]`` in o's dtype.
+    """
+    check_tensor("o", o, (None, None, None), device=device_of("o", o))
+    T, HV, V = o.shape
+    check_tensor("z", z, (T, HV * V), device=o.device, dtypes=(o.dtype,), rows=True)
+    check_tensor("norm_weight", norm_weight, (V,), device=o.device, dtypes=(o.dtype,))
+    _check_weight(weight, HV * V, o)
+    eps = check_eps(eps)
+    fused = _fused(backend, "o", o)
+    if fused and (V < 16 or V & (V - 1)):
+        if backend == "triton":
+            raise ValueError(f"o's head dim V={V} must be a power of two >= 16 for the fused kernel")
+        fused = False
+    if fused:
+        return _launch(GATED.value, o.view(T, HV * V), z, norm_weight, weight, eps, HV * V, V)[1]
+    normed = gated_rms_norm(o, z, norm_weight, eps, backend="torch" if backend == "torch" else "auto")
+    return F.linear(normed.view(T, HV * V), weight)

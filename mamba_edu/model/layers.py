@@ -16,7 +16,7 @@ from torch import nn
 
 from mamba_edu.kernels.attention import causal_attention
 from mamba_edu.kernels.fused_ops import rms_norm, rope
-from mamba_edu.kernels.prologue_linear import norm_linear, swiglu_linear
+from mamba_edu.kernels.prologue_linear import auto_fuses, gated_norm_linear, norm_linear, swiglu_linear
 from mamba_edu.model.config import ModelConfig
 
 KV = tuple[torch.Tensor, torch.Tensor]  # (k, v) of one sequence in one attention layer
@@ -150,7 +150,8 @@ class GDNMixer(nn.Module):
     ``mixed_qkv`` with the pooled conv state, split into q/k/v, gating with ``A_log``/``dt_bias``,
     the GDN core with the pooled SSM state, state tracking, and the gated RMSNorm
     ``rms(o)·norm_weight·silu(z)`` per head, inside the prefill's output kernel on a GPU)
-    → ``o [T, HV, V]`` → out-projection.
+    → ``o [T, HV, V]`` → out-projection. With the prologue GEMMs on
+    (:mod:`mamba_edu.kernels.prologue_linear`) the norm runs in the out-projection instead.
 
     The backend reads the layer's parameters from this module: ``conv_weight [D, W]``,
     ``conv_bias [D]``, ``A_log, dt_bias [HV]``, ``norm_weight [V]``, ``norm_eps`` and the head
@@ -203,5 +204,9 @@ class GDNMixer(nn.Module):
         mixed_qkv, z, b, a = projected.split([self.conv_dim, HV * V, HV, HV], -1)
         # mixed_qkv, z, a and b are column slices of the projection: the kernels read their rows
         # with its row stride, so nothing is copied out.
+        if auto_fuses(projected):
+            # The output norm runs in the out-projection's prologue: the backend returns o unnormed.
+            o = backend.forward(self, mixed_qkv, a, b, batch)
+            return gated_norm_linear(o, z, self.norm_weight, self.norm_eps, self.out)
         o = backend.forward(self, mixed_qkv, a, b, batch, z=z)  # normed: rms(o)·w·silu(z)
         return F.linear(o.view(T, -1), self.out)

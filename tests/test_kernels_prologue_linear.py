@@ -22,15 +22,17 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 def _inputs(M, D, N, seed=0, pad=0, device="cpu", dtype=torch.float32):
     """``x, delta [M, D]`` (row-strided column slices with ``pad``), ``norm_weight [D]``,
     ``weight [N, D]`` and ``gate_up [M, 2D]``, seeded."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, device=device)
 
     def rows(width):
-        full = torch.randn(M, width + pad, generator=gen)
-        return full[:, pad // 2: pad // 2 + width].to(device, dtype)
+        return randn(M, width + pad)[:, pad // 2: pad // 2 + width].to(dtype)
 
     x, delta, gate_up = rows(D), rows(D), rows(2 * D)
-    norm_weight = (1 + 0.5 * torch.randn(D, generator=gen)).to(device, dtype)
-    weight = (torch.randn(N, D, generator=gen) * D ** -0.5).to(device, dtype)
+    norm_weight = (1 + 0.5 * randn(D)).to(dtype)
+    weight = (randn(N, D) * D ** -0.5).to(dtype)
     return x, delta, norm_weight, weight, gate_up
 
 

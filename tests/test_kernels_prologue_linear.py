@@ -62,10 +62,10 @@ def _gated_inputs(T, HV, V, N, pad=0, seed=0, device="cpu", dtype=torch.float32)
     return x.contiguous().view(T, HV, V), z, norm_weight, weight
 
 
-def _check_norm_linear(M, D, N, dtype, with_delta, pad=0, seed=0, device="cpu", backend="triton"):
+def _check_norm_linear(M, D, N, dtype, with_delta, pad=0, seed=0, device="cpu"):
     x, delta, w_n, W, _ = _inputs(M, D, N, seed, pad, device, dtype)
     delta = delta if with_delta else None
-    s, y = norm_linear(x, delta, w_n, EPS, W, backend=backend)
+    s, y = norm_linear(x, delta, w_n, EPS, W, backend="triton")
     s_ref, y_ref = ref_norm_linear(x, delta, w_n, W)
     assert torch.equal(s, s_ref), "the residual must be x + delta rounded as torch rounds it"
     assert y.shape == (M, N) and y.dtype == dtype and y.is_contiguous()
@@ -112,7 +112,7 @@ def test_property_norm_linear_any_shape(M, D, N, pad, with_delta, seed):
     _check_norm_linear(M, D, N, torch.float32, with_delta, pad, seed)
 
 
-@pytest.mark.parametrize("fn", ["norm", "swiglu"])
+@pytest.mark.parametrize("fn", ["norm", "swiglu", "gated"])
 def test_two_steps_when_off_are_the_model_expressions_bit_for_bit(fn):
     """``auto`` without :data:`PROLOGUE_GEMMS` is the norm (or SwiGLU) and ``F.linear``, as before."""
     x, delta, w_n, W, gate_up = _inputs(9, 32, 24)
@@ -120,10 +120,14 @@ def test_two_steps_when_off_are_the_model_expressions_bit_for_bit(fn):
         s, y = norm_linear(x, delta, w_n, EPS, W)
         expected = F.linear(F.rms_norm(x + delta, (32,), w_n, EPS), W)
         assert torch.equal(s, x + delta)
-    else:
+    elif fn == "swiglu":
         y = swiglu_linear(gate_up, W)
         gate, up = gate_up.chunk(2, -1)
         expected = F.linear(F.silu(gate) * up, W)
+    else:
+        o, z, w_n, W = _gated_inputs(9, 2, 16, 24, pad=3)
+        y = gated_norm_linear(o, z, w_n, EPS, W)
+        expected = F.linear((F.rms_norm(o, (16,), w_n, EPS) * F.silu(z.view(9, 2, 16))).view(9, 32), W)
     assert torch.equal(y, expected)
 
 
@@ -178,6 +182,15 @@ def test_rejects_bad_inputs(call, message):
         call()
 
 
+@interpreted
+def test_gated_norm_linear_refuses_a_head_dim_its_kernel_cannot_step_by():
+    o, z, w_n, W = _gated_inputs(4, 2, 24, 8)
+    with pytest.raises(ValueError, match="V=24 must be a power of two"):
+        gated_norm_linear(o, z, w_n, EPS, W, backend="triton")
+    with forced_prologue_gemms(True):  # "auto" falls back to the two launches
+        assert rel_err(gated_norm_linear(o, z, w_n, EPS, W), ref_gated_norm_linear(o, z, w_n, W)) <= 1e-5
+
+
 # ---------------------------------------------------------------------------------- GPU (bf16)
 
 QWEN35_TP8_PROJECTIONS = [  # (in features, out features) at 512 tokens: notebook 09's budget
@@ -190,15 +203,6 @@ QWEN35_TP8_PROJECTIONS = [  # (in features, out features) at 512 tokens: noteboo
 def test_gpu_bf16_norm_linear_model_shapes(D, N, with_delta):
     M = 1 if N > 100_000 else 512  # the LM head sees the last token of a prompt
     _check_norm_linear(M, D, N, torch.bfloat16, with_delta, pad=8, device="cuda")
-
-
-@interpreted
-def test_gated_norm_linear_refuses_a_head_dim_its_kernel_cannot_step_by():
-    o, z, w_n, W = _gated_inputs(4, 2, 24, 8)
-    with pytest.raises(ValueError, match="V=24 must be a power of two"):
-        gated_norm_linear(o, z, w_n, EPS, W, backend="triton")
-    with forced_prologue_gemms(True):  # "auto" falls back to the two launches
-        assert rel_err(gated_norm_linear(o, z, w_n, EPS, W), ref_gated_norm_linear(o, z, w_n, W)) <= 1e-5
 
 
 @pytest.mark.gpu

@@ -50,8 +50,8 @@ GATED = tl.constexpr(3)
 
 
 def forced_prologue_gemms(enabled: bool):
-    """Within the block, ``backend="auto"`` runs the fused kernel on CUDA (``enabled``) or the two
-    launches: for the tests and the benchmark, which compare the two."""
+    """Within the block, ``backend="auto"`` runs the fused kernels (``enabled``; see
+    :func:`auto_fuses`) or the two launches: for the tests and the benchmark, which compare them."""
     return overriding(globals(), "PROLOGUE_GEMMS", enabled)
 
 
@@ -189,9 +189,9 @@ def norm_linear(x, delta, norm_weight, eps, weight, *, backend="auto"):
     Args:
         x, delta: ``[T, D]`` (row-strided allowed, one dtype; delta may be None);
         norm_weight: ``[D]``; weight: ``[N, D]`` contiguous; all in x's dtype.
-        backend: ``"auto"`` (the fused kernel when :data:`PROLOGUE_GEMMS` is on, see
-            :func:`_fused`; else the norm's own launch and ``F.linear``), ``"triton"`` (the fused kernel; the interpreter on
-            CPU) or ``"torch"`` (``F.rms_norm`` and ``F.linear``).
+        backend: ``"auto"`` (the fused kernel where :func:`auto_fuses` says so, else the norm's
+            own launch and ``F.linear``), ``"triton"`` (the fused kernel; the interpreter on CPU)
+            or ``"torch"`` (``F.rms_norm`` and ``F.linear``).
     Returns:
         ``(s, y)``: the residual stream ``[T, D]`` and the projection ``[T, N]``, in x's dtype.
     """

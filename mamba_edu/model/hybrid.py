@@ -16,9 +16,9 @@ class HybridLayer(nn.Module):
     """``x += mixer(norm(x)); x += mlp(norm(x))``; the mixer is a GDN layer or full attention.
 
     Each residual add is fused with the norm that follows it, and that norm with the projection
-    after it (:meth:`RMSNorm.add_linear`; the mixer and the MLP then go on from their projected
-    input: ``mix``, ``down_proj``). So the MLP's output is handed on *unadded* (``pending``) and the
-    next layer's first norm adds it.
+    after it (:meth:`RMSNorm.add_linear`, with the mixer's ``in_weight`` or the MLP's
+    ``gate_up``): the mixer and the MLP take their projected input. So the MLP's output is handed
+    on *unadded* (``pending``) and the next layer's first norm adds it.
     ``rotary``: the forward's rotary tables (:func:`~mamba_edu.model.layers.rope_tables`), used by
     attention layers only.
     """
@@ -40,12 +40,12 @@ class HybridLayer(nn.Module):
         with profile_range(self._mixer_range):
             x, projected = self.mixer_norm.add_linear(x, pending, self.mixer.in_weight)
             if self.kind == "gdn":
-                delta, kv = self.mixer.mix(projected, batch, backend), None
+                delta, kv = self.mixer(projected, batch, backend), None
             else:
-                delta, kv = self.mixer.mix(projected, batch, rotary)
+                delta, kv = self.mixer(projected, batch, rotary)
         with profile_range(self._mlp_range):
             x, gate_up = self.mlp_norm.add_linear(x, delta, self.mlp.gate_up)
-            return x, self.mlp.down_proj(gate_up), kv
+            return x, self.mlp(gate_up), kv
 
 
 class ModelOutput(NamedTuple):

@@ -58,12 +58,10 @@ class MLP(nn.Module):
         self.down = init_param(gen, (cfg.hidden, cfg.mlp_width), out_std * cfg.mlp_width ** -0.5,
                                device, dtype)
 
-    def forward(self, x):
-        return self.down_proj(F.linear(x, self.gate_up))
-
-    def down_proj(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """``silu(gate) · up`` of the gate/up projection ``[T, 2·mlp_width]``, projected down to
-        ``[T, hidden]``."""
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The MLP after its gate/up projection (``self.gate_up``, applied with the norm before it
+        by :meth:`RMSNorm.add_linear`): ``silu(gate) · up`` of ``gate_up [T, 2·mlp_width]``,
+        projected down to ``[T, hidden]``."""
         return swiglu_linear(gate_up, self.down)
 
 
@@ -84,7 +82,9 @@ class Attention(nn.Module):
     faster than SDPA, SDPA otherwise and on the CPU). ``forward`` returns
     ``(out [T, hidden], kv)``: ``kv[i] = (k, v)``, each ``[P_i + E_i, kv_heads, head_dim]``, the
     full KV of sequence i (its prefix and its new tokens), for the engine (and the prefix cache)
-    to keep. ``rotary``: the forward's ``(cos, sin)`` from :func:`rope_tables`.
+    to keep. ``rotary``: the forward's ``(cos, sin)`` from :func:`rope_tables`. The QKV
+    projection (``in_weight``) is the model's, applied with the norm before it: ``forward`` takes
+    its result.
     """
 
     def __init__(self, cfg: ModelConfig, attn_index: int, gen, device, dtype, out_std: float):
@@ -98,14 +98,11 @@ class Attention(nn.Module):
 
     @property
     def in_weight(self) -> torch.Tensor:
-        """The input projection's weight (the model may apply it together with the norm before)."""
+        """The in-projection's weight, which the model applies with the norm before it."""
         return self.qkv
 
-    def forward(self, x: torch.Tensor, batch, rotary) -> tuple[torch.Tensor, list[KV]]:
-        return self.mix(F.linear(x, self.qkv), batch, rotary)
-
-    def mix(self, qkv: torch.Tensor, batch, rotary) -> tuple[torch.Tensor, list[KV]]:
-        """The layer after its input projection ``qkv [T, (heads + 2·kv_heads)·head_dim]``."""
+    def forward(self, qkv: torch.Tensor, batch, rotary) -> tuple[torch.Tensor, list[KV]]:
+        """The layer after its in-projection ``qkv [T, (heads + 2·kv_heads)·head_dim]``."""
         T = qkv.shape[0]
         qk, v = qkv.split(
             [(self.heads + self.kv_heads) * self.head_dim, self.kv_heads * self.head_dim], -1)
@@ -145,8 +142,9 @@ class Attention(nn.Module):
 class GDNMixer(nn.Module):
     """A Gated DeltaNet layer, with Qwen3-Next's layout.
 
-    ``x [T, hidden]`` → one in-projection → ``mixed_qkv [T, D]`` (``D = 2·H·K + HV·V``), the output
-    gate ``z [T, HV·V]`` and the gate inputs ``a, b [T, HV]`` → **backend** (causal conv1d on
+    ``x [T, hidden]`` → one in-projection (``in_weight``, which the model applies with the norm
+    before it, so ``forward`` takes its result) → ``mixed_qkv [T, D]`` (``D = 2·H·K + HV·V``), the
+    output gate ``z [T, HV·V]`` and the gate inputs ``a, b [T, HV]`` → **backend** (causal conv1d on
     ``mixed_qkv`` with the pooled conv state, split into q/k/v, gating with ``A_log``/``dt_bias``,
     the GDN core with the pooled SSM state, state tracking, and the gated RMSNorm
     ``rms(o)·norm_weight·silu(z)`` per head, inside the prefill's output kernel on a GPU)
@@ -190,14 +188,11 @@ class GDNMixer(nn.Module):
 
     @property
     def in_weight(self) -> torch.Tensor:
-        """The input projection's weight (the model may apply it together with the norm before)."""
+        """The in-projection's weight, which the model applies with the norm before it."""
         return self.in_proj
 
-    def forward(self, x: torch.Tensor, batch, backend) -> torch.Tensor:
-        return self.mix(F.linear(x, self.in_proj), batch, backend)
-
-    def mix(self, projected: torch.Tensor, batch, backend) -> torch.Tensor:
-        """The layer after its input projection ``projected [T, D + HV·V + 2·HV]``
+    def forward(self, projected: torch.Tensor, batch, backend) -> torch.Tensor:
+        """The layer after its in-projection ``projected [T, D + HV·V + 2·HV]``
         (``mixed_qkv | z | b | a``)."""
         T = projected.shape[0]
         HV, V = self.value_heads, self.value_dim

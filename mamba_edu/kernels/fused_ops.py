@@ -141,7 +141,12 @@ def rms_norm(x, weight, eps, *, backend="auto"):
         ``[T, D]`` in x's dtype.
     """
     eps = _check_norm(x, weight, eps)
-    if _backend(backend, "x", x) == "torch":
+    return _rms_norm(x, weight, eps, _backend(backend, "x", x))
+
+
+def _rms_norm(x, weight, eps, backend):
+    """:func:`rms_norm` on validated inputs, ``backend`` resolved (``"torch"`` or ``"triton"``)."""
+    if backend == "torch":
         return F.rms_norm(x, (x.shape[1],), weight, eps)
     return _launch_rms(x, None, None, weight, eps, 1, x.stride(0), False)[1]
 
@@ -156,7 +161,12 @@ def add_rms_norm(x, delta, weight, eps, *, backend="auto"):
     """
     eps = _check_norm(x, weight, eps)
     check_tensor("delta", delta, tuple(x.shape), device=x.device, dtypes=(x.dtype,), rows=True)
-    if _backend(backend, "x", x) == "torch":
+    return _add_rms_norm(x, delta, weight, eps, _backend(backend, "x", x))
+
+
+def _add_rms_norm(x, delta, weight, eps, backend):
+    """:func:`add_rms_norm` on validated inputs, ``backend`` resolved."""
+    if backend == "torch":
         s = x + delta
         return s, F.rms_norm(s, (x.shape[1],), weight, eps)
     return _launch_rms(x, delta, None, weight, eps, 1, x.stride(0), True)
@@ -176,7 +186,13 @@ def gated_rms_norm(o, z, weight, eps, *, backend="auto"):
     check_tensor("z", z, (T, HV * V), device=o.device, dtypes=(o.dtype,), rows=True)
     check_tensor("weight", weight, (V,), device=o.device, dtypes=(o.dtype,))
     eps = check_eps(eps)
-    if _backend(backend, "o", o) == "torch":
+    return _gated_rms_norm(o, z, weight, eps, _backend(backend, "o", o))
+
+
+def _gated_rms_norm(o, z, weight, eps, backend):
+    """:func:`gated_rms_norm` on validated inputs, ``backend`` resolved."""
+    T, HV, V = o.shape
+    if backend == "torch":
         return F.rms_norm(o, (V,), weight, eps) * F.silu(z.view(T, HV, V))
     return _launch_rms(o, None, z, weight, eps, HV, HV * V, False)[1].view(T, HV, V)
 
@@ -190,12 +206,18 @@ def silu_mul(gate_up, *, backend="auto"):
         ``[T, F]`` in gate_up's dtype.
     """
     check_tensor("gate_up", gate_up, (None, None), device=device_of("gate_up", gate_up), rows=True)
-    T, F2 = gate_up.shape
+    F2 = gate_up.shape[1]
     if F2 % 2:
         raise ValueError(f"gate_up must have an even last dim (gate and up halves); got {F2}")
-    if _backend(backend, "gate_up", gate_up) == "torch":
+    return _silu_mul(gate_up, _backend(backend, "gate_up", gate_up))
+
+
+def _silu_mul(gate_up, backend):
+    """:func:`silu_mul` on validated inputs, ``backend`` resolved."""
+    if backend == "torch":
         gate, up = gate_up.chunk(2, -1)
         return F.silu(gate) * up
+    T, F2 = gate_up.shape
     Fw = F2 // 2
     y = torch.empty(T, Fw, device=gate_up.device, dtype=gate_up.dtype)
     block, rows, warps = _tiling(Fw, max_block=1024)

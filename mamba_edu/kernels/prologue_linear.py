@@ -20,7 +20,8 @@ Where it stands (notebook 09, "A kernel budget"): in the 1 × 512 graph replay, 
 and SwiGLU this way removes 226 of the forward's 691 kernels, and pays if these GEMMs are less
 than about 25 % slower than cuBLAS's. That has not been measured on a GPU yet, so the model keeps
 its two launches (:data:`PROLOGUE_GEMMS` off); :func:`forced_prologue_gemms` switches them on
-for the tests and the benchmark (``scripts/prologue_gemms.py``).
+for the tests and the benchmark (``scripts/prologue_gemms.py``). Each entry point validates its
+arguments once, also when it runs the two launches (the model calls one per projection).
 
 Numerics: the SwiGLU and gated-norm operands are rounded to the input dtype exactly as their
 own kernels store them. For the residual norm, the two-launch path rounds ``h = s·r·w_n`` before
@@ -37,7 +38,7 @@ import triton
 import triton.language as tl
 
 from mamba_edu._runtime import overriding, triton_interpreted
-from mamba_edu.kernels.fused_ops import add_rms_norm, gated_rms_norm, rms_norm, silu_mul
+from mamba_edu.kernels.fused_ops import _add_rms_norm, _gated_rms_norm, _rms_norm, _silu_mul
 from mamba_edu.kernels.launch import await_previous_kernel, pdl_options
 from mamba_edu.kernels.tiles import tuning_configs
 from mamba_edu.kernels.validation import check_eps, check_tensor, device_of, resolve_backend
@@ -205,11 +206,11 @@ def norm_linear(x, delta, norm_weight, eps, weight, *, backend="auto"):
     if _fused(backend, "x", x):
         s, y = _launch(NORM.value, x, delta, norm_weight, weight, eps, D)
         return (x if s is None else s), y
-    step = "torch" if backend == "torch" else "auto"
+    step = resolve_backend(backend, x.device, x.dtype)  # the norm's own launch: Triton on CUDA
     if delta is None:
-        s, h = x, rms_norm(x, norm_weight, eps, backend=step)
+        s, h = x, _rms_norm(x, norm_weight, eps, step)
     else:
-        s, h = add_rms_norm(x, delta, norm_weight, eps, backend=step)
+        s, h = _add_rms_norm(x, delta, norm_weight, eps, step)
     return s, F.linear(h, weight)
 
 
@@ -219,7 +220,8 @@ def swiglu_linear(gate_up, weight, *, backend="auto"):
     Args:
         gate_up: ``[T, 2F]``, gate and up halves side by side (row-strided allowed);
         weight: ``[N, F]`` contiguous, in gate_up's dtype.
-        backend: as in :func:`norm_linear` (the two launches: :func:`silu_mul` and ``F.linear``).
+        backend: as in :func:`norm_linear` (the two launches:
+            :func:`~mamba_edu.kernels.fused_ops.silu_mul` and ``F.linear``).
     Returns:
         ``[T, N]`` in gate_up's dtype.
     """
@@ -230,7 +232,8 @@ def swiglu_linear(gate_up, weight, *, backend="auto"):
     _check_weight(weight, Fw, gate_up)
     if _fused(backend, "gate_up", gate_up):
         return _launch(SWIGLU.value, gate_up, None, None, weight, 0.0, Fw)[1]
-    return F.linear(silu_mul(gate_up, backend="torch" if backend == "torch" else "auto"), weight)
+    step = resolve_backend(backend, gate_up.device, gate_up.dtype)
+    return F.linear(_silu_mul(gate_up, step), weight)
 
 
 def gated_norm_linear(o, z, norm_weight, eps, weight, *, backend="auto"):
@@ -261,5 +264,5 @@ def gated_norm_linear(o, z, norm_weight, eps, weight, *, backend="auto"):
         fused = False
     if fused:
         return _launch(GATED.value, o.view(T, HV * V), z, norm_weight, weight, eps, HV * V, V)[1]
-    normed = gated_rms_norm(o, z, norm_weight, eps, backend="torch" if backend == "torch" else "auto")
+    normed = _gated_rms_norm(o, z, norm_weight, eps, resolve_backend(backend, o.device, o.dtype))
     return F.linear(normed.view(T, HV * V), weight)

@@ -111,7 +111,7 @@ def f(x, digits=2) -> str:
 
 def table(header: list[str], rows: list[list]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    out += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
     return "\n".join(out)
 
 
@@ -191,6 +191,62 @@ fraction of tracked requests):
 {table(["case"] + [s + (" + graph" if m == "graph" else "") for s, m in cols], sweep_rows)}
 
 {fig_md}
+"""
+
+
+def section_targets() -> str:
+    """The targets of docs/conventions.md, section 7, against this page's runs."""
+    head = {(r["case"], r["strategy"], r["mode"]): r for r in headline_rows()}
+    k = load("benchmarks/kernels.json")["results"]
+
+    def excess(case, strategy, mode):
+        r = head[(case, strategy, mode)]
+        return 100 * (r["ttft_ms"] / r["gpu_busy_ms"] - 1)
+
+    def row(what, target, value, ok, source):
+        return [what, target, value, "met" if ok else "missed", f"`data/{source}`"]
+    rows = []
+    naive = {r["case"]: r["syncs"] for r in headline_rows() if r["strategy"] == "naive"}
+    pre = {r["case"]: r["syncs"] for r in headline_rows() if r["strategy"] == "precomputed"}
+    free = [r["syncs"] for r in headline_rows() if r["strategy"] in ("sync_free", "fused")]
+    rows.append(row("syncs per prefill forward", "naive / precomputed as SGLang (144 / 11 for 45 GDN layers); sync_free, fused 0",
+                    f"naive {'/'.join(map(str, sorted(set(naive.values()))))}, precomputed "
+                    f"{'/'.join(map(str, sorted(set(pre.values()))))}, sync_free and fused {max(free)}",
+                    max(free) == 0 and set(pre.values()) == {11}, "bench/results.json"))
+    g = "gpu_bound_8x1024"
+    s = head[(g, "precomputed", "eager")]["speedup"]
+    rows.append(row("TTFT, GPU-bound: precomputed vs naive", "≥ 1.06×", f"{s:.2f}×", s >= 1.06, "bench/results.json"))
+    e = excess(g, "sync_free", "eager")
+    rows.append(row("TTFT, GPU-bound: sync_free above its GPU busy time", "≤ 3 %", f"{e:.1f} %", e <= 3,
+                    "bench/results.json"))
+    for case in ("launch_bound_1x512", "launch_bound_16x256"):
+        es = [excess(case, st, "graph") for st in ("sync_free", "fused")]
+        rows.append(row(f"TTFT, `{case}`: graph replay above GPU busy time (sync_free / fused)", "≤ 3 %",
+                        " / ".join(f"{x:.1f} %" for x in es), max(es) <= 3, "bench/results.json"))
+        idle = [100 * head[(case, st, "graph")]["idle_fraction"] for st in ("sync_free", "fused")]
+        rows.append(row(f"idle fraction, `{case}`, graph replay, profiled (sync_free / fused)", "≤ 3 %",
+                        " / ".join(f"{x:.1f} %" for x in idle), max(idle) <= 3, "bench/results.json"))
+    ratios = [r["ratio_graph"] for r in k if r["kind"] == "prefill"]
+    rows.append(row("chunked prefill kernel vs flash-linear-attention, every shape", "≤ 0.9×",
+                    f"{min(ratios):.2f}–{max(ratios):.2f}×", max(ratios) <= 0.9, "benchmarks/kernels.json"))
+    layer = next(r for r in k if r["kind"] == "gdn_layer")["ours_graph_ms"] * 1e3
+    rows.append(row("one GDN layer (conv + prefill), 1 × 512", "≤ 20 µs", f"{layer:.1f} µs", layer <= 20,
+                    "benchmarks/kernels.json"))
+    conv = {r["case"]: r for r in k if r["kind"] == "conv"}
+    big = conv["qwen3-next 8x1024"]["pct_hbm_bandwidth"]
+    small = conv["qwen3.5-tp8 1x512"]["ours_graph_ms"] * 1e3
+    rows.append(row("causal conv1d, 8 × 1024 × 8192", "≥ 60 % of HBM bandwidth", f"{big:.0f} %", big >= 60,
+                    "benchmarks/kernels.json"))
+    rows.append(row("causal conv1d, 1 × 512", "≤ 5 µs", f"{small:.1f} µs", small <= 5, "benchmarks/kernels.json"))
+    dec = next(r for r in k if r["kind"] == "decode")["ours_TBps"]
+    rows.append(row("decode step, 256 sequences", "≥ 3.5 TB/s", f"{dec:.2f} TB/s", dec >= 3.5,
+                    "benchmarks/kernels.json"))
+    return f"""## Against the targets
+
+The targets of [`docs/conventions.md`](conventions.md#7-targets), section 7, against the runs
+below (each row names its file; the sections below give the run's commit, date and versions).
+
+{table(["what", "target", "measured", "result", "from"], rows)}
 """
 
 
@@ -509,7 +565,7 @@ from the TTFT run above. Each opens in https://ui.perfetto.dev;
 
 
 def results_md() -> str:
-    sections = [section_ttft(), section_tests(), section_kernels(), section_prefill_experiments(),
+    sections = [section_targets(), section_ttft(), section_tests(), section_kernels(), section_prefill_experiments(),
                 section_layer_floor(), section_conv(), section_replay(), section_pdl(), section_serving(),
                 section_traces()]
     head = f"""# Results

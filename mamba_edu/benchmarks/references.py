@@ -1,0 +1,319 @@
+"""Our GDN prefill against the field's fastest, in one run on one GPU, arms alternated.
+
+``python -m mamba_edu.benchmarks.references --out data/benchmarks/references.json``
+
+Arms (each optional; one that cannot import, run, capture or agree with the reference gets a
+row entry saying why instead of a time):
+
+- ``ours``: :func:`mamba_edu.kernels.gdn_prefill` (pool in place, the package's default path);
+- ``fla_triton``: flash-linear-attention's ``chunk_gated_delta_rule`` with its FlashQLA backend
+  switched off (``FLA_FLASH_QLA=0`` while the graph is captured: its multi-kernel Triton path);
+- ``fla_dispatch``: the same call with fla's backend dispatch on (FlashQLA when it accepts);
+- ``flashqla``: ``flash_qla.chunk_gated_delta_rule`` called directly (TileLang);
+- ``flashinfer``: ``flashinfer.gdn_prefill.chunk_gated_delta_rule`` (CuTe DSL on SM90).
+
+One instrument for every arm: a CUDA graph that holds one call on each of ``ROTATE`` input
+copies (so that L2 does not flatter anyone), replayed back to back between two CUDA events;
+ms per call = elapsed / (replays · ROTATE). A round measures every arm once, in an order rotated
+from round to round; each row keeps every round's value, the median and the spread
+((max − min) / median), and the SM clock read through NVML after each arm's measurement.
+``ratio_best`` = ours / the fastest reference that agreed with the fp32 reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import statistics
+import subprocess
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+K = V = 128
+ROTATE = 3
+DEVICE = "cuda"
+AGREE = 1e-2  # relative error against the fp32 reference above which an arm is not compared
+PRESETS = {"qwen3-next": (16, 32), "qwen3.5-tp8": (2, 8)}  # (H, HV)
+CASES = [("qwen3-next", [512]), ("qwen3-next", [256] * 16), ("qwen3-next", [256] * 8),
+         ("qwen3-next", [1024] * 8), ("qwen3-next", [2048]), ("qwen3-next", [8192]),
+         ("qwen3-next", [32768]), ("qwen3-next", [4096] * 8),
+         ("qwen3.5-tp8", [512]), ("qwen3.5-tp8", [256] * 16), ("qwen3.5-tp8", [1024] * 8),
+         ("qwen3.5-tp8", [8192])]
+
+
+def case_name(preset: str, lengths: list[int]) -> str:
+    return f"{preset} {len(lengths)}x{lengths[0]}"
+
+
+class _Case:
+    """Inputs of one shape: ``ROTATE`` copies of ``q, k [T, H, K]``, ``v [T, HV, V]`` bf16 and fp32
+    ``g, beta [T, HV]``, pools for our kernels, the chunk metadata and ``cu_seqlens`` int64."""
+
+    def __init__(self, preset: str, lengths: list[int], seed: int = 0):
+        from mamba_edu.kernels import build_chunk_meta
+        from mamba_edu.kernels.inputs import random_prefill_inputs
+        self.H, self.HV = PRESETS[preset]
+        self.lengths, self.N, self.T = lengths, len(lengths), sum(lengths)
+        self.sets = [random_prefill_inputs(lengths, self.H, self.HV, K, V, dtype=torch.bfloat16,
+                                           device=DEVICE, seed=seed + i) for i in range(ROTATE)]
+        self.meta = build_chunk_meta(lengths, DEVICE, state_indices=list(range(1, self.N + 1)))
+        cu = [0]
+        for n in lengths:
+            cu.append(cu[-1] + n)
+        self.cu_cpu = torch.tensor(cu, dtype=torch.int64)
+        self.cu = self.cu_cpu.to(DEVICE)
+        self.h0 = 0.1 * torch.randn(self.N, self.HV, K, V, device=DEVICE,
+                                    generator=torch.Generator(DEVICE).manual_seed(7))
+
+    def reference(self):
+        from mamba_edu.gdn import chunk_gated_delta_rule
+        x = self.sets[0]
+        return chunk_gated_delta_rule(*(x[n].float() for n in ("q", "k", "v", "g", "beta")),
+                                      initial_state=self.h0, cu_seqlens=self.cu_cpu.tolist(),
+                                      use_qk_l2norm=True)
+
+
+# Each arm: ``build(case) -> (call, out)``; ``call(i)`` runs on input copy i (captured in the
+# graph), ``out()`` runs copy 0 from ``case.h0`` and returns ``(o [T, HV, V], final [N, HV, ·, ·])``.
+
+def _ours(case):
+    from mamba_edu.kernels import gdn_prefill
+    pools = [torch.zeros(case.N + 1, case.HV, K, V, device=DEVICE) for _ in range(ROTATE)]
+
+    def call(i):
+        return gdn_prefill(**case.sets[i], state_pool=pools[i], meta=case.meta)
+
+    def out():
+        pool = torch.cat([torch.zeros_like(case.h0[:1]), case.h0])
+        o, _ = gdn_prefill(**case.sets[0], state_pool=pool, meta=case.meta)
+        return o, pool[1:]
+    return call, out
+
+
+def _fla(case, use_flashqla: bool):
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+    from fla.ops.utils.index import prepare_chunk_indices
+    chunk_indices = prepare_chunk_indices(case.cu, 64, cu_seqlens_cpu=case.cu_cpu)
+    h0s = [torch.zeros_like(case.h0) for _ in range(ROTATE)]
+
+    def run(x, h0):
+        previous = os.environ.get("FLA_FLASH_QLA")
+        os.environ["FLA_FLASH_QLA"] = "1" if use_flashqla else "0"
+        try:
+            o, final = fla_chunk(x["q"][None], x["k"][None], x["v"][None], x["g"][None],
+                                 x["beta"][None], initial_state=h0, output_final_state=True,
+                                 cu_seqlens=case.cu, cu_seqlens_cpu=case.cu_cpu,
+                                 chunk_indices=chunk_indices, use_qk_l2norm_in_kernel=True)
+        finally:
+            if previous is None:
+                os.environ.pop("FLA_FLASH_QLA")
+            else:
+                os.environ["FLA_FLASH_QLA"] = previous
+        return o[0], final
+    return (lambda i: run(case.sets[i], h0s[i])), (lambda: run(case.sets[0], case.h0.clone()))
+
+
+def _flashqla(case):
+    from flash_qla import chunk_gated_delta_rule as qla_chunk
+    h0s = [torch.zeros_like(case.h0) for _ in range(ROTATE)]
+
+    def run(x, h0):
+        o, final = qla_chunk(x["q"][None], x["k"][None], x["v"][None], x["g"][None],
+                             x["beta"][None], initial_state=h0, output_final_state=True,
+                             use_qk_l2norm_in_kernel=True, cu_seqlens=case.cu)
+        return o[0], final
+    return (lambda i: run(case.sets[i], h0s[i])), (lambda: run(case.sets[0], case.h0.clone()))
+
+
+def _flashinfer(case):
+    from flashinfer.gdn_prefill import chunk_gated_delta_rule as fi_chunk
+    # FlashInfer takes the decay as a factor (alpha = exp(g)), fp32 gates, packed [T, ·, ·].
+    alphas = [x["g"].exp() for x in case.sets]
+    states = [torch.zeros_like(case.h0) for _ in range(ROTATE)]
+    cu32 = case.cu.to(torch.int32)
+
+    def run(i, h0, state):
+        x = case.sets[i]
+        o, final = fi_chunk(x["q"], x["k"], x["v"], alphas[i], x["beta"], initial_state=h0,
+                            output_final_state=True, output_state=state, cu_seqlens=cu32,
+                            use_qk_l2norm_in_kernel=True)
+        return o, final
+    return ((lambda i: run(i, states[i], states[i])),
+            (lambda: run(0, case.h0.clone(), torch.empty_like(case.h0))))
+
+
+ARMS = {"ours": _ours, "fla_triton": lambda c: _fla(c, False),
+        "fla_dispatch": lambda c: _fla(c, True), "flashqla": _flashqla,
+        "flashinfer": _flashinfer}
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+    out = {"torch": torch.__version__, "python": platform.python_version()}
+    for name in ("triton", "fla-core", "flash-linear-attention", "flash-qla", "tilelang",
+                 "flashinfer-python", "nvidia-cutlass-dsl"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip() or None
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("MAMBA_EDU_COMMIT")
+
+
+def _sm_clock_mhz() -> float | None:
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        return float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
+    except Exception:  # NVML is optional: the clock is then not recorded
+        return None
+
+
+def _rel_err_any_layout(actual, expected) -> float:
+    """The relative error of a state, in whichever of [K, V] and [V, K] the arm stores it."""
+    from mamba_edu.testing import rel_err
+    return min(rel_err(actual, expected), rel_err(actual.transpose(-1, -2), expected))
+
+
+class _Graph:
+    """One captured graph of ``call(0) … call(ROTATE-1)``, timed by events around replays."""
+
+    def __init__(self, call):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for i in range(ROTATE):  # warm-up: compile, autotune, allocate outside the capture
+                call(i)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            for i in range(ROTATE):
+                call(i)
+        torch.cuda.synchronize()
+        self.replays = self._replays_for(0.02)
+
+    def _elapsed_ms(self, replays: int) -> float:
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            self.graph.replay()
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop)
+
+    def _replays_for(self, seconds: float) -> int:
+        self._elapsed_ms(3)
+        once = max(self._elapsed_ms(3) / 3, 1e-3)
+        return max(5, min(2000, int(seconds * 1e3 / once)))
+
+    def ms_per_call(self, samples: int = 5) -> float:
+        return statistics.median(self._elapsed_ms(self.replays) / (self.replays * ROTATE)
+                                 for _ in range(samples))
+
+
+def summarize(arms: dict) -> dict:
+    """Median and spread of each timed arm (in place), and the row's ``ratio_best``: ours over
+    the fastest reference that was timed without an error (an arm with ``error`` never counts)."""
+    timed = [n for n, e in arms.items() if e.get("rounds_ms") and "error" not in e]
+    for name in timed:
+        values = arms[name]["rounds_ms"]
+        arms[name]["median_ms"] = statistics.median(values)
+        arms[name]["spread"] = (max(values) - min(values)) / arms[name]["median_ms"]
+    refs = {n: arms[n]["median_ms"] for n in timed if n != "ours"}
+    if "ours" not in timed or not refs:
+        return {}
+    best = min(refs, key=refs.get)
+    return dict(fastest_reference=best, ratio_best=arms["ours"]["median_ms"] / refs[best])
+
+
+def bench_case(preset: str, lengths: list[int], arms: list[str], rounds: int) -> dict:
+    from mamba_edu.testing import rel_err
+    case = _Case(preset, lengths)
+    row = dict(case=case_name(preset, lengths), T=case.T, N=case.N, H=case.H, HV=case.HV,
+               K=K, V=V, dtype="bf16", arms={})
+    ref = case.reference()
+    graphs = {}
+    for name in arms:
+        entry = row["arms"][name] = {}
+        try:
+            with torch.inference_mode():
+                call, out = ARMS[name](case)
+                o, final = out()
+                torch.cuda.synchronize()
+                entry["o_err"] = rel_err(o.reshape(ref.o.shape), ref.o)
+                entry["state_err"] = _rel_err_any_layout(final.float(), ref.final_state)
+                if not entry["o_err"] <= AGREE or not entry["state_err"] <= AGREE:
+                    entry["error"] = f"disagrees with the fp32 reference (> {AGREE})"
+                    continue
+                graphs[name] = _Graph(call)
+        except Exception as exc:  # a reference that fails must not lose the others' numbers
+            entry["error"] = f"{type(exc).__name__}: {exc}"[:400]
+            torch.cuda.synchronize()
+    live = list(graphs)
+    for r in range(rounds):
+        for name in live[r % len(live):] + live[:r % len(live)]:
+            row["arms"][name].setdefault("rounds_ms", []).append(graphs[name].ms_per_call())
+            row["arms"][name].setdefault("sm_mhz", []).append(_sm_clock_mhz())
+    row.update(summarize(row["arms"]))
+    del graphs
+    torch.cuda.empty_cache()
+    return row
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mamba_edu.benchmarks.references",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("data/benchmarks/references.json"))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms")
+    parser.add_argument("--cases", default=None,
+                        help="comma-separated case names, e.g. 'qwen3-next 1x512' (default: all)")
+    parser.add_argument("--budget-s", type=float, default=1e9,
+                        help="start no new case after this many seconds")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU")
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("fla").setLevel(logging.INFO)  # records which backend fla dispatched to
+    arms = args.arms.split(",")
+    wanted = None if args.cases is None else set(args.cases.split(","))
+    result = dict(meta=dict(commit=_commit(), date=datetime.now(timezone.utc).isoformat(
+        timespec="seconds"), device=torch.cuda.get_device_name(), versions=_versions(),
+        rounds=args.rounds, rotate=ROTATE, instrument="CUDA graph replay between CUDA events",
+        agree=AGREE), rows=[])
+    start = time.monotonic()
+    for preset, lengths in CASES:
+        name = case_name(preset, lengths)
+        if wanted is not None and name not in wanted:
+            continue
+        if time.monotonic() - start > args.budget_s:
+            result["rows"].append(dict(case=name, skipped="time budget"))
+            continue
+        row = bench_case(preset, lengths, arms, args.rounds)
+        row["seconds"] = round(time.monotonic() - start, 1)
+        result["rows"].append(row)
+        print(json.dumps({k: row.get(k) for k in ("case", "ratio_best", "fastest_reference")}
+                         | {a: e.get("median_ms", e.get("error")) for a, e in row["arms"].items()}),
+              flush=True)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# On the GPU machine: install the reference implementations carried as wheels (docs/references.md
+# says how they travel in parts) and run the same-run reference benchmark.
+#   scripts/gpu_references.sh [extra args for python -m mamba_edu.benchmarks.references]
+# Writes $OUT/references.json, $OUT/references.log and $OUT/gpu_clocks.csv.
+set -uo pipefail
+OUT=${OUT:-out}
+mkdir -p "$OUT" /tmp/site
+if [ ! -f /tmp/site/.installed ]; then
+    cat .wA/cutlass_cu13.part.* .wB/cutlass_cu13.part.* \
+        > /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site /tmp/nvidia_cutlass_dsl_libs_cu13-*.whl .wA/*.whl .wC/*.whl .wD/*.whl \
+        2>&1 | tail -3
+    tar xzf .wC/fi_trim.tgz -C /tmp/site
+    touch /tmp/site/.installed
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu \
+    --format=csv -lms 500 > "$OUT/gpu_clocks.csv" &
+SMI=$!
+for m in fla flash_qla tilelang flashinfer.gdn_prefill; do
+    python3 -c "import $m" > "$OUT/import_$m.log" 2>&1 && echo "import $m: ok" \
+        || { echo "import $m: FAILED"; tail -4 "$OUT/import_$m.log"; }
+done
+python3 -m mamba_edu.benchmarks.references --out "$OUT/references.json" "$@" 2>&1 \
+    | tee "$OUT/references.log" | grep -v "^\[FLA Backend\]" | tail -40
+grep -h "FLA Backend" "$OUT/references.log" | sort | uniq -c | head
+kill $SMI

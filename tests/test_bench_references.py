@@ -1,0 +1,62 @@
+"""The same-run reference benchmark: its shapes, its verdicts and, on a GPU, one real case."""
+
+import pytest
+import torch
+
+from mamba_edu.benchmarks.references import ARMS, CASES, case_name, main, summarize
+
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def test_the_twelve_shapes_of_the_comparison():
+    assert [case_name(*c) for c in CASES] == [
+        "qwen3-next 1x512", "qwen3-next 16x256", "qwen3-next 8x256", "qwen3-next 8x1024",
+        "qwen3-next 1x2048", "qwen3-next 1x8192", "qwen3-next 1x32768", "qwen3-next 8x4096",
+        "qwen3.5-tp8 1x512", "qwen3.5-tp8 16x256", "qwen3.5-tp8 8x1024", "qwen3.5-tp8 1x8192"]
+    assert list(ARMS) == ["ours", "fla_triton", "fla_dispatch", "flashqla", "flashinfer"]
+
+
+def test_ratio_against_the_fastest_reference_with_median_and_spread():
+    arms = {"ours": {"rounds_ms": [1.0, 1.2, 1.1]}, "fla_triton": {"rounds_ms": [2.0, 2.0, 2.2]},
+            "flashqla": {"rounds_ms": [0.9, 1.0, 0.8]}}
+    out = summarize(arms)
+    assert out["fastest_reference"] == "flashqla"
+    assert out["ratio_best"] == pytest.approx(1.1 / 0.9)
+    assert arms["ours"]["median_ms"] == pytest.approx(1.1)
+    assert arms["ours"]["spread"] == pytest.approx(0.2 / 1.1)
+
+
+def test_an_arm_with_an_error_never_counts_as_the_fastest():
+    # A reference that disagreed with the fp32 reference (or failed) may still hold times.
+    arms = {"ours": {"rounds_ms": [1.0]}, "flashinfer": {"rounds_ms": [0.1], "error": "disagrees"},
+            "fla_triton": {"rounds_ms": [2.0]}}
+    assert summarize(arms) == dict(fastest_reference="fla_triton", ratio_best=0.5)
+    assert "median_ms" not in arms["flashinfer"]
+
+
+@pytest.mark.parametrize("arms", [
+    {"fla_triton": {"rounds_ms": [2.0]}},                                   # ours not timed
+    {"ours": {"rounds_ms": [1.0]}},                                         # no reference
+    {"ours": {"rounds_ms": [1.0], "error": "x"}, "fla_triton": {"rounds_ms": [2.0]}},
+    {"ours": {"rounds_ms": [1.0]}, "fla_triton": {"error": "ImportError"}},
+])
+def test_no_ratio_without_both_sides(arms):
+    assert summarize(arms) == {}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_refuses_without_a_gpu(capsys):
+    with pytest.raises(SystemExit):
+        main(["--cases", "qwen3.5-tp8 1x512"])
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+@GPU
+@pytest.mark.gpu
+def test_ours_on_a_gpu(tmp_path):
+    import json
+    out = tmp_path / "r.json"
+    assert main(["--cases", "qwen3.5-tp8 1x512", "--arms", "ours,fla_triton", "--rounds", "3",
+                 "--out", str(out)]) == 0
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["arms"]["ours"]["o_err"] < 1e-2 and len(row["arms"]["ours"]["rounds_ms"]) == 3

@@ -63,7 +63,7 @@ def strategy_report(device: torch.device, preset: str, lengths: tuple[int, ...],
     1.8e-2); it is compared with :data:`FUSED_GPU_TOL`. With ``trace_dir`` (on a GPU) one forward
     per strategy is also recorded there. ``progress`` shows a tqdm bar (one step per forward).
     """
-    from mamba_edu.profiling.timing import Prefills, median_ms
+    from mamba_edu.benchmarks.timing import Prefills, median_ms
     from mamba_edu.engine import Engine
     from mamba_edu.model import build_model
     from mamba_edu.profiling import count_syncs, record_trace

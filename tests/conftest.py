@@ -14,12 +14,3 @@ def pytest_collection_modifyitems(config, items):
         if "gpu" in item.keywords:
             item.add_marker(skip)
 
-
-@pytest.fixture(params=["in_scan", "separate", "chained"])
-def output_path(request):
-    """Run the Triton prefill three ways: the output computed inside the scan, by its own kernel
-    (the default), and the three stages in one launch."""
-    from mamba_edu.kernels.chained import forced_chained
-    from mamba_edu.kernels.prefill import forced_output_path
-    with forced_output_path(request.param == "in_scan"), forced_chained(request.param == "chained"):
-        yield request.param

@@ -12,7 +12,7 @@ import torch
 from mamba_edu.benchmarks.ttft import (Result, format_table, headline_cases, make_figures, select_cases,
                                         sweep_cases)
 from mamba_edu.profiling.bubbles import analyze_trace
-from mamba_edu.profiling.timing import Prefills
+from mamba_edu.benchmarks.timing import Prefills
 from mamba_edu.serving import STRATEGIES
 
 engine_module = pytest.importorskip("mamba_edu.engine", reason="the engine is not there yet")

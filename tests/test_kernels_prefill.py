@@ -8,9 +8,8 @@ import triton.language as tl
 from mamba_edu import triton_interpreted
 from mamba_edu.gdn import chunk_gated_delta_rule, cu_offsets, gdn_gating, recurrent_gated_delta_rule
 from mamba_edu.kernels import build_chunk_meta, gdn_prefill
-from mamba_edu.kernels.chained import forced_chained
 from mamba_edu.kernels.fused_ops import gated_rms_norm
-from mamba_edu.kernels.prefill import forced_output_path, invert_unit_lower
+from mamba_edu.kernels.prefill import invert_unit_lower
 from mamba_edu.kernels.inputs import random_pool, random_prefill_inputs
 from mamba_edu.testing import rel_err
 
@@ -35,7 +34,7 @@ def _tracked_state(ref, meta, n, chunk):
 
 
 @pytest.mark.parametrize("backend", [pytest.param("triton", marks=interpreted), "torch"])
-def test_prefill_matches_reference(backend, output_path):
+def test_prefill_matches_reference(backend):
     inputs = random_prefill_inputs(LENGTHS, H, HV, K, V, seed=0)
     pool = random_pool(SLOTS, HV, K, V)
     pool0 = pool.clone()
@@ -56,7 +55,7 @@ def test_prefill_matches_reference(backend, output_path):
 
 @interpreted
 @pytest.mark.parametrize("gating", ["g", "raw"])
-def test_prefill_with_infinite_decay_matches_the_recurrence(gating, output_path):
+def test_prefill_with_infinite_decay_matches_the_recurrence(gating):
     """B5: g = −inf (the state wiped at that token), or A_log = 100 with the raw gating (exp
     overflows; with a softplus that underflowed, inf · 0): the Triton prefill stays finite and
     matches the token-by-token recurrence."""
@@ -86,7 +85,7 @@ def test_prefill_with_infinite_decay_matches_the_recurrence(gating, output_path)
 
 
 @interpreted
-def test_prefill_one_sequence_no_extras_mha(output_path):
+def test_prefill_one_sequence_no_extras_mha():
     """H == HV, one sequence, no checkpoints, no tracking, plain index tensor on CPU."""
     lengths = [130]
     inputs = random_prefill_inputs(lengths, 2, 2, 32, 16, seed=3)
@@ -103,7 +102,7 @@ def test_prefill_one_sequence_no_extras_mha(output_path):
 
 
 @interpreted
-def test_prefill_fp16_inputs_interpreter(output_path):
+def test_prefill_fp16_inputs_interpreter():
     inputs = random_prefill_inputs([70, 5], 1, 2, 16, 16, dtype=torch.float16, seed=4)
     pool = random_pool(2, 2, 16, 16)
     pool0 = pool.clone()
@@ -116,7 +115,7 @@ def test_prefill_fp16_inputs_interpreter(output_path):
 
 
 @interpreted
-def test_prefill_without_qk_l2norm(output_path):
+def test_prefill_without_qk_l2norm():
     """Keys used as given (here normalised by the caller), a non-default scale."""
     lengths = [70, 9]
     inputs = random_prefill_inputs(lengths, 1, 2, 16, 16, seed=6)
@@ -192,25 +191,6 @@ def test_output_norm_where_the_output_kernel_splits_heads_is_the_separate_norm()
     assert torch.equal(outs[1], gated_rms_norm(outs[0], *norm, backend="triton"))
 
 
-@interpreted
-def test_output_norm_after_the_scan_or_the_one_launch_prefill():
-    """Where no output kernel runs (the output in the scan, the one-launch prefill) the norm
-    follows as its own kernel: the same result as the norm in the output kernel."""
-    lengths = [70, 5]
-    inputs = random_prefill_inputs(lengths, 1, 2, 16, 32, seed=9)
-    norm = _output_norm(sum(lengths), 2, 32)
-
-    def run():
-        meta = build_chunk_meta(lengths, "cpu", state_indices=[1, 0])
-        return gdn_prefill(**inputs, state_pool=random_pool(2, 2, 16, 32), meta=meta,
-                           output_norm=norm, backend="triton")[0]
-    expected = run()
-    with forced_output_path(True):
-        assert rel_err(run(), expected) <= 1e-5
-    with forced_chained(True):
-        assert rel_err(run(), expected) <= 1e-5
-
-
 @triton.jit
 def invert_kernel(L_ptr, T_ptr, C: tl.constexpr, FP16: tl.constexpr):
     r = tl.arange(0, C)
@@ -270,7 +250,7 @@ def test_invert_unit_lower_fp16_products(device):
 # (data/benchmarks/small_head_dims.md).
 @pytest.mark.gpu
 @pytest.mark.parametrize("dims", [(4, 8, 128, 128), (2, 4, 16, 32), (2, 4, 32, 32)])
-def test_prefill_gpu_bf16_close_to_fp32_reference(dims, output_path):
+def test_prefill_gpu_bf16_close_to_fp32_reference(dims):
     inputs, pool, meta = _gpu_case(torch.bfloat16, dims=dims)
     pool0 = pool.clone()
     o, ckpt = gdn_prefill(**inputs, state_pool=pool, meta=meta, output_checkpoints=True)
@@ -300,7 +280,7 @@ def test_prefill_gpu_is_sync_free():
 
 
 @pytest.mark.gpu
-def test_prefill_gpu_graph_replay_equals_eager(output_path):
+def test_prefill_gpu_graph_replay_equals_eager():
     inputs, pool, meta = _gpu_case(torch.bfloat16, seed=5)
     pool_eager = pool.clone()
     o_eager, _ = gdn_prefill(**inputs, state_pool=pool_eager, meta=meta)
@@ -339,11 +319,10 @@ def test_scan_tile_follows_the_number_of_chains():
     """The scan narrows its V-tile until it has SCAN_PROGRAMS programs: one 512-token prompt at
     the Qwen3.5 tp8 slice (N·HV = 8) gets 16-wide tiles, one long prompt at Qwen3-Next's heads
     (N·HV = 32) 32-wide ones, eight prompts (N·HV = 256) 64-wide ones; never wider than the
-    head's tile. The output kernel runs after the scan by default."""
-    from mamba_edu.kernels.prefill import OUTPUT_IN_SCAN, SCAN_PROGRAMS, _scan_config
+    head's tile."""
+    from mamba_edu.kernels.prefill import SCAN_PROGRAMS, scan_config
     assert SCAN_PROGRAMS == 128
-    assert _scan_config(1 * 8, 128) == (16, 4, 3) and _scan_config(1, 128)[0] == 16
-    assert _scan_config(1 * 32, 128) == (32, 4, 3) and _scan_config(63, 128)[0] == 32
-    assert _scan_config(8 * 32, 128) == (64, 4, 2) and _scan_config(64, 128)[0] == 64
-    assert _scan_config(256, 32) == (64, 4, 2)  # V = 32 fits one 64-wide (masked) tile
-    assert not OUTPUT_IN_SCAN
+    assert scan_config(1 * 8, 128) == (16, 4, 3) and scan_config(1, 128)[0] == 16
+    assert scan_config(1 * 32, 128) == (32, 4, 3) and scan_config(63, 128)[0] == 32
+    assert scan_config(8 * 32, 128) == (64, 4, 2) and scan_config(64, 128)[0] == 64
+    assert scan_config(256, 32) == (64, 4, 2)  # V = 32 fits one 64-wide (masked) tile

@@ -37,7 +37,7 @@ def _projection(T, seed, device="cpu", dtype=torch.float32, dims=(H, HV, K, V)):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_prefill_on_views_with_gating_inside(backend, output_path):
+def test_prefill_on_views_with_gating_inside(backend):
     lengths, slots = [1, 64, 90], [4, 0, 2]
     views, A_log, dt_bias = _projection(sum(lengths), seed=0)
     assert not views["q"].is_contiguous() and not views["a"].is_contiguous()
@@ -134,7 +134,7 @@ def test_rows_must_be_contiguous_inside():
 @pytest.mark.gpu
 @pytest.mark.parametrize("gating_inside", [True, False])
 @pytest.mark.parametrize("dims", [(2, 4, 16, 32), (2, 4, 32, 32), (2, 4, 128, 128)])
-def test_prefill_on_views_gpu_bf16(dims, gating_inside, output_path):
+def test_prefill_on_views_gpu_bf16(dims, gating_inside):
     """The serving call on the GPU: bf16 views of one projection, the gating inside the kernel or
     done first, against the fp32 torch path on contiguous copies (bf16 tolerance, docs/conventions.md)."""
     lengths, slots = [100, 1, 300], [1, 2, 0]

@@ -1,4 +1,4 @@
-"""The face depends on the package, never the reverse.
+"""The face depends on the package, never the reverse; nothing outside the lab imports the lab.
 
 The face is what a user runs: the command line (``__main__``, ``_cli`` and its command modules),
 the demo and the benchmarks. The core (the math, the kernels, serving, the model, the engine,
@@ -61,6 +61,44 @@ def test_no_core_module_imports_the_face():
             if faces:
                 wrong[name] = faces
     assert not wrong, f"core modules importing the face: {wrong}"
+
+
+def test_nothing_imports_the_lab():
+    """``mamba_edu/lab/`` holds the variants that lost or were never timed: its modules may import
+    the package, but no module outside it (and no script or notebook but the appendix, notebook
+    10) imports them."""
+    files = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    assert "mamba_edu.lab.one_launch" in files
+    in_lab = lambda name: name == "mamba_edu.lab" or name.startswith("mamba_edu.lab.")  # noqa: E731
+    wrong = {name: sorted(m for m in imported_modules(path.read_text(), package_of(path)) if in_lab(m))
+             for name, path in files.items() if not in_lab(name)}
+    root = PACKAGE.parent
+    for path in sorted((root / "scripts").glob("*.py")):
+        wrong[str(path.relative_to(root))] = sorted(
+            m for m in imported_modules(path.read_text(), "scripts") if in_lab(m))
+    for path in sorted((root / "notebooks").rglob("*.ipynb")):
+        if not path.name.startswith("10_") and "mamba_edu.lab" in path.read_text():
+            wrong[str(path.relative_to(root))] = ["mamba_edu.lab"]
+    wrong = {name: mods for name, mods in wrong.items() if mods}
+    assert not wrong, f"modules outside the lab importing it: {wrong}"
+
+
+def test_the_forward_imports_no_analysis_layer():
+    """The forward's layers (kernels, model, serving, the engine) import neither the profiling
+    analysis nor the benchmarks that sit above them: the probes they carry live in
+    ``mamba_edu.probes``."""
+    below = ("mamba_edu.kernels", "mamba_edu.model", "mamba_edu.serving", "mamba_edu.engine",
+             "mamba_edu.gdn", "mamba_edu.probes")
+    above = ("mamba_edu.profiling", "mamba_edu.benchmarks")
+    under = lambda name, roots: any(name == r or name.startswith(r + ".") for r in roots)  # noqa: E731
+    wrong = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        if under(name, below):
+            ups = sorted(m for m in imported_modules(path.read_text(), package_of(path)) if under(m, above))
+            if ups:
+                wrong[name] = ups
+    assert not wrong, f"forward modules importing an analysis layer: {wrong}"
 
 
 def test_the_import_reader_sees_every_form():

@@ -51,18 +51,13 @@ def _conv_dim(H: int, HV: int) -> int:
 
 
 def _our_bytes(T: int, N: int, H: int, HV: int, act: int = 2) -> int:
-    """HBM bytes our kernels move at minimum (each tensor read or written once). With the output
-    computed in the scan there is no Ṽ or h round trip."""
-    from mamba_edu.kernels import prefill
+    """HBM bytes our kernels move at minimum (each tensor read or written once)."""
     NT = T // 64 + N  # upper bound on the number of chunks
     k_or_q = T * H * K * act
     h = NT * HV * K * V * act
     prepare = (k_or_q + T * HV * V * act + 2 * T * HV * 4                 # k, v, g, β
                + T * HV * 4 + k_or_q + T * HV * (K + V) * act)            # Γ, k̂, W, U
     scan = k_or_q + T * HV * ((K + V) * act + 4) + 2 * N * HV * K * V * 4  # k̂, W, U, Γ, S
-    if prefill.OUTPUT_IN_SCAN:
-        fold = k_or_q + 2 * T * HV * (K + V) * act         # q; Q_h, O_local written and read
-        return prepare + fold + scan + T * HV * V * act                    # o
     scan += T * HV * V * act + h                                           # Ṽ, h
     output = 2 * k_or_q + T * HV * (V * act + 4) + h + T * HV * V * act    # q, k̂, Ṽ, Γ, h, o
     return prepare + scan + output
@@ -158,39 +153,20 @@ def _bench_fla(fla, sets, meta, HV, row):
 
 
 def _stage_times(x, pool, meta, row):
-    """Graph-replayed time of each of our kernels alone; when the scan computes the output itself
-    (``output_in_scan``) its time includes it, and the prepare's the fold."""
-    from mamba_edu.kernels import prefill
+    """Graph-replayed time of each of our three kernels alone."""
     from mamba_edu.kernels.prefill import launch_output, launch_prepare, launch_scan
-    row["output_in_scan"] = prefill.OUTPUT_IN_SCAN
-    queries = (x["q"], K ** -0.5) if row["output_in_scan"] else None
-    prepare = lambda: launch_prepare(x["k"], x["v"], x["g"], x["beta"], meta, True,  # noqa: E731
-                                     queries=queries)
+    prepare = lambda: launch_prepare(x["k"], x["v"], x["g"], x["beta"], meta, True)  # noqa: E731
     row["ours_prepare_ms"] = _time(prepare, graph=True)
-    gamma, k_hat, w, u, *folded = prepare()
-    scan = lambda **kw: launch_scan(k_hat, w, u, gamma, pool, meta.state_indices, meta, **kw)  # noqa: E731
-    if row["output_in_scan"]:
-        row["ours_scan_ms"] = _time(lambda: scan(folded=folded), graph=True)
-        return
+    gamma, k_hat, w, u = prepare()
+    scan = lambda: launch_scan(k_hat, w, u, gamma, pool, meta.state_indices, meta)  # noqa: E731
     row["ours_scan_ms"] = _time(scan, graph=True)
     v_new, h = scan()
     row["ours_output_ms"] = _time(lambda: launch_output(x["q"], k_hat, v_new, h, gamma, meta,
                                                         K ** -0.5, True), graph=True)
 
 
-def _other_launch_path(fns, meta, HV, row):
-    """``one_launch``: whether the prefill ran in one launch (kernels/chained.py); for batches of
-    at most 2048 chunk-heads, also the graph-replayed time of the other launch path."""
-    from mamba_edu.kernels.chained import forced_chained, use_chained
-    row["one_launch"] = use_chained()
-    if meta.NT * HV <= 2048:
-        with forced_chained(not row["one_launch"]):
-            row["ours_graph_ms_other_launch_path"] = _time(_rotating(fns), graph=True)
-
-
 def bench_prefill(preset, lengths, fla, results, seed=0):
-    from mamba_edu.kernels import gdn_prefill, prefill
-    from mamba_edu.kernels.chained import forced_chained
+    from mamba_edu.kernels import gdn_prefill
     H, HV = PRESETS[preset]
     sets, pools, meta = _make_prefill_case(lengths, H, HV, seed)
     T, N = meta.T, meta.N
@@ -200,11 +176,6 @@ def bench_prefill(preset, lengths, fla, results, seed=0):
     ours = [lambda x=x, p=p: gdn_prefill(**x, state_pool=p, meta=meta) for x, p in zip(sets, pools)]
     row["ours_eager_ms"] = _time(_rotating(ours), graph=False)
     row["ours_graph_ms"] = _time(_rotating(ours), graph=True)
-    # The other paths, measured too: the data behind the defaults (prefill.OUTPUT_IN_SCAN, and
-    # chained.ONE_LAUNCH, for the smaller batches).
-    with prefill.forced_output_path(not prefill.OUTPUT_IN_SCAN), forced_chained(False):
-        row["ours_graph_ms_other_output_path"] = _time(_rotating(ours), graph=True)
-    _other_launch_path(ours, meta, HV, row)
     _stage_times(sets[0], pools[0], meta, row)
 
     def ours_out(x, h0):
@@ -298,15 +269,12 @@ def bench_conv(preset, lengths, results):
 
 def bench_layer(preset, lengths, results):
     """The GDN path of one layer (conv + prefill kernels), graph-replayed, and its parts."""
-    from mamba_edu.kernels import conv1d_prefill, prefill
+    from mamba_edu.kernels import conv1d_prefill
     c = _layer_inputs(preset, lengths)
     row = dict(kind="gdn_layer", case=_case_name(preset, lengths), T=c["meta"].T, N=c["meta"].N,
                H=c["H"], HV=c["HV"], K=K, V=V, dtype="bf16", tracking="fused (in-kernel)")
     row["ours_graph_ms"] = _time(lambda: _layer_call(c), graph=True)
     row["ours_eager_ms"] = _time(lambda: _layer_call(c), graph=False)
-    with prefill.forced_output_path(not prefill.OUTPUT_IN_SCAN):
-        row["ours_graph_ms_other_output_path"] = _time(lambda: _layer_call(c), graph=True)
-    _other_launch_path([lambda: _layer_call(c)], c["meta"], c["HV"], row)
     row["conv_graph_ms"] = _time(lambda: conv1d_prefill(c["x"], c["weight"],
                                                         conv_pool=c["conv_pool"], meta=c["meta"]),
                                  graph=True)
@@ -395,8 +363,6 @@ def _write(results, meta, out: Path):
 def _summary(results) -> str:
     """A fixed-width table of the headline numbers (``-`` where a value is missing)."""
     columns = [("ours graph", "ours_graph_ms", ".4f"),
-               ("other path", "ours_graph_ms_other_output_path", ".4f"),
-               ("other launch", "ours_graph_ms_other_launch_path", ".4f"),
                ("fla graph", "fla_graph_ms", ".4f"),
                ("ratio", "ratio_graph", ".2f"), ("ours eager", "ours_eager_ms", ".3f"),
                ("fla eager", "fla_eager_ms", ".3f"), ("prepare", "ours_prepare_ms", ".4f"),

@@ -43,7 +43,7 @@ from tqdm import tqdm
 from mamba_edu.profiling.bubbles import analyze_trace
 from mamba_edu.profiling.plots import plot_strategy_bars, plot_sweep, plot_timelines
 from mamba_edu.profiling.syncs import count_syncs, cuda_sync_guard
-from mamba_edu.profiling.timing import Prefills, timed_calls
+from mamba_edu.benchmarks.timing import Prefills, timed_calls
 from mamba_edu.profiling.traces import FORWARD_RANGE, record_trace, trim_trace
 from mamba_edu.serving import STRATEGIES
 CAPTURABLE = ("sync_free", "fused")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import torch
 
 from mamba_edu.gdn import gdn_gating
-from mamba_edu.kernels.chained import prefill_chained, use_chained
 from mamba_edu.kernels.conv import conv1d_prefill_triton, conv1d_update_triton
 from mamba_edu.kernels.decode import decode_triton
 from mamba_edu.kernels.prefill import apply_output_norm, prefill_triton
@@ -175,9 +174,9 @@ def gdn_prefill(q, k, v, g=None, beta=None, *, a=None, b=None, A_log=None, dt_bi
     check_head_dims(K, V)
     if gating is not None:
         g, beta = a, b
-    launch = prefill_chained if use_chained() else prefill_triton
-    return launch(q, k, v, g, beta, state_pool, state_indices, meta, scale, use_qk_l2norm,
-                  output_checkpoints, track_slots, track_chunks, gating, output_norm)
+    return prefill_triton(q, k, v, g, beta, state_pool, state_indices, meta, scale,
+                          use_qk_l2norm, output_checkpoints, track_slots, track_chunks, gating,
+                          output_norm)
 
 
 def gdn_decode(q, k, v, a, b, A_log, dt_bias, *, state_pool, state_indices, scale=None,

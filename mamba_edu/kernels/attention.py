@@ -38,7 +38,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from mamba_edu.kernels.launch import await_previous_kernel, pdl_options
 from mamba_edu.kernels.validation import check_tensor, device_of, resolve_backend
 
 HEAD_DIMS = (16, 32, 64, 128, 256)  # the head dims the kernel takes (powers of two, tl.dot ≥ 16)
@@ -80,7 +79,7 @@ def _attend_keys(acc, l, m, q, k_ptr, v_ptr, stride_k, stride_v, rows, cols, sta
 @triton.jit
 def causal_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, group, stride_q, stride_k,
                             stride_v, stride_o, qk_scale, D: tl.constexpr, BD: tl.constexpr,
-                            BM: tl.constexpr, BN: tl.constexpr, USE_PDL: tl.constexpr):
+                            BM: tl.constexpr, BN: tl.constexpr):
     """``o = softmax(q kᵀ · scale, bottom-right causal) v`` for queries ``BM·i .. BM·(i+1)`` of
     query head ``h`` of sequence ``n``, grid ``(⌈Lq/BM⌉, Hq, N)``.
 
@@ -88,7 +87,6 @@ def causal_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, group, stride_q,
     ``o [N·Lq, Hq, D]``; head ``h`` reads KV head ``h // group``. ``qk_scale = scale · log₂e``.
     Tiles over the head dim are ``BD ≥ D`` wide, zeros past ``D``.
     """
-    await_previous_kernel(USE_PDL)
     block, head, seq = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     shift = Lk - Lq  # query i sees keys j <= i + shift
     m0 = block * BM
@@ -204,6 +202,5 @@ def causal_attention(q, k, v, n_seqs=1, scale=None, *, backend="auto"):
     # (data/benchmarks/small_head_dims.md).
     causal_attention_kernel[(triton.cdiv(Lq, bm), Hq, n_seqs)](
         q, k, v, o, Lq, Lk, Hq // k.shape[1], q.stride(0), k.stride(0), v.stride(0), o.stride(0),
-        scale * LOG2E, D, max(64, D), bm, bn, num_warps=warps, num_stages=stages,
-        **pdl_options(q.device))
+        scale * LOG2E, D, max(64, D), bm, bn, num_warps=warps, num_stages=stages)
     return o

@@ -21,7 +21,6 @@ import torch
 import triton
 import triton.language as tl
 
-from mamba_edu.kernels.launch import await_previous_kernel, pdl_options
 from mamba_edu.kernels.tiles import as_vector
 
 
@@ -84,17 +83,18 @@ def conv_launch(n_chunks: int, D: int) -> tuple[int, int, bool]:
     return WIDE_LAUNCH if n_chunks * triton.cdiv(D, 64) >= WIDE_FROM else NARROW_LAUNCH
 
 
+@triton.heuristics({"HAS_BIAS": lambda args: args["bias_ptr"] is not None,
+                    "TRACK": lambda args: args["track_slot_ptr"] is not None})
 @triton.jit
 def conv1d_prefill_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr,
                           track_slot_ptr, track_chunk_ptr, cu_ptr, chunk_idx_ptr, D, stride_x,
-                          W: tl.constexpr, HEAD: tl.constexpr, HAS_BIAS: tl.constexpr,
-                          SILU: tl.constexpr, TRACK: tl.constexpr, BD: tl.constexpr,
-                          CHANNELS_FIRST: tl.constexpr, USE_PDL: tl.constexpr):
+                          W: tl.constexpr, HEAD: tl.constexpr, SILU: tl.constexpr,
+                          BD: tl.constexpr, CHANNELS_FIRST: tl.constexpr,
+                          HAS_BIAS: tl.constexpr, TRACK: tl.constexpr):
     """One (chunk, channel block) of ``y [T, D]``; chunk 0 of a sequence also does its first
     ``W−1`` rows (``HEAD`` = that, rounded up to a power of two), the tracked window when
     ``TRACK`` and the new conv state. The grid is ``(NT, ⌈D/BD⌉)``, or ``(⌈D/BD⌉, NT)`` with
     ``CHANNELS_FIRST``."""
-    await_previous_kernel(USE_PDL)
     if CHANNELS_FIRST:
         i_chunk = tl.program_id(1)
         cols = tl.program_id(0) * BD + tl.arange(0, BD)
@@ -164,13 +164,13 @@ def _save_window(x_ptr, state_ptr, dst_ptr, cols, writes, has_state, bos, end, s
             dst_ptr.dtype.element_ty), mask=writes)
 
 
+@triton.heuristics({"HAS_BIAS": lambda args: args["bias_ptr"] is not None})
 @triton.jit
 def conv1d_update_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr, D, stride_x,
-                         W: tl.constexpr, BD: tl.constexpr, HAS_BIAS: tl.constexpr,
-                         SILU: tl.constexpr, USE_PDL: tl.constexpr):
+                         W: tl.constexpr, BD: tl.constexpr, SILU: tl.constexpr,
+                         HAS_BIAS: tl.constexpr):
     """One token per sequence: window = [state, x]; the new state drops the oldest column.
     Each thread owns whole channels, so shifting the state in place needs no barrier."""
-    await_previous_kernel(USE_PDL)
     n = tl.program_id(0)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     d_mask = cols < D
@@ -203,18 +203,15 @@ def conv1d_prefill_triton(x, weight, bias, conv_pool, state_indices, meta, silu,
     (``track_slots, track_chunks`` as in :func:`~mamba_edu.kernels.conv1d_prefill`).
     ``launch``: ``(num_warps, BD, CHANNELS_FIRST)``, by default :func:`conv_launch`'s (the tests
     run other tile shapes too)."""
-    track = track_slots is not None
     T, D = x.shape
     W = weight.shape[1]
     y = torch.empty(T, D, device=x.device, dtype=x.dtype)
     warps, bd, channels_first = launch or conv_launch(meta.NT, D)
     blocks = triton.cdiv(D, bd)
     conv1d_prefill_kernel[(blocks, meta.NT) if channels_first else (meta.NT, blocks)](
-        x, weight, weight if bias is None else bias, y, conv_pool, state_indices,
-        track_slots if track else state_indices, track_chunks if track else state_indices,
+        x, weight, bias, y, conv_pool, state_indices, track_slots, track_chunks,
         meta.cu_seqlens, meta.chunk_indices, D, x.stride(0), W, triton.next_power_of_2(W - 1),
-        bias is not None, silu, track, bd, channels_first, num_warps=warps,
-        **pdl_options(y.device))
+        silu, bd, channels_first, num_warps=warps)
     return y
 
 
@@ -223,6 +220,6 @@ def conv1d_update_triton(x, weight, bias, conv_pool, state_indices, silu):
     N, D = x.shape
     y = torch.empty(N, D, device=x.device, dtype=x.dtype)
     conv1d_update_kernel[(N, triton.cdiv(D, _BD))](
-        x, weight, weight if bias is None else bias, y, conv_pool, state_indices, D, x.stride(0),
-        weight.shape[1], _BD, bias is not None, silu, num_warps=4, **pdl_options(y.device))
+        x, weight, bias, y, conv_pool, state_indices, D, x.stride(0), weight.shape[1], _BD, silu,
+        num_warps=4)
     return y

@@ -11,7 +11,6 @@ import torch
 import triton
 import triton.language as tl
 
-from mamba_edu.kernels.launch import await_previous_kernel, pdl_options
 from mamba_edu.kernels.tiles import as_vector, gate_values, tuning_configs
 
 
@@ -21,9 +20,7 @@ from mamba_edu.kernels.tiles import as_vector, gate_values, tuning_configs
 def gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, o_ptr,
                       pool_ptr, state_idx_ptr, scale, stride_q, stride_k, stride_v, stride_a,
                       stride_b, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
-                      USE_PDL: tl.constexpr):
-    await_previous_kernel(USE_PDL)
+                      BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr):
     i_v = tl.program_id(0)
     n = tl.program_id(1)
     hv = tl.program_id(2)
@@ -63,6 +60,5 @@ def decode_triton(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scal
     gdn_decode_kernel[(triton.cdiv(V, BV), N, HV)](
         q, k, v, a, b, A_log, dt_bias, o, state_pool, state_indices, scale,
         q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0),
-        H, HV, K, V, max(16, triton.next_power_of_2(K)), BV, use_qk_l2norm,
-        **pdl_options(o.device))
+        H, HV, K, V, max(16, triton.next_power_of_2(K)), BV, use_qk_l2norm)
     return o

@@ -22,7 +22,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from mamba_edu.kernels.launch import await_previous_kernel, pdl_options
 from mamba_edu.kernels.validation import check_eps, check_tensor, device_of, resolve_backend
 
 
@@ -33,14 +32,15 @@ def row_starts(rows, heads, row_stride, head_stride):
     return (rows // heads).to(tl.int64) * row_stride + (rows % heads) * head_stride
 
 
+@triton.heuristics({"HAS_DELTA": lambda args: args["delta_ptr"] is not None,
+                    "HAS_GATE": lambda args: args["z_ptr"] is not None})
 @triton.jit
 def rms_norm_kernel(x_ptr, delta_ptr, z_ptr, w_ptr, s_ptr, y_ptr, n_rows, heads, D,
                     stride_x, stride_delta, stride_z, eps,
                     ROWS: tl.constexpr, BLOCK: tl.constexpr, HAS_DELTA: tl.constexpr,
-                    HAS_GATE: tl.constexpr, USE_PDL: tl.constexpr):
+                    HAS_GATE: tl.constexpr):
     """``y = rms_norm(x [+ delta]) · w [· silu(z)]`` over rows of width ``D`` (whole rows in one
     tile); with ``HAS_DELTA`` the rounded sum is stored in ``s`` and normalised."""
-    await_previous_kernel(USE_PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     mask = (rows < n_rows)[:, None] & (cols < D)[None, :]
@@ -65,9 +65,8 @@ def rms_norm_kernel(x_ptr, delta_ptr, z_ptr, w_ptr, s_ptr, y_ptr, n_rows, heads,
 
 @triton.jit
 def silu_mul_kernel(gu_ptr, y_ptr, T, Fw, stride_gu,
-                    ROWS: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+                    ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """``y[:, c] = silu(gu[:, c]) · gu[:, Fw + c]`` for a ``[ROWS, BLOCK]`` tile of columns."""
-    await_previous_kernel(USE_PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = (rows < T)[:, None] & (cols < Fw)[None, :]
@@ -80,9 +79,8 @@ def silu_mul_kernel(gu_ptr, y_ptr, T, Fw, stride_gu,
 
 @triton.jit
 def rope_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, n_rows, heads, HALF, stride_x,
-                ROWS: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+                ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """Rotate-half RoPE of rows of width ``2·HALF``; ``cos, sin [T, HALF]`` are per token."""
-    await_previous_kernel(USE_PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     mask = (rows < n_rows)[:, None] & (cols < HALF)[None, :]
@@ -114,10 +112,9 @@ def _launch_rms(x, delta, z, weight, eps, heads, stride_x, want_sum):
     s = torch.empty_like(y) if want_sum else None
     block, rows, warps = _tiling(D)
     rms_norm_kernel[(triton.cdiv(n_rows, rows),)](
-        x, x if delta is None else delta, x if z is None else z, weight, y if s is None else s, y,
-        n_rows, heads, D, stride_x, 0 if delta is None else delta.stride(0),
-        0 if z is None else z.stride(0), eps, rows, block, delta is not None, z is not None,
-        num_warps=warps, **pdl_options(x.device))
+        x, delta, z, weight, s, y, n_rows, heads, D, stride_x,
+        0 if delta is None else delta.stride(0), 0 if z is None else z.stride(0), eps, rows, block,
+        num_warps=warps)
     return s, y
 
 
@@ -222,8 +219,7 @@ def _silu_mul(gate_up, backend):
     y = torch.empty(T, Fw, device=gate_up.device, dtype=gate_up.dtype)
     block, rows, warps = _tiling(Fw, max_block=1024)
     silu_mul_kernel[(triton.cdiv(T, rows), triton.cdiv(Fw, block))](
-        gate_up, y, T, Fw, gate_up.stride(0), rows, block, num_warps=warps,
-        **pdl_options(y.device))
+        gate_up, y, T, Fw, gate_up.stride(0), rows, block, num_warps=warps)
     return y
 
 
@@ -248,6 +244,5 @@ def rope(x, cos, sin, *, backend="auto"):
     y = torch.empty(T, heads, D, device=x.device, dtype=x.dtype)
     block, rows, warps = _tiling(D // 2)
     rope_kernel[(triton.cdiv(T * heads, rows),)](
-        x, cos, sin, y, T * heads, heads, D // 2, x.stride(0), rows, block, num_warps=warps,
-        **pdl_options(y.device))
+        x, cos, sin, y, T * heads, heads, D // 2, x.stride(0), rows, block, num_warps=warps)
     return y

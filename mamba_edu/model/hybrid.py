@@ -9,7 +9,7 @@ from torch import nn
 
 from mamba_edu.model.config import ModelConfig, get_config
 from mamba_edu.model.layers import KV, MLP, Attention, GDNMixer, RMSNorm, init_param, rope_tables
-from mamba_edu.profiling.ranges import profile_range
+from mamba_edu.probes import profile_range
 
 
 class HybridLayer(nn.Module):

@@ -15,8 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mamba_edu.kernels.attention import causal_attention
-from mamba_edu.kernels.fused_ops import rms_norm, rope
-from mamba_edu.kernels.prologue_linear import auto_fuses, gated_norm_linear, norm_linear, swiglu_linear
+from mamba_edu.kernels.fused_ops import add_rms_norm, rms_norm, rope, silu_mul
 from mamba_edu.model.config import ModelConfig
 
 KV = tuple[torch.Tensor, torch.Tensor]  # (k, v) of one sequence in one attention layer
@@ -43,9 +42,11 @@ class RMSNorm(nn.Module):
     def add_linear(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor):
         """The pre-norm residual step and the projection after it: ``x += delta``, then
         ``norm(x) @ weightᵀ``; returns ``(x, projection)``. ``delta = None``: nothing to add.
-        On a GPU a norm kernel and a cuBLAS GEMM, or one GEMM with the norm in its prologue
-        (:mod:`mamba_edu.kernels.prologue_linear`)."""
-        return norm_linear(x, delta, self.weight, self.eps, weight)
+        On a GPU a norm kernel and a cuBLAS GEMM."""
+        if delta is None:
+            return x, F.linear(rms_norm(x, self.weight, self.eps), weight)
+        x, h = add_rms_norm(x, delta, self.weight, self.eps)
+        return x, F.linear(h, weight)
 
 
 class MLP(nn.Module):
@@ -62,7 +63,7 @@ class MLP(nn.Module):
         """The MLP after its gate/up projection (``self.gate_up``, applied with the norm before it
         by :meth:`RMSNorm.add_linear`): ``silu(gate) · up`` of ``gate_up [T, 2·mlp_width]``,
         projected down to ``[T, hidden]``."""
-        return swiglu_linear(gate_up, self.down)
+        return F.linear(silu_mul(gate_up), self.down)
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float):
@@ -148,8 +149,7 @@ class GDNMixer(nn.Module):
     ``mixed_qkv`` with the pooled conv state, split into q/k/v, gating with ``A_log``/``dt_bias``,
     the GDN core with the pooled SSM state, state tracking, and the gated RMSNorm
     ``rms(o)·norm_weight·silu(z)`` per head, inside the prefill's output kernel on a GPU)
-    → ``o [T, HV, V]`` → out-projection. With the prologue GEMMs on
-    (:mod:`mamba_edu.kernels.prologue_linear`) the norm runs in the out-projection instead.
+    → ``o [T, HV, V]`` → out-projection.
 
     The backend reads the layer's parameters from this module: ``conv_weight [D, W]``,
     ``conv_bias [D]``, ``A_log, dt_bias [HV]``, ``norm_weight [V]``, ``norm_eps`` and the head
@@ -199,9 +199,5 @@ class GDNMixer(nn.Module):
         mixed_qkv, z, b, a = projected.split([self.conv_dim, HV * V, HV, HV], -1)
         # mixed_qkv, z, a and b are column slices of the projection: the kernels read their rows
         # with its row stride, so nothing is copied out.
-        if auto_fuses(projected):
-            # The output norm runs in the out-projection's prologue: the backend returns o unnormed.
-            o = backend.forward(self, mixed_qkv, a, b, batch)
-            return gated_norm_linear(o, z, self.norm_weight, self.norm_eps, self.out)
         o = backend.forward(self, mixed_qkv, a, b, batch, z=z)  # normed: rms(o)·w·silu(z)
         return F.linear(o.view(T, -1), self.out)

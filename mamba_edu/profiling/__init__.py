@@ -5,7 +5,8 @@ pull in matplotlib).
 """
 
 from mamba_edu.profiling.bubbles import Bubble, TraceAnalysis, TraceSync, analyze_trace, load_trace
-from mamba_edu.profiling.syncs import SyncEvent, SyncReport, count_syncs, cuda_sync_guard, host_only
+from mamba_edu.probes import host_only
+from mamba_edu.profiling.syncs import SyncEvent, SyncReport, count_syncs, cuda_sync_guard
 from mamba_edu.profiling.traces import FORWARD_RANGE, RecordedTrace, record_trace, trim_trace
 
 __all__ = [

@@ -15,7 +15,6 @@ nothing waits, so the sniffer below watches the ops themselves:
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import os
 import sys
 from collections import Counter
@@ -24,6 +23,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from mamba_edu.probes import in_host_only_block
 
 aten = torch.ops.aten
 
@@ -45,7 +46,6 @@ _COPIES = {aten._to_copy.default, aten.copy_.default}
 #: Tensor methods that read a tensor into host memory without reaching the dispatcher on a CPU.
 _HOST_READS = {torch.Tensor.tolist: "tolist", torch.Tensor.cpu: "cpu()", torch.Tensor.numpy: "numpy"}
 
-_HOST_ONLY = contextvars.ContextVar("mamba_edu_host_only", default=False)
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _THIS_FILE = os.path.abspath(__file__)
 
@@ -139,7 +139,7 @@ class _DispatchSniffer(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        reason = None if _HOST_ONLY.get() else _sync_reason(func, args, kwargs)
+        reason = None if in_host_only_block() else _sync_reason(func, args, kwargs)
         if reason is not None:
             self.report.events.append(SyncEvent(reason, *_call_site()))
         return func(*args, **kwargs)
@@ -167,23 +167,9 @@ class _HostReadSniffer(TorchFunctionMode):
         name = _HOST_READS.get(func)
         t = args[0] if args else None
         if (name is not None and isinstance(t, torch.Tensor) and not _is_device(t)
-                and not _remembers_host_values(t) and not _HOST_ONLY.get()):
+                and not _remembers_host_values(t) and not in_host_only_block()):
             self.report.events.append(SyncEvent(name, *_call_site()))
         return func(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def host_only():
-    """Mark a block that only touches host copies (what ``.cpu()`` returned, Python lists).
-
-    On a GPU such a block cannot sync. On a CPU every tensor is a host tensor, so the sniffer
-    cannot tell these copies from the tensors that stand in for device ones: it skips the block.
-    """
-    token = _HOST_ONLY.set(True)
-    try:
-        yield
-    finally:
-        _HOST_ONLY.reset(token)
 
 
 @contextlib.contextmanager

@@ -43,7 +43,7 @@ from torch.profiler import (
 
 from mamba_edu._runtime import synchronize
 from mamba_edu.profiling.bubbles import forward_range, forward_window, load_trace, trace_events
-from mamba_edu.profiling.ranges import FORWARD_RANGE
+from mamba_edu.probes import FORWARD_RANGE
 
 
 @dataclass(frozen=True)

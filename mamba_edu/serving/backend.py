@@ -20,7 +20,7 @@ import torch
 
 from mamba_edu.kernels import build_chunk_meta, conv1d_decode, conv1d_prefill, gdn_decode, gdn_prefill
 from mamba_edu.kernels.fused_ops import gated_rms_norm
-from mamba_edu.profiling.ranges import profile_range
+from mamba_edu.probes import profile_range
 from mamba_edu.serving.batch import ForwardBatch
 from mamba_edu.serving.gdn_layer import GDNLayerParams
 from mamba_edu.serving.pool import StatePool

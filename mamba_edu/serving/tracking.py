@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from mamba_edu.gdn import checkpoint_offsets
-from mamba_edu.profiling.syncs import host_only
+from mamba_edu.probes import host_only
 from mamba_edu.serving.batch import ForwardBatch, upload_host_lists
 from mamba_edu.serving.pool import SCRATCH_SLOT
 

@@ -1,5 +1,6 @@
-"""Projections with the norm or SwiGLU in the GEMM's prologue (interpreter on CPU, bf16 on a GPU)
-against the two steps the model otherwise runs, in fp64."""
+"""The lab's projections with the norm or SwiGLU in the GEMM's prologue
+(mamba_edu/lab/prologue_gemms.py; interpreter on CPU, bf16 on a GPU) against the two steps the
+model runs, in fp64."""
 
 import pytest
 import torch
@@ -7,11 +8,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from mamba_edu import triton_interpreted
-from mamba_edu.engine import Engine, Request
 from mamba_edu.kernels.fused_ops import gated_rms_norm
-from mamba_edu.kernels.prologue_linear import (forced_prologue_gemms, gated_norm_linear, norm_linear,
-                                               swiglu_linear)
-from mamba_edu.model import build_model
+from mamba_edu.lab.prologue_gemms import gated_norm_linear, norm_linear, swiglu_linear
 from mamba_edu.testing import rel_err
 
 EPS = 1e-6
@@ -65,7 +63,7 @@ def _gated_inputs(T, HV, V, N, pad=0, seed=0, device="cpu", dtype=torch.float32)
 def _check_norm_linear(M, D, N, dtype, with_delta, pad=0, seed=0, device="cpu"):
     x, delta, w_n, W, _ = _inputs(M, D, N, seed, pad, device, dtype)
     delta = delta if with_delta else None
-    s, y = norm_linear(x, delta, w_n, EPS, W, backend="triton")
+    s, y = norm_linear(x, delta, w_n, EPS, W)
     s_ref, y_ref = ref_norm_linear(x, delta, w_n, W)
     assert torch.equal(s, s_ref), "the residual must be x + delta rounded as torch rounds it"
     assert y.shape == (M, N) and y.dtype == dtype and y.is_contiguous()
@@ -86,7 +84,7 @@ def test_norm_linear_matches_fp64(M, D, N, pad, with_delta, dtype):
 def test_swiglu_linear_matches_fp64(M, D, N, pad, dtype):
     *_, gate_up = _inputs(M, D, N, pad=pad, dtype=dtype)
     W = _inputs(M, D, N, seed=1, dtype=dtype)[3]
-    y = swiglu_linear(gate_up, W, backend="triton")
+    y = swiglu_linear(gate_up, W)
     assert y.shape == (M, N) and y.dtype == dtype
     assert rel_err(y, ref_swiglu_linear(gate_up, W)) <= TOL[dtype]
 
@@ -96,7 +94,7 @@ def test_swiglu_linear_matches_fp64(M, D, N, pad, dtype):
 @pytest.mark.parametrize("T, HV, V, N, pad", [(1, 2, 16, 40, 0), (70, 3, 32, 130, 6), (9, 1, 64, 24, 3)])
 def test_gated_norm_linear_matches_fp64_and_the_norm_kernel_operand(T, HV, V, N, pad, dtype):
     o, z, w_n, W = _gated_inputs(T, HV, V, N, pad, dtype=dtype)
-    y = gated_norm_linear(o, z, w_n, EPS, W, backend="triton")
+    y = gated_norm_linear(o, z, w_n, EPS, W)
     assert y.shape == (T, N) and y.dtype == dtype
     assert rel_err(y, ref_gated_norm_linear(o, z, w_n, W)) <= TOL[dtype]
     # The operand is rounded as the gated norm kernel stores it: fp32 products agree to fp32.
@@ -110,40 +108,6 @@ def test_gated_norm_linear_matches_fp64_and_the_norm_kernel_operand(T, HV, V, N,
        with_delta=st.booleans(), seed=st.integers(0, 2**16))
 def test_property_norm_linear_any_shape(M, D, N, pad, with_delta, seed):
     _check_norm_linear(M, D, N, torch.float32, with_delta, pad, seed)
-
-
-@pytest.mark.parametrize("fn", ["norm", "swiglu", "gated"])
-def test_two_steps_when_off_are_the_model_expressions_bit_for_bit(fn):
-    """``auto`` without :data:`PROLOGUE_GEMMS` is the norm (or SwiGLU) and ``F.linear``, as before."""
-    x, delta, w_n, W, gate_up = _inputs(9, 32, 24)
-    if fn == "norm":
-        s, y = norm_linear(x, delta, w_n, EPS, W)
-        expected = F.linear(F.rms_norm(x + delta, (32,), w_n, EPS), W)
-        assert torch.equal(s, x + delta)
-    elif fn == "swiglu":
-        y = swiglu_linear(gate_up, W)
-        gate, up = gate_up.chunk(2, -1)
-        expected = F.linear(F.silu(gate) * up, W)
-    else:
-        o, z, w_n, W = _gated_inputs(9, 2, 16, 24, pad=3)
-        y = gated_norm_linear(o, z, w_n, EPS, W)
-        expected = F.linear((F.rms_norm(o, (16,), w_n, EPS) * F.silu(z.view(9, 2, 16))).view(9, 32), W)
-    assert torch.equal(y, expected)
-
-
-@interpreted
-def test_model_forward_with_prologue_gemms_matches_two_launches():
-    """The whole tiny model, fp32: logits and the pool's final states agree with the GEMMs fused."""
-    prompts = [Request(0, list(range(1, 40))), Request(1, list(range(50, 75)))]
-    runs = []
-    for fused in (False, True):
-        engine = Engine(build_model("tiny", device="cpu"), strategy="fused", max_requests=2)
-        with forced_prologue_gemms(fused):
-            logits = engine.prefill(prompts).logits
-        runs.append((logits, engine.pool.ssm.clone(), engine.pool.conv.clone()))
-    (logits0, ssm0, conv0), (logits1, ssm1, conv1) = runs
-    assert rel_err(logits1, logits0) <= 1e-5
-    assert rel_err(ssm1, ssm0) <= 1e-5 and rel_err(conv1, conv0) <= 1e-5
 
 
 # ---------------------------------------------------------------------------------- validation
@@ -167,7 +131,6 @@ def _bad(**changes):
     (lambda: swiglu_linear(torch.zeros(4, 8), torch.zeros(3, 5)), r"weight must have shape \[\*, 4\]"),
     (lambda: swiglu_linear(torch.zeros(4, 8, dtype=torch.int32), torch.zeros(3, 4)),
      "gate_up must have dtype in"),
-    (lambda: swiglu_linear(torch.zeros(4, 8), torch.zeros(3, 4), backend="cuda"), "backend must be"),
     (lambda: gated_norm_linear(torch.zeros(4, 2, 16), torch.zeros(4, 33), torch.ones(16), EPS,
                                torch.zeros(5, 32)), r"z must have shape \[4, 32\]"),
     (lambda: gated_norm_linear(torch.zeros(4, 2, 16), torch.zeros(4, 32), torch.ones(8), EPS,
@@ -186,9 +149,7 @@ def test_rejects_bad_inputs(call, message):
 def test_gated_norm_linear_refuses_a_head_dim_its_kernel_cannot_step_by():
     o, z, w_n, W = _gated_inputs(4, 2, 24, 8)
     with pytest.raises(ValueError, match="V=24 must be a power of two"):
-        gated_norm_linear(o, z, w_n, EPS, W, backend="triton")
-    with forced_prologue_gemms(True):  # "auto" falls back to the two launches
-        assert rel_err(gated_norm_linear(o, z, w_n, EPS, W), ref_gated_norm_linear(o, z, w_n, W)) <= 1e-5
+        gated_norm_linear(o, z, w_n, EPS, W)
 
 
 # ---------------------------------------------------------------------------------- GPU (bf16)
@@ -209,7 +170,7 @@ def test_gpu_bf16_norm_linear_model_shapes(D, N, with_delta):
 @pytest.mark.parametrize("T, HV, N", [(512, 8, 4096), (300, 32, 2048)])
 def test_gpu_bf16_gated_norm_linear_model_shapes(T, HV, N):
     o, z, w_n, W = _gated_inputs(T, HV, 128, N, pad=8, device="cuda", dtype=torch.bfloat16)
-    y = gated_norm_linear(o, z, w_n, EPS, W, backend="triton")
+    y = gated_norm_linear(o, z, w_n, EPS, W)
     assert rel_err(y, ref_gated_norm_linear(o, z, w_n, W)) <= TOL[torch.bfloat16]
 
 
@@ -218,25 +179,5 @@ def test_gpu_bf16_gated_norm_linear_model_shapes(T, HV, N):
 def test_gpu_bf16_swiglu_linear_model_shapes(Fw, N):
     *_, gate_up = _inputs(512, Fw, N, pad=8, device="cuda", dtype=torch.bfloat16)
     W = _inputs(1, Fw, N, seed=1, device="cuda", dtype=torch.bfloat16)[3]
-    with forced_prologue_gemms(True):
-        y = swiglu_linear(gate_up, W)
+    y = swiglu_linear(gate_up, W)
     assert rel_err(y, ref_swiglu_linear(gate_up, W)) <= TOL[torch.bfloat16]
-
-
-@pytest.mark.gpu
-def test_gpu_model_with_prologue_gemms_replays_like_eager_and_like_two_launches():
-    """fp32 tiny model on CUDA: with the prologue GEMMs a captured prefill replays the eager
-    logits, and those agree with the two launches' (fp32 products in full precision)."""
-    prompts = [Request(0, list(range(1, 90))), Request(1, list(range(7, 40)))]
-    logits = {}
-    for fused in (False, True):
-        engine = Engine(build_model("tiny", device="cuda"), strategy="fused", max_requests=2)
-        with forced_prologue_gemms(fused):
-            batch = engine.prepare_prefill(prompts)
-            graph = engine.capture_prefill(batch)
-            logits[fused] = engine.forward_prefill(batch).clone()
-            graph.restore_states()
-            replayed = graph.replay().clone()
-        torch.cuda.synchronize()
-        torch.testing.assert_close(replayed, logits[fused], rtol=1e-5, atol=1e-5)
-    assert rel_err(logits[True], logits[False]) <= 1e-4

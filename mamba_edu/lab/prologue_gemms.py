@@ -16,12 +16,11 @@ block adds the same ``delta`` again; the first column block also stores ``s``, t
 The GDN output norm is per head of ``V`` columns, so that kernel steps one head at a time and
 norms it before the product.
 
-Where it stands (notebook 09, "A kernel budget"): in the 1 × 512 graph replay, folding the norms
-and SwiGLU this way removes 226 of the forward's 691 kernels, and pays if these GEMMs are less
-than about 25 % slower than cuBLAS's. That has not been measured on a GPU yet, so the model keeps
-its two launches (:data:`PROLOGUE_GEMMS` off); :func:`forced_prologue_gemms` switches them on
-for the tests and the benchmark (``scripts/prologue_gemms.py``). Each entry point validates its
-arguments once, also when it runs the two launches (the model calls one per projection).
+Where it stands: in the 1 × 512 graph replay (notebook 10 counts them), folding the norms and
+SwiGLU this way would remove about a third of the forward's kernels; it pays only if these GEMMs
+are not much slower than cuBLAS's. That has never been measured on a GPU, so the package's model
+keeps its two launches (a norm or SwiGLU kernel, then ``F.linear``) and these kernels live here.
+Each entry point runs the fused kernel (the Triton interpreter on a CPU, fp32 or fp16).
 
 Numerics: the SwiGLU and gated-norm operands are rounded to the input dtype exactly as their
 own kernels store them. For the residual norm, the two-launch path rounds ``h = s·r·w_n`` before
@@ -33,27 +32,15 @@ multiply in full fp32 (``input_precision="ieee"``), like torch's default ``F.lin
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from mamba_edu._runtime import overriding, triton_interpreted
-from mamba_edu.kernels.fused_ops import _add_rms_norm, _gated_rms_norm, _rms_norm, _silu_mul
-from mamba_edu.kernels.launch import await_previous_kernel, pdl_options
 from mamba_edu.kernels.tiles import tuning_configs
 from mamba_edu.kernels.validation import check_eps, check_tensor, device_of, resolve_backend
-
-PROLOGUE_GEMMS = False  # not yet timed against cuBLAS on a GPU (module docstring)
 
 NORM = tl.constexpr(1)    # PROLOGUE values of the kernel
 SWIGLU = tl.constexpr(2)
 GATED = tl.constexpr(3)
-
-
-def forced_prologue_gemms(enabled: bool):
-    """Within the block, ``backend="auto"`` runs the fused kernels (``enabled``; see
-    :func:`auto_fuses`) or the two launches: for the tests and the benchmark, which compare them."""
-    return overriding(globals(), "PROLOGUE_GEMMS", enabled)
 
 
 # (num_warps, num_stages, tile): the first is the interpreter's; a GPU autotunes over all of them
@@ -85,8 +72,7 @@ def _times_weight(acc, a, w_ptr, cols, ks, N, Kd, IEEE: tl.constexpr):
 def prologue_linear_kernel(a_ptr, aux_ptr, norm_w_ptr, w_ptr, s_ptr, y_ptr, M, N, Kd,
                            stride_a, stride_aux, eps, PROLOGUE: tl.constexpr,
                            HAS_DELTA: tl.constexpr, HEAD: tl.constexpr, IEEE: tl.constexpr,
-                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                           USE_PDL: tl.constexpr):
+                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """Tile ``(pid_m, pid_n)`` of ``y [M, N] = prologue(a) @ Wᵀ`` with ``W [N, Kd]`` contiguous;
     ``a`` and ``aux`` have row strides ``stride_a``, ``stride_aux``.
 
@@ -99,7 +85,6 @@ def prologue_linear_kernel(a_ptr, aux_ptr, norm_w_ptr, w_ptr, s_ptr, y_ptr, M, N
       the gate ``z``; the operand is ``rms_norm(head) · norm_w [HEAD] · silu(z)``, rounded as the
       gated norm kernel stores it. One head per step (``BK`` unused): its norm needs all of it.
     """
-    await_previous_kernel(USE_PDL)
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     rows = pid_m * BM + tl.arange(0, BM)
     cols = pid_n * BN + tl.arange(0, BN)
@@ -160,39 +145,26 @@ def _launch(prologue, a, aux, norm_weight, weight, eps, Kd, head=1):
     prologue_linear_kernel[grid](
         a, a if aux is None else aux, weight if norm_weight is None else norm_weight, weight,
         y if s is None else s, y, M, N, Kd, a.stride(0), 0 if aux is None else aux.stride(0),
-        eps, prologue, has_delta, head, a.dtype == torch.float32, **pdl_options(a.device))
+        eps, prologue, has_delta, head, a.dtype == torch.float32)
     return s, y
 
 
-def auto_fuses(t: torch.Tensor) -> bool:
-    """Whether ``backend="auto"`` runs the fused kernel on tensors like ``t``: with
-    :data:`PROLOGUE_GEMMS` on, wherever Triton can (CUDA, or the interpreter for fp32/fp16 CPU
-    tensors, so that the tests run the model with it)."""
-    runs = t.device.type == "cuda" or (triton_interpreted() and t.dtype != torch.bfloat16)
-    return PROLOGUE_GEMMS and runs
-
-
-def _fused(backend: str, name: str, t: torch.Tensor) -> bool:
-    """Whether to run the fused kernel (``name``: the argument whose dtype decides, for errors)."""
-    if backend == "auto":
-        return auto_fuses(t)
-    return resolve_backend(backend, t.device, t.dtype, name) == "triton"
+def _check_device(name: str, t: torch.Tensor) -> None:
+    """The fused kernel runs where Triton does: CUDA, or the interpreter (fp32, fp16) on a CPU."""
+    resolve_backend("triton", t.device, t.dtype, name)
 
 
 def _check_weight(weight, in_features: int, like: torch.Tensor) -> None:
     check_tensor("weight", weight, (None, in_features), device=like.device, dtypes=(like.dtype,))
 
 
-def norm_linear(x, delta, norm_weight, eps, weight, *, backend="auto"):
+def norm_linear(x, delta, norm_weight, eps, weight):
     """The pre-norm residual step and the projection after it:
     ``s = x + delta`` (``s = x`` when ``delta`` is None), ``y = rms_norm(s) · norm_weight @ weightᵀ``.
 
     Args:
         x, delta: ``[T, D]`` (row-strided allowed, one dtype; delta may be None);
         norm_weight: ``[D]``; weight: ``[N, D]`` contiguous; all in x's dtype.
-        backend: ``"auto"`` (the fused kernel where :func:`auto_fuses` says so, else the norm's
-            own launch and ``F.linear``), ``"triton"`` (the fused kernel; the interpreter on CPU)
-            or ``"torch"`` (``F.rms_norm`` and ``F.linear``).
     Returns:
         ``(s, y)``: the residual stream ``[T, D]`` and the projection ``[T, N]``, in x's dtype.
     """
@@ -203,25 +175,17 @@ def norm_linear(x, delta, norm_weight, eps, weight, *, backend="auto"):
     check_tensor("norm_weight", norm_weight, (D,), device=x.device, dtypes=(x.dtype,))
     _check_weight(weight, D, x)
     eps = check_eps(eps)
-    if _fused(backend, "x", x):
-        s, y = _launch(NORM.value, x, delta, norm_weight, weight, eps, D)
-        return (x if s is None else s), y
-    step = resolve_backend(backend, x.device, x.dtype)  # the norm's own launch: Triton on CUDA
-    if delta is None:
-        s, h = x, _rms_norm(x, norm_weight, eps, step)
-    else:
-        s, h = _add_rms_norm(x, delta, norm_weight, eps, step)
-    return s, F.linear(h, weight)
+    _check_device("x", x)
+    s, y = _launch(NORM.value, x, delta, norm_weight, weight, eps, D)
+    return (x if s is None else s), y
 
 
-def swiglu_linear(gate_up, weight, *, backend="auto"):
+def swiglu_linear(gate_up, weight):
     """The MLP's down projection of its SwiGLU product: ``(silu(gate) · up) @ weightᵀ``.
 
     Args:
         gate_up: ``[T, 2F]``, gate and up halves side by side (row-strided allowed);
         weight: ``[N, F]`` contiguous, in gate_up's dtype.
-        backend: as in :func:`norm_linear` (the two launches:
-            :func:`~mamba_edu.kernels.fused_ops.silu_mul` and ``F.linear``).
     Returns:
         ``[T, N]`` in gate_up's dtype.
     """
@@ -230,13 +194,11 @@ def swiglu_linear(gate_up, weight, *, backend="auto"):
         raise ValueError(f"gate_up must have an even last dim (gate and up halves); got {gate_up.shape[1]}")
     Fw = gate_up.shape[1] // 2
     _check_weight(weight, Fw, gate_up)
-    if _fused(backend, "gate_up", gate_up):
-        return _launch(SWIGLU.value, gate_up, None, None, weight, 0.0, Fw)[1]
-    step = resolve_backend(backend, gate_up.device, gate_up.dtype)
-    return F.linear(_silu_mul(gate_up, step), weight)
+    _check_device("gate_up", gate_up)
+    return _launch(SWIGLU.value, gate_up, None, None, weight, 0.0, Fw)[1]
 
 
-def gated_norm_linear(o, z, norm_weight, eps, weight, *, backend="auto"):
+def gated_norm_linear(o, z, norm_weight, eps, weight):
     """The GDN output norm and the out-projection after it:
     ``y = (rms_norm(o) · norm_weight · silu(z), per value head) @ weightᵀ``.
 
@@ -244,10 +206,7 @@ def gated_norm_linear(o, z, norm_weight, eps, weight, *, backend="auto"):
         o: ``[T, HV, V]`` contiguous, the unnormed output of the GDN core; z: ``[T, HV·V]``
             (row-strided allowed: a column slice of the in-projection); norm_weight: ``[V]``;
             weight: ``[N, HV·V]`` contiguous; all in o's dtype.
-        backend: as in :func:`norm_linear` (the two launches:
-            :func:`~mamba_edu.kernels.fused_ops.gated_rms_norm` and ``F.linear``). The fused
-            kernel takes one head per step, so it needs V to be a power of two, at least 16;
-            ``"auto"`` runs the two launches otherwise.
+        The kernel takes one head per step, so V must be a power of two, at least 16.
     Returns:
         ``[T, N]`` in o's dtype.
     """
@@ -257,12 +216,7 @@ def gated_norm_linear(o, z, norm_weight, eps, weight, *, backend="auto"):
     check_tensor("norm_weight", norm_weight, (V,), device=o.device, dtypes=(o.dtype,))
     _check_weight(weight, HV * V, o)
     eps = check_eps(eps)
-    fused = _fused(backend, "o", o)
-    if fused and (V < 16 or V & (V - 1)):
-        if backend == "triton":
-            raise ValueError(f"o's head dim V={V} must be a power of two >= 16 for the fused kernel")
-        fused = False
-    if fused:
-        return _launch(GATED.value, o.view(T, HV * V), z, norm_weight, weight, eps, HV * V, V)[1]
-    normed = _gated_rms_norm(o, z, norm_weight, eps, resolve_backend(backend, o.device, o.dtype))
-    return F.linear(normed.view(T, HV * V), weight)
+    _check_device("o", o)
+    if V < 16 or V & (V - 1):
+        raise ValueError(f"o's head dim V={V} must be a power of two >= 16 for the fused kernel")
+    return _launch(GATED.value, o.view(T, HV * V), z, norm_weight, weight, eps, HV * V, V)[1]

@@ -1,5 +1,5 @@
-"""The one-launch prefill (kernels/chained.py): same results as the three kernels, its counters
-left at zero, no deadlock when the grid does not fit on the GPU at once."""
+"""The lab's one-launch prefill (mamba_edu/lab/one_launch.py): same results as the three kernels,
+no deadlock when the grid does not fit on the GPU at once."""
 
 import pytest
 import torch
@@ -8,19 +8,11 @@ from hypothesis import given, settings, strategies as st
 from mamba_edu import triton_interpreted
 from mamba_edu.gdn import chunk_gated_delta_rule, cu_offsets
 from mamba_edu.kernels import build_chunk_meta, gdn_prefill
-from mamba_edu.kernels.chained import forced_chained, use_chained
 from mamba_edu.kernels.inputs import random_pool, random_prefill_inputs
+from mamba_edu.lab.one_launch import prefill_one_launch
 from mamba_edu.testing import rel_err
 
 interpreted = pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1")
-
-
-def test_three_kernels_by_default():
-    """The one-launch path is opt-in (it was slower on the H200); forcing switches it."""
-    assert not use_chained()
-    with forced_chained(True):
-        assert use_chained()
-    assert not use_chained()
 
 
 def _run(inputs, lengths, slots, track, HV, K, V, chained, device="cpu", pool=None):
@@ -28,10 +20,20 @@ def _run(inputs, lengths, slots, track, HV, K, V, chained, device="cpu", pool=No
                             track_chunks=track[1])
     pool = random_pool(len(lengths) * 2 + 1, HV, K, V, device=device) if pool is None else pool
     pool0 = pool.clone()
-    with forced_chained(chained):
+    if chained:
+        o, ckpt = _one_launch(inputs, pool, meta, output_checkpoints=True,
+                              track_slots=meta.track_slots, track_chunks=meta.track_chunks)
+    else:
         o, ckpt = gdn_prefill(**inputs, state_pool=pool, meta=meta, output_checkpoints=True,
                               backend="triton")
     return o, ckpt, pool, pool0, meta
+
+
+def _one_launch(inputs, pool, meta, **kw):
+    """The lab's entry point takes checked inputs, as gdn_prefill passes them on."""
+    q = inputs["q"]
+    return prefill_one_launch(q, inputs["k"], inputs["v"], inputs["g"], inputs["beta"], pool,
+                              meta.state_indices, meta, q.shape[-1] ** -0.5, True, **kw)
 
 
 @interpreted
@@ -41,7 +43,7 @@ def _run(inputs, lengths, slots, track, HV, K, V, chained, device="cpu", pool=No
 def test_one_launch_matches_the_reference(lengths, data, heads):
     """Any batch shape, tracking position (or none) and head grouping: outputs, checkpoints, final
     and tracked states equal the chunked reference; no other slot is written; the workspace is
-    zero again afterwards."""
+    """
     H, HV = heads
     K, V, N = 16, 32, len(lengths)
     counts = [-(-n // 64) for n in lengths]
@@ -64,7 +66,6 @@ def test_one_launch_matches_the_reference(lengths, data, heads):
             expected = ref.checkpoints[meta.offsets[n] + chunk]
         assert rel_err(pool[slot], expected) <= 1e-4, (n, chunk)
     assert torch.equal(pool[-1], pool0[-1])  # the spare slot
-    assert not meta.workspace.any()
 
 
 def _gpu_inputs(lengths, H, HV, seed=0):
@@ -77,8 +78,7 @@ def _gpu_inputs(lengths, H, HV, seed=0):
                                            ([1, 63, 64, 65, 700, 2048], (4, 8)),
                                            ([2048] * 8, (16, 32))])
 def test_one_launch_gpu_equals_the_three_kernels(lengths, heads):
-    """bf16 on the GPU, the same outputs and states as the three kernels, twice, and the
-    workspace zero afterwards. The last two shapes launch 960 and 16 896 programs, many times the
+    """bf16 on the GPU, the same outputs and states as the three kernels, twice. The last two shapes launch 960 and 16 896 programs, many times the
     H200's 132 SMs: waits that could deadlock would hang here."""
     H, HV = heads
     N = len(lengths)
@@ -92,35 +92,31 @@ def test_one_launch_gpu_equals_the_three_kernels(lengths, heads):
     for o2, ckpt2, pool2, _, meta in runs[1:]:
         assert rel_err(o2, o) <= 1e-3 and rel_err(ckpt2, ckpt) <= 1e-3
         assert rel_err(pool2, pool) <= 1e-3
-        assert not meta.workspace.any()
 
 
 @pytest.mark.gpu
 def test_one_launch_gpu_reuses_its_metadata_in_a_graph():
     """A forward's layers share one metadata: 45 launches in a row, then three in a CUDA graph
-    replayed twice, all equal to the first launch (each needs the workspace zeroed by the one
-    before)."""
+    replayed twice, all equal to the first launch."""
     lengths, H, HV = [512], 2, 8
     inputs = _gpu_inputs(lengths, H, HV, seed=3)
     meta = build_chunk_meta(lengths, "cuda", state_indices=[0])
     pool = random_pool(2, HV, 128, 128, device="cuda")
-    with forced_chained(True):
-        expected, _ = gdn_prefill(**inputs, state_pool=pool.clone(), meta=meta)
-        for _ in range(45):
-            o, _ = gdn_prefill(**inputs, state_pool=pool.clone(), meta=meta)
-            assert torch.equal(o, expected)
-        work = pool.clone()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            gdn_prefill(**inputs, state_pool=work.clone(), meta=meta)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outs = [gdn_prefill(**inputs, state_pool=work, meta=meta)[0] for _ in range(3)]
-        for _ in range(2):
-            work.copy_(pool)
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(outs[0], expected)
-    assert not meta.workspace.any()
+    expected, _ = _one_launch(inputs, pool.clone(), meta)
+    for _ in range(45):
+        o, _ = _one_launch(inputs, pool.clone(), meta)
+        assert torch.equal(o, expected)
+    work = pool.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        _one_launch(inputs, work.clone(), meta)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [_one_launch(inputs, work, meta)[0] for _ in range(3)]
+    for _ in range(2):
+        work.copy_(pool)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(outs[0], expected)

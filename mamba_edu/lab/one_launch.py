@@ -5,7 +5,7 @@ value heads) each of the three kernels of :mod:`mamba_edu.kernels.prefill` is a 
 of latency-bound work, and the GPU spends a launch gap and a ramp-up between them.
 :func:`chained_prefill_kernel` runs the same program bodies (:func:`prepare_chunk`,
 :func:`scan_sequence`, :func:`output_chunk`) as *roles* of one grid, and replaces the kernel
-boundaries by counters in ``meta.workspace`` (int32 ``[2 + 2N]``, zeros between launches):
+boundaries by counters in a workspace (int32 ``[2 + 2N]``, zeros between launches):
 
 - word 0 hands out **tickets** in arrival order: the first ``NT·HV`` programs to start prepare,
   the next ``⌈V/BVₛ⌉·N·HV`` scan, the rest compute outputs. A program only ever waits for
@@ -16,46 +16,29 @@ boundaries by counters in ``meta.workspace`` (int32 ``[2 + 2N]``, zeros between 
   ``chunks(n)·HV``;
 - words ``2 + N + n``: scan programs of sequence n that are done; its outputs start at
   ``⌈V/BVₛ⌉·HV``;
-- word 1 counts finished programs; the last one zeroes the workspace for the next launch (every
-  layer of a forward reuses it, and a CUDA graph replays it).
+- word 1 counts finished programs; the last one zeroes the workspace for the next launch.
 
 A signal is a barrier, so every thread's stores are issued, then an atomic add with release
 semantics; a wait spins on an atomic read with acquire semantics, so what the producer stored is
 visible after it. Counting per sequence rather than per chunk keeps those atomics off the scan's
 serial path: each program signals once and waits once.
 
-Measured on the H200, graph-replayed, it is **slower** than the three kernels at every batch
-tried (``ours_graph_ms_other_launch_path`` in data/benchmarks/kernels.json), so it is off
-(:data:`ONE_LAUNCH`) and :func:`forced_chained` runs it, for the tests and the benchmark. The
-likely reason (not verified with a profile of the kernel): inside a CUDA graph the next kernel
-starts about 0.45 µs after the previous one ends (median gap in data/runs), while a hand-off
-here takes a fence and an atomic round trip to L2 to signal, polling to see it, and a ticket and
-a retirement atomic in every program. The Triton interpreter runs programs one after another in
-grid order, so there every wait is already satisfied when it is reached.
+Measured on the H200, graph-replayed, it was **slower** than the three kernels at every batch
+tried (``ours_graph_ms_other_launch_path`` in data/benchmarks/kernels.json), so the package runs
+the three kernels. The likely reason (not verified with a profile of the kernel): inside a CUDA
+graph the next kernel starts about half a microsecond after the previous one ends, while a
+hand-off here takes a fence and an atomic round trip to L2 to signal, polling to see it, and a
+ticket and a retirement atomic in every program. The Triton interpreter runs programs one after
+another in grid order, so there every wait is already satisfied when it is reached.
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from mamba_edu._runtime import overriding
-from mamba_edu.kernels.launch import await_previous_kernel, pdl_options
-from mamba_edu.kernels.prefill import (PREPARE_WARPS, _block, _output_block_v, _scan_config,
-                                       apply_output_norm, fp16_inverse, output_chunk,
-                                       prepare_chunk, prepare_outputs, scan_sequence, work_dtype)
-
-ONE_LAUNCH = False  # measured slower than the three kernels on the H200 (module docstring)
-
-
-def forced_chained(enabled: bool):
-    """Within the block, every Triton prefill takes the one-launch path (``enabled``) or the
-    three kernels: for the tests and the benchmark, which compare the two."""
-    return overriding(globals(), "ONE_LAUNCH", enabled)
-
-
-def use_chained() -> bool:
-    """Whether a Triton prefill runs in one launch (:data:`ONE_LAUNCH`)."""
-    return ONE_LAUNCH
+from mamba_edu.kernels.prefill import (PREPARE_WARPS, apply_output_norm, fp16_inverse, head_block,
+                                       output_block_v, output_chunk, prepare_chunk,
+                                       prepare_outputs, scan_config, scan_sequence, work_dtype)
 
 
 @triton.jit
@@ -91,13 +74,10 @@ def chained_prefill_kernel(
         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
         BK: tl.constexpr, BV: tl.constexpr, BV_SCAN: tl.constexpr, BV_OUT: tl.constexpr,
         USE_L2NORM: tl.constexpr, GATED: tl.constexpr, FP16_INVERSE: tl.constexpr,
-        TRACK: tl.constexpr, USE_PDL: tl.constexpr):
+        TRACK: tl.constexpr):
     """Grid ``(NT·HV + ⌈V/BV_SCAN⌉·N·HV + ⌈V/BV_OUT⌉·NT·HV,)``: one program per program of the
     three kernels, its role given by its ticket (module docstring). Writes what they write:
     Γ, k̂, W, U, h, Ṽ, o ``[T, HV, V]``, the pool's final and tracked states."""
-    # With PDL the next kernel is released only at the end: its early blocks would hold SM slots
-    # that programs without a ticket yet may need.
-    await_previous_kernel(USE_PDL, RELEASE_NEXT=False)
     n_scan_tiles = tl.cdiv(V, BV_SCAN)
     n_prepare = NT * HV
     n_scan = n_scan_tiles * N * HV
@@ -106,13 +86,10 @@ def chained_prefill_kernel(
     scanned = ws_ptr + 2 + N    # [N] scan programs done, per sequence
     ticket = tl.atomic_add(ws_ptr, 1)
     if ticket < n_prepare:
-        # Without the output fold (FOLD = False) w_ptr, u_ptr fill its unread pointers, here
-        # and in the scan.
         seq = prepare_chunk(
             ticket // HV, ticket % HV, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
             gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr, stride_k, stride_v,
-            stride_g, stride_beta, q_ptr, w_ptr, u_ptr, stride_q, scale, H, HV, K, V, BK, BV,
-            USE_L2NORM, GATED, FP16_INVERSE, False)
+            stride_g, stride_beta, H, HV, K, V, BK, BV, USE_L2NORM, GATED, FP16_INVERSE)
         _signal(prepared + seq)
     elif ticket < n_prepare + n_scan:
         t = ticket - n_prepare
@@ -121,28 +98,28 @@ def chained_prefill_kernel(
         _wait_for(prepared + seq, chunks * HV)
         scan_sequence(
             t % n_scan_tiles, seq, t // (n_scan_tiles * N), k_hat_ptr, w_ptr, u_ptr, gamma_ptr,
-            v_new_ptr, h_ptr, pool_ptr, w_ptr, u_ptr, o_ptr, cu_ptr, chunk_off_ptr,
-            state_idx_ptr, track_slot_ptr, track_chunk_ptr, H, HV, K, V, BK, BV_SCAN, TRACK,
-            True, False)
+            v_new_ptr, h_ptr, pool_ptr, cu_ptr, chunk_off_ptr, state_idx_ptr, track_slot_ptr,
+            track_chunk_ptr, H, HV, K, V, BK, BV_SCAN, TRACK)
         _signal(scanned + seq)
     else:
         t = ticket - n_prepare - n_scan
         n_out_tiles = tl.cdiv(V, BV_OUT)
         i_chunk = (t // n_out_tiles) % NT
         _wait_for(scanned + tl.load(chunk_idx_ptr + 2 * i_chunk), n_scan_tiles * HV)
-        # No output norm here (o_ptr and 0 fill its unread arguments): it follows as its own
-        # kernel (prefill_chained).
+        # No output norm here: it follows as its own kernel (prefill_one_launch).
         output_chunk(
             t % n_out_tiles, i_chunk, t // (n_out_tiles * NT), q_ptr, k_hat_ptr, v_new_ptr,
-            h_ptr, gamma_ptr, o_ptr, o_ptr, o_ptr, cu_ptr, chunk_idx_ptr, scale, stride_q, 0, 0.0,
+            h_ptr, gamma_ptr, o_ptr, None, None, cu_ptr, chunk_idx_ptr, scale, stride_q, 0, 0.0,
             H, HV, K, V, BK, BV_OUT, USE_L2NORM, False)
     _retire(ws_ptr, n_programs, 2 + 2 * N)
 
 
-def prefill_chained(q, k, v, g, beta, state_pool, state_indices, meta, scale, use_qk_l2norm,
-                    output_checkpoints, track_slots, track_chunks, gating=None, output_norm=None):
-    """:func:`~mamba_edu.kernels.prefill.prefill_triton` in one launch: same arguments, same
-    results ``(o, checkpoints or None)``; with ``output_norm`` a norm kernel follows it."""
+def prefill_one_launch(q, k, v, g, beta, state_pool, state_indices, meta, scale, use_qk_l2norm,
+                       output_checkpoints=False, track_slots=None, track_chunks=None, gating=None,
+                       output_norm=None):
+    """:func:`~mamba_edu.kernels.prefill.prefill_triton` in one launch: same arguments (checked
+    inputs, as :func:`mamba_edu.kernels.gdn_prefill` checks them), same results
+    ``(o, checkpoints or None)``; with ``output_norm`` a norm kernel follows it."""
     T, H, K = q.shape
     HV, V = v.shape[1:]
     dev, work = q.device, work_dtype(v.dtype)
@@ -151,18 +128,17 @@ def prefill_chained(q, k, v, g, beta, state_pool, state_indices, meta, scale, us
     h = torch.empty(meta.NT, HV, K, V, device=dev,
                     dtype=torch.float32 if output_checkpoints else work)
     o = torch.empty(T, HV, V, device=dev, dtype=q.dtype)
-    A_log, dt_bias = gating or (g, g)  # unread without gating
-    track = track_slots is not None
-    BV_scan, _, stages = _scan_config(meta.N * HV, V)
-    BV_out = _output_block_v(meta.NT * HV, V)
+    A_log, dt_bias = gating or (None, None)
+    workspace = torch.zeros(2 + 2 * meta.N, device=dev, dtype=torch.int32)
+    BV_scan, _, stages = scan_config(meta.N * HV, V)
+    BV_out = output_block_v(meta.NT * HV, V)
     n_programs = HV * (meta.NT + triton.cdiv(V, BV_scan) * meta.N
                        + triton.cdiv(V, BV_out) * meta.NT)
     chained_prefill_kernel[(n_programs,)](
         q, k, v, g, beta, A_log, dt_bias, gamma, k_hat, w, u, v_new, h, o, state_pool,
-        meta.cu_seqlens, meta.chunk_indices, meta.chunk_offsets, state_indices,
-        track_slots if track else state_indices, track_chunks if track else state_indices,
-        meta.workspace, scale, q.stride(0), k.stride(0), v.stride(0), g.stride(0),
-        beta.stride(0), meta.N, meta.NT, H, HV, K, V, _block(K), _block(V), BV_scan, BV_out,
-        use_qk_l2norm, gating is not None, fp16_inverse(use_qk_l2norm, work), track,
-        num_warps=PREPARE_WARPS, num_stages=stages, **pdl_options(dev))
+        meta.cu_seqlens, meta.chunk_indices, meta.chunk_offsets, state_indices, track_slots,
+        track_chunks, workspace, scale, q.stride(0), k.stride(0), v.stride(0), g.stride(0),
+        beta.stride(0), meta.N, meta.NT, H, HV, K, V, head_block(K), head_block(V), BV_scan,
+        BV_out, use_qk_l2norm, gating is not None, fp16_inverse(use_qk_l2norm, work),
+        track_slots is not None, num_warps=PREPARE_WARPS, num_stages=stages)
     return apply_output_norm(o, output_norm), (h if output_checkpoints else None)

@@ -79,7 +79,7 @@ class _Case:
                                       use_qk_l2norm=True)
 
 
-# Each arm: ``build(case) -> (call, out)``; ``call(i)`` runs on input copy i (captured in the
+# Each arm: ``build(case) -> (call, out, info)``; ``call(i)`` runs on input copy i (captured in the
 # graph), ``out()`` runs copy 0 from ``case.h0`` and returns ``(o [T, HV, V], final [N, HV, ·, ·])``.
 
 def _ours(case):
@@ -93,7 +93,7 @@ def _ours(case):
         pool = torch.cat([torch.zeros_like(case.h0[:1]), case.h0])
         o, _ = gdn_prefill(**case.sets[0], state_pool=pool, meta=case.meta)
         return o, pool[1:]
-    return call, out
+    return call, out, {}
 
 
 def _fla(case, use_flashqla: bool):
@@ -116,19 +116,46 @@ def _fla(case, use_flashqla: bool):
             else:
                 os.environ["FLA_FLASH_QLA"] = previous
         return o[0], final
-    return (lambda i: run(case.sets[i], h0s[i])), (lambda: run(case.sets[0], case.h0.clone()))
+    return (lambda i: run(case.sets[i], h0s[i])), (lambda: run(case.sets[0], case.h0.clone())), {}
+
+
+def _syncs(fn) -> bool:
+    """Whether ``fn()`` makes a host sync that torch sees (then it cannot be graph-captured)."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fn()
+        return False
+    except RuntimeError:
+        return True
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
 
 
 def _flashqla(case):
     from flash_qla import chunk_gated_delta_rule as qla_chunk
     h0s = [torch.zeros_like(case.h0) for _ in range(ROTATE)]
+    batched = False
 
     def run(x, h0):
+        if batched:  # equal lengths as a [N, L, ...] batch: no cu_seqlens to read on the host
+            shape = (case.N, case.lengths[0])
+            args = [x[n].reshape(*shape, *x[n].shape[1:]) for n in ("q", "k", "v", "g", "beta")]
+            o, final = qla_chunk(*args, initial_state=h0, output_final_state=True,
+                                 use_qk_l2norm_in_kernel=True)
+            return o.reshape(case.T, *o.shape[2:]), final
         o, final = qla_chunk(x["q"][None], x["k"][None], x["v"][None], x["g"][None],
                              x["beta"][None], initial_state=h0, output_final_state=True,
                              use_qk_l2norm_in_kernel=True, cu_seqlens=case.cu)
         return o[0], final
-    return (lambda i: run(case.sets[i], h0s[i])), (lambda: run(case.sets[0], case.h0.clone()))
+
+    run(case.sets[0], h0s[0])  # compile outside the sync probe
+    if _syncs(lambda: run(case.sets[0], h0s[0])) and len(set(case.lengths)) == 1:
+        batched = True
+    info = {"form": "batched [N, L]" if batched else "varlen"}
+    return ((lambda i: run(case.sets[i], h0s[i])), (lambda: run(case.sets[0], case.h0.clone())),
+            info)
 
 
 def _flashinfer(case):
@@ -145,7 +172,7 @@ def _flashinfer(case):
                             use_qk_l2norm_in_kernel=True)
         return o, final
     return ((lambda i: run(i, states[i], states[i])),
-            (lambda: run(0, case.h0.clone(), torch.empty_like(case.h0))))
+            (lambda: run(0, case.h0.clone(), torch.empty_like(case.h0))), {})
 
 
 ARMS = {"ours": _ours, "fla_triton": lambda c: _fla(c, False),
@@ -252,13 +279,17 @@ def bench_case(preset: str, lengths: list[int], arms: list[str], rounds: int) ->
         entry = row["arms"][name] = {}
         try:
             with torch.inference_mode():
-                call, out = ARMS[name](case)
+                call, out, info = ARMS[name](case)
+                entry.update(info)
                 o, final = out()
                 torch.cuda.synchronize()
                 entry["o_err"] = rel_err(o.reshape(ref.o.shape), ref.o)
                 entry["state_err"] = _rel_err_any_layout(final.float(), ref.final_state)
                 if not entry["o_err"] <= AGREE or not entry["state_err"] <= AGREE:
                     entry["error"] = f"disagrees with the fp32 reference (> {AGREE})"
+                    continue
+                if _syncs(lambda: call(0)):
+                    entry["error"] = "syncs with the host: cannot be captured in a CUDA graph"
                     continue
                 graphs[name] = _Graph(call)
         except Exception as exc:  # a reference that fails must not lose the others' numbers

@@ -525,18 +525,13 @@ def section_pdl() -> str:
 
 
 def section_serving() -> str:
-    rows = [[r["strategy"], r["batch"], f(r["lengths"]), r["syncs"], f(r["by_op"]),
-             "passed" if r["sync_debug_error_passed"] else "raised",
-             f(r["eager_ms_median"]), f(r.get("graph_ms_median"))] for r in load("serving/serving_gpu.json")]
-    return f"""## Syncs per strategy in the serving engine
+    return """## Syncs per strategy in the serving engine
 
-Host syncs of one prefill forward of the `qwen3-next` preset, by operation;
-`set_sync_debug_mode("error")`: whether the forward ran through it; eager and graph-replayed
-medians (older kernels than the rest of this page).
-
-{run_line("serving/serving_gpu.json")}
-
-{table(["strategy", "batch", "lengths", "syncs", "by operation", "sync_debug_mode error", "eager ms", "graph ms"], rows)}
+Not recorded for the current strategies. The former run (`data/serving/serving_gpu.json`, at
+commit `83200a6`) counted the strategies before `naive` and `precomputed` gained SGLang's
+per-forward syncs (108 and 2 where today's are 117 and 11 for `qwen3-next`) and was removed;
+`scripts/gpu_serving.sh` records it again on a GPU. Today's counts are measured on the CPU by
+the sniffer in notebooks 06–08.
 """
 
 

@@ -11,6 +11,7 @@ Kept free of torch imports so that ``--version`` and ``--help`` of the top level
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -80,6 +81,8 @@ def _number(kind: type, least, strict: bool, what: str):
             x = kind(value)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}, got {value!r}") from None
+        if isinstance(x, float) and not math.isfinite(x):  # "nan" and "inf" parse; nan < 0 is False
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {value!r}")
         if x < least or (strict and x == least):
             raise argparse.ArgumentTypeError(f"must be {'above' if strict else 'at least'} {least}, got {value}")
         return x

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from mamba_edu._cli import check_out_dir, non_negative_int, positive_float, prog_name, say
-from mamba_edu.profiling.bubbles import analyze_trace, load_trace
-from mamba_edu.profiling.summary import STEP_PREFIX, label_of, pick_range, report, trace_files
+from mamba_edu.profiling.summary import STEP_PREFIX, analyze_file, report, trace_files
+from mamba_edu.profiling.trace_files import TraceError
 from mamba_edu.profiling.traces import FORWARD_RANGE
 
 
@@ -51,6 +51,11 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse
         p.error(f"{args.path}: no trace files (*.json, *.json.gz) in this folder")
     if args.out is None:
         args.out = Path("out/trace") / f"{args.path.name.split('.')[0] or 'trace'}.png"
+    elif args.out.is_dir():
+        p.error(f"--out {args.out}: is a folder; give the PNG's file name, e.g. "
+                f"{args.out / 'timeline.png'}")
+    elif args.out.exists() and not args.out.is_file():
+        p.error(f"--out {args.out}: exists and is not a regular file (a pipe or a device)")
     elif args.out.suffix.lower() != ".png":
         p.error(f"--out {args.out}: the figure is a PNG, give a path ending in .png")
     if args.plot:
@@ -63,14 +68,11 @@ def run(args: argparse.Namespace) -> int:
     cannot be read or has no range to analyse (the message says why)."""
     analyses = []
     for path in args.files:
-        try:
-            trace = load_trace(path)
-            rng = pick_range(trace, args.range_name)
-            a = analyze_trace(trace, rng, index=args.index, threshold_us=args.threshold_us,
-                              label=label_of(path))
-        except (OSError, ValueError, IndexError, EOFError, json.JSONDecodeError) as err:
-            why = f"no occurrence {args.index} of the range" if isinstance(err, IndexError) else err
-            print(f"{prog_name()} trace: {path}: {why}", file=sys.stderr)
+        try:  # every per-file problem is a TraceError with a one-line message
+            a = analyze_file(path, args.range_name, index=args.index,
+                             threshold_us=args.threshold_us)
+        except TraceError as err:
+            print(f"{prog_name()} trace: {path}: {err}", file=sys.stderr)
             return 2
         analyses.append((path, a))
         if args.json:

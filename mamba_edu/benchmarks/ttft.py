@@ -393,6 +393,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse
         p.error(f"unknown --strategies {unknown}; choose from {', '.join(STRATEGIES)}")
     if not args.strategies:
         p.error(f"--strategies is empty; choose from {', '.join(STRATEGIES)}")
+    if twice := sorted({s for s in args.strategies if args.strategies.count(s) > 1}):
+        p.error(f"--strategies lists {', '.join(twice)} twice; name each strategy once")
     if args.cases == "auto":
         args.cases = "all" if cuda else "headline"
     try:

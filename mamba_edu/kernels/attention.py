@@ -2,8 +2,7 @@
 full-attention layers, for sequences of equal length, each after an optional cached prefix.
 
 Why not ``F.scaled_dot_product_attention`` on the GPU: replayed from a CUDA graph on the H200,
-cuDNN's SDPA kernel comes with a memset and a gap of about 5.4 µs before it, in every attention
-layer. This kernel is one launch that needs no workspace, so nothing precedes it.
+cuDNN's SDPA kernel comes with a memset and a gap before it, in every attention layer. This kernel is one launch that needs no workspace, so nothing precedes it.
 
 It is the flash-attention forward: one program per (block of ``BM`` queries, query head,
 sequence) walks the keys in blocks of ``BN``, keeping a running softmax (row maximum ``m``,
@@ -13,12 +12,9 @@ scores, so ``2^(s·scale·log₂e) = e^(s·scale)``. The products take operands 
 (bf16 on a GPU) with fp32 accumulation; the probabilities are cast to v's dtype for the second.
 fp32 inputs on a GPU multiply in tf32 (``tl.dot``'s default).
 
-Speed on the H200 (bf16, Hq = 16, Hkv = 2, D = 256, ten calls replayed back to back from a CUDA
-graph): about cuDNN's for one 512-token prompt (16.9 against 18.0 µs per call), faster after a
-cached prefix (8 × 64 queries after 960 keys: 29 against 82 µs), 0.7 to 0.8× cuDNN's speed on
-long prompts (8 × 1024: 213 against 143 µs). Decode is slow at long contexts: a decode token is
-one program per query head, with no split over the keys (1 token after 8191 keys: 136 against
-22 µs).
+Measured on the H200 against cuDNN (docs/results.md): about as fast for one 512-token prompt,
+faster after a cached prefix, slower on long prompts. Decode is slow at long contexts: a decode
+token is one program per query head, with no split over the keys.
 
 Alignment is bottom-right: with ``Lk − Lq`` cached prefix keys, query ``i`` sees keys
 ``j ≤ i + Lk − Lq`` (``Lq = Lk``: plain causal; ``Lq = 1``: a decode token sees every key).
@@ -123,9 +119,8 @@ def _config(D: int, Lq: int, heads: int) -> tuple[int, int, int, int]:
     - decode and short extends (``Lq ≤ 16``): 16-row query blocks (a 64-row one would be mostly
       padding) over 128 keys per step; 64 at D = 256 once the grid holds more programs than
       :data:`BUSY_PROGRAMS`.
-    - D = 256: 128 × 64 blocks at 8 warps when they fill the GPU (1.3 to 1.5× faster than
-      64 × 64 from 1 × 1024 up to 8 × 1024 and 1 × 8192), 64 × 64 at 4 warps below that
-      (1 × 512: 16.8 against 22 µs).
+    - D = 256: 128 × 64 blocks at 8 warps when they fill the GPU, 64 × 64 at 4 warps below
+      that.
     - D ≤ 128: 64 × 64 at 4 warps (128-row blocks were slower at every shape tried).
     """
     if Lq <= 16:

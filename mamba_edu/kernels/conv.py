@@ -49,8 +49,8 @@ def _conv_rows(x_ptr, w_ptr, bias_ptr, state_ptr, rows, cols, cols_ok, live, sta
 
     The taps read the same lines of x, shifted by up to W−1 rows. Issued together, the W loads of
     a line most likely all miss L1 and go to L2. So the unshifted tap goes first and a barrier
-    follows it, and the shifted taps can find their lines in L1 (H200, 8 × 1024 tokens × 8192
-    channels: 126 µs without the barrier, 96 µs with it; data/benchmarks/conv_launch.md)."""
+    follows it, and the shifted taps can find their lines in L1 (faster on the H200:
+    data/benchmarks/conv_launch.md)."""
     acc = tl.where(live, 0.0, 0.0)  # fp32 zeros of the tile's shape
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cols_ok, other=0.0).to(tl.float32)[None, :]
@@ -68,11 +68,8 @@ def _conv_rows(x_ptr, w_ptr, bias_ptr, state_ptr, rows, cols, cols_ok, live, sta
 # Launch configurations ``(num_warps, BD, CHANNELS_FIRST)``, fixed from H200 measurements
 # (data/benchmarks/conv_launch.md). CHANNELS_FIRST orders the grid with channel blocks fastest, so
 # that the programs running together read whole rows of x. Large batches take 64 channels per
-# program (8 × 1024 tokens × 8192 channels: 96 µs; 32 channels: 110 µs), small ones 32, which
-# doubles their programs (1 × 512 tokens × 1536 channels: 3.0 µs; 64 channels: 3.7 µs; both
-# timed without the first chunk's extra work). An autotuner used to pick among five
-# configurations; at small shapes its timing (eager launches, with a copy of the pool restored
-# around each) was noise, and the 1 × 512 conv took 5.2 to 9.8 µs depending on its pick.
+# program, small ones 32, which doubles their programs. An autotuner's timing at small shapes
+# (eager launches, with a copy of the pool restored around each) was noise, so the choice is fixed.
 WIDE_LAUNCH = (4, 64, True)
 NARROW_LAUNCH = (4, 32, True)
 WIDE_FROM = 2048  # programs that 64-channel blocks must give for WIDE_LAUNCH

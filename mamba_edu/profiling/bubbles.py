@@ -23,13 +23,20 @@ Pure Python on purpose: it runs on any trace, including GPU traces read on a lap
 from __future__ import annotations
 
 import bisect
-import gzip
-import json
+import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from mamba_edu.probes import FORWARD_RANGE
+from mamba_edu.profiling.trace_files import (
+    MAX_TRACE_BYTES,
+    TraceError,
+    check_event,
+    check_trace,
+    read_trace_file,
+)
 
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
@@ -161,34 +168,39 @@ class TraceAnalysis:
         }
 
 
-def load_trace(source: str | Path | dict) -> dict:
-    """Read a Chrome trace (``.json`` or ``.json.gz``); a dict is returned unchanged."""
-    if isinstance(source, dict):
-        return source
-    path = Path(source)
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        return json.load(f)
+def load_trace(source: str | Path | dict | list, *, max_bytes: int = MAX_TRACE_BYTES) -> dict:
+    """Read a Chrome trace (``.json`` or ``.json.gz``, object or array format) and check every
+    event (:mod:`mamba_edu.profiling.trace_files`); a valid dict is returned unchanged, an array
+    of events as ``{"traceEvents": array}``. Raises :class:`TraceError` (a ``ValueError``) with
+    a one-line message for any file or object that is not a readable trace."""
+    if isinstance(source, (dict, list)):
+        return check_trace(source)
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(f"load_trace reads a path, a dict or a list, not {type(source).__name__}")
+    return read_trace_file(source, max_bytes)
 
 
-def trace_events(trace: dict) -> list[Event]:
-    """The complete events of a trace, sorted by start (outer before inner on ties)."""
+def trace_events(trace: dict | list) -> list[Event]:
+    """The complete events of a trace, sorted by start (outer before inner on ties).
+
+    Every event is checked on the way (:func:`~mamba_edu.profiling.trace_files.check_event`):
+    a malformed one raises :class:`TraceError` naming its index and field.
+    """
+    if isinstance(trace, list):
+        trace = {"traceEvents": trace}
+    elif not isinstance(trace, dict):
+        raise TraceError(f"a trace is a dict or a list, not {type(trace).__name__}")
+    raw = trace.get("traceEvents", [])
+    if not isinstance(raw, list):
+        raise TraceError("'traceEvents' is not a list of events", field="traceEvents")
     events = []
-    for e in trace.get("traceEvents", []):
-        if e.get("ph") != "X" or "dur" not in e:
+    for i, e in enumerate(raw):
+        fields = check_event(i, e)
+        if fields is None:
             continue
-        start = float(e["ts"])
-        events.append(
-            Event(
-                name=e.get("name", ""),
-                cat=e.get("cat", ""),
-                start=start,
-                end=start + float(e["dur"]),
-                pid=e.get("pid", 0),
-                tid=e.get("tid", 0),
-                correlation=(e.get("args") or {}).get("correlation"),
-            )
-        )
+        name, cat, start, end, pid, tid, correlation = fields
+        events.append(Event(name=name, cat=cat, start=start, end=end, pid=pid, tid=tid,
+                            correlation=correlation))
     events.sort(key=lambda ev: (ev.start, -ev.end))
     return events
 
@@ -217,8 +229,16 @@ def forward_range(events: Sequence[Event], range_name: str, index: int = -1) -> 
     """The ``index``-th CPU occurrence of a ``record_function`` range (the last by default)."""
     matches = [e for e in events if e.name == range_name and e.cat in OP_CATEGORIES]
     if not matches:
-        raise ValueError(f"no CPU range named {range_name!r} in the trace")
+        raise TraceError(f"no CPU range named {range_name!r} in the trace")
+    if not -len(matches) <= index < len(matches):
+        raise NoSuchOccurrence(f"no occurrence {index} of the range {range_name!r}: the trace has "
+                               f"{len(matches)} (index 0 to {len(matches) - 1}, or -1 for the "
+                               "last)")
     return matches[index]
+
+
+class NoSuchOccurrence(TraceError, IndexError):
+    """The trace has the range, but fewer occurrences than the index asks for."""
 
 
 def forward_window(events: Sequence[Event], fwd: Event) -> tuple[float, float, list[Event]]:
@@ -243,30 +263,75 @@ def forward_window(events: Sequence[Event], fwd: Event) -> tuple[float, float, l
     return fwd.start, end, gpu
 
 
-def open_stacks(events: Sequence[Event], times: Sequence[float]) -> list[list[Event]]:
-    """For each time, the events (sorted by start, of one thread) open then, outermost first.
+#: At most this many open events are kept in a bubble's ``stack`` (the innermost ones): a real
+#: call stack is a few dozen deep, and a cap keeps a trace of thousands of badly nested events
+#: from costing time and memory quadratic in their number.
+MAX_STACK_DEPTH = 64
 
-    One sweep over the events: a stack of open events, popped once they have ended.
+
+class _OpenAt:
+    """Which events of one thread (sorted by start, outer before inner on ties) are open at a
+    time ``t``: those with ``start <= t < end``, in that order.
+
+    A segment tree of the largest ``end`` over each index range answers "the last event before
+    index ``r`` that is still open at ``t``" in O(log n), so ``k`` open events cost O(k log n)
+    whatever the nesting; one tree per category group finds the innermost of that group directly.
     """
-    order = sorted(range(len(times)), key=times.__getitem__)
-    starts = [e.start for e in events]
-    stacks: list[list[Event]] = [[] for _ in times]
-    stack: list[Event] = []
-    pushed = 0
-    for i in order:
-        t = times[i]
-        upto = bisect.bisect_right(starts, t)
-        for e in events[pushed:upto]:
-            while stack and stack[-1].end <= e.start:
-                stack.pop()
-            stack.append(e)
-        pushed = max(pushed, upto)
-        stacks[i] = [e for e in stack if e.end > t]  # also drops badly nested leftovers
-    return stacks
+
+    def __init__(self, events: Sequence[Event]):
+        self.events = events
+        self.starts = [e.start for e in events]
+        self.size = 1 << max(len(events) - 1, 0).bit_length()
+        self.trees = {None: self._tree(lambda e: True),
+                      "op": self._tree(lambda e: e.cat in OP_CATEGORIES),
+                      "runtime": self._tree(lambda e: e.cat in RUNTIME_CATEGORIES)}
+
+    def _tree(self, keep) -> list[float]:
+        tree = [-math.inf] * (2 * self.size)
+        for i, e in enumerate(self.events):
+            if keep(e):
+                tree[self.size + i] = e.end
+        for node in range(self.size - 1, 0, -1):
+            tree[node] = max(tree[2 * node], tree[2 * node + 1])
+        return tree
+
+    def _last_open(self, tree: list[float], r: int, t: float) -> int:
+        """The largest index ``i < r`` whose event ends after ``t``, or -1."""
+        if r <= 0:
+            return -1
+        # Walk up from leaf r-1, looking at the left siblings, then down into the first hit.
+        node = self.size + r - 1
+        if tree[node] > t:
+            return r - 1
+        while node > 1:
+            if node & 1 and tree[node - 1] > t:  # a right child: its left sibling lies before
+                node -= 1
+                while node < self.size:
+                    node = 2 * node + 1 if tree[2 * node + 1] > t else 2 * node
+                return node - self.size
+            node >>= 1
+        return -1
+
+    def stack(self, t: float, depth: int = MAX_STACK_DEPTH) -> list[Event]:
+        """The (innermost ``depth``) events open at ``t``, outermost first."""
+        tree, found = self.trees[None], []
+        r = bisect.bisect_right(self.starts, t)
+        while len(found) < depth and (r := self._last_open(tree, r, t)) >= 0:
+            found.append(self.events[r])
+        return found[::-1]
+
+    def innermost(self, t: float, group: str) -> str | None:
+        """The name of the innermost open event of a group (``"op"`` or ``"runtime"``)."""
+        i = self._last_open(self.trees[group], bisect.bisect_right(self.starts, t), t)
+        return self.events[i].name if i >= 0 else None
 
 
-def _innermost(stack: Sequence[Event], categories: frozenset[str]) -> str | None:
-    return next((e.name for e in reversed(stack) if e.cat in categories), None)
+def open_stacks(events: Sequence[Event], times: Sequence[float],
+                depth: int = MAX_STACK_DEPTH) -> list[list[Event]]:
+    """For each time, the events (sorted by start, of one thread) open then, outermost first;
+    at most the innermost ``depth`` of them. O((n + k) log n) for ``k`` events reported."""
+    index = _OpenAt(events)
+    return [index.stack(t, depth) for t in times]
 
 
 def analyze_trace(
@@ -277,18 +342,27 @@ def analyze_trace(
     threshold_us: float = 5.0,
     label: str | None = None,
 ) -> TraceAnalysis:
-    """Analyse one forward of a trace (file path or loaded dict); see the module docstring."""
-    events = trace_events(load_trace(source))
+    """Analyse one forward of a trace (file path, loaded dict or array of events); see the
+    module docstring. A trace that cannot be analysed raises :class:`TraceError`."""
+    if not isinstance(range_name, str):
+        raise TypeError(f"range_name must be a string, got {type(range_name).__name__}")
+    if type(index) is not int:
+        raise TypeError(f"index must be an int, got {type(index).__name__}")
+    if (type(threshold_us) not in (int, float) or not math.isfinite(threshold_us)
+            or threshold_us < 0):
+        raise ValueError(f"threshold_us must be a finite number >= 0, got {threshold_us!r}")
+    events = trace_events(source if isinstance(source, dict) else load_trace(source))
     fwd = forward_range(events, range_name, index)
     start, end, gpu = forward_window(events, fwd)
     thread = [e for e in events if e.thread == fwd.thread and start <= e.start < end]
 
     busy = merge_intervals((max(e.start, start), min(e.end, end)) for e in gpu)
     gaps = find_gaps(busy, start, end, threshold_us)
+    open_at = _OpenAt(thread)
     bubbles = [
-        Bubble(a, b, tuple(e.name for e in stack), _innermost(stack, OP_CATEGORIES),
-               _innermost(stack, RUNTIME_CATEGORIES))
-        for (a, b), stack in zip(gaps, open_stacks(thread, [a for a, _ in gaps]))
+        Bubble(a, b, tuple(e.name for e in open_at.stack(a)), open_at.innermost(a, "op"),
+               open_at.innermost(a, "runtime"))
+        for a, b in gaps
     ]
 
     # A DtoH copy is blamed on the op that launched it, a host wait on the op that called it.
@@ -299,10 +373,9 @@ def analyze_trace(
              if e.cat in RUNTIME_CATEGORIES and e.name in HOST_WAITS and e.start < fwd.end]
     found += [(e, "dtoh", launched_at.get(e.correlation, e.start)) for e in gpu
               if e.cat == "gpu_memcpy" and e.name.startswith(DTOH_PREFIX)]
-    stacks = open_stacks(thread, [t for _, _, t in found])
     syncs = sorted(
-        (TraceSync(e.name, kind, e.start, e.end, _innermost(stack, OP_CATEGORIES))
-         for (e, kind, _), stack in zip(found, stacks)),
+        (TraceSync(e.name, kind, e.start, e.end, open_at.innermost(t, "op"))
+         for e, kind, t in found),
         key=lambda s: s.start,
     )
 

@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from mamba_edu.profiling.bubbles import OP_CATEGORIES, TraceAnalysis, trace_events
+from mamba_edu.profiling.bubbles import (
+    OP_CATEGORIES,
+    TraceAnalysis,
+    analyze_trace,
+    load_trace,
+    trace_events,
+)
+from mamba_edu.profiling.trace_files import MAX_TRACE_BYTES, TraceError
 from mamba_edu.profiling.traces import FORWARD_RANGE
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -33,7 +40,7 @@ def label_of(path: Path) -> str:
 def pick_range(trace: dict, wanted: str | None) -> str:
     """The CPU range to analyse: ``wanted`` if given; else ``prefill_forward`` when the trace has
     one, else its profiler step (``ProfilerStep#N``, in any torch.profiler trace with a schedule).
-    Raises ``ValueError`` naming the ranges there are."""
+    Raises :class:`TraceError` (a ``ValueError``) naming the ranges there are."""
     names = {e.name for e in trace_events(trace) if e.cat in OP_CATEGORIES}
     if wanted is not None:
         if wanted in names:
@@ -44,10 +51,29 @@ def pick_range(trace: dict, wanted: str | None) -> str:
         return steps[-1]
     annotations = sorted({e.name for e in trace_events(trace) if e.cat == "user_annotation"})
     shown = ", ".join(annotations[:12]) + (" …" if len(annotations) > 12 else "")
-    what = f"no CPU range named {wanted!r}" if wanted else (
+    what = f"no CPU range named {wanted!r}" if wanted is not None else (
         f"no {FORWARD_RANGE!r} range and no {STEP_PREFIX}N step")
-    raise ValueError(f"{what} in the trace; its record_function ranges: {shown or 'none'} "
+    raise TraceError(f"{what} in the trace; its record_function ranges: {shown or 'none'} "
                      "(pick one with --range NAME)")
+
+
+def analyze_file(path: Path, range_name: str | None = None, *, index: int = -1,
+                 threshold_us: float = 5.0, max_bytes: int = MAX_TRACE_BYTES) -> TraceAnalysis:
+    """Read, check and analyse one trace file (the ``trace`` command's work per file).
+
+    The range is :func:`pick_range`'s; the label :func:`label_of`'s. Whatever is wrong with the
+    file (unreadable, not a regular file, too large, not JSON, a malformed event, no such range or
+    occurrence) raises :class:`TraceError` with a one-line message, and nothing else does.
+    """
+    try:
+        trace = load_trace(path, max_bytes=max_bytes)
+        rng = pick_range(trace, range_name)
+        return analyze_trace(trace, rng, index=index, threshold_us=threshold_us,
+                             label=label_of(Path(path)))
+    except RecursionError:
+        raise TraceError("is nested too deeply to analyse") from None
+    except MemoryError:
+        raise TraceError("does not fit in memory") from None
 
 
 def causes(a: TraceAnalysis, top: int) -> list[tuple[str, int, float]]:

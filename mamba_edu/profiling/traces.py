@@ -44,6 +44,7 @@ from torch.profiler import (
 from mamba_edu._runtime import synchronize
 from mamba_edu.profiling.bubbles import forward_range, forward_window, load_trace, trace_events
 from mamba_edu.probes import FORWARD_RANGE
+from mamba_edu.profiling.trace_files import MAX_TRACE_BYTES
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,7 @@ def trim_trace(
     index: int = -1,
     margin_us: float = 50.0,
     min_cpu_us: float = 0.0,
+    max_bytes: int = MAX_TRACE_BYTES,
 ) -> Path:
     """Write to ``dst`` (gzipped JSON) only the events of one forward of ``src``.
 
@@ -152,9 +154,11 @@ def trim_trace(
     overlaps the forward's window widened by ``margin_us``, except CPU operators shorter than
     ``min_cpu_us`` (view and reshape bookkeeping, the bulk of a long trace; a bubble that starts
     in one is then blamed on its parent). The trace's top-level fields (device properties, time
-    base) are kept as they are.
+    base) are kept as they are. ``src`` may be either Chrome format; a file is read with the
+    checks and the size cap ``max_bytes`` of :mod:`mamba_edu.profiling.trace_files` (raise it for
+    a long untrimmed profile).
     """
-    trace = load_trace(src)
+    trace = load_trace(src, max_bytes=max_bytes)
     events = trace_events(trace)
     start, end, _ = forward_window(events, forward_range(events, range_name, index))
     lo, hi = start - margin_us, end + margin_us

@@ -1,10 +1,20 @@
 # mamba_edu — one-command setup, demo, tests and JupyterLab.
 # Every target creates the local virtual environment (.venv) and installs the pinned set first.
+# Platforms, sizes and the other ways in (conda, a container, no make): docs/install.md.
 
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# The interpreter that creates .venv: Python 3.11 or newer (make setup PYTHON=python3.12).
+PYTHON ?= python3
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1 || echo 0)
+OS      := $(shell uname -s)
+# Without a GPU on Linux, torch comes from PyTorch's CPU-only index (about 0.2 GB instead of the
+# 2.5 GB of CUDA wheels PyPI serves for Linux); where that index cannot be reached, from the
+# default one. make setup TORCH_INDEX= skips this step.
+TORCH_INDEX   ?= $(if $(and $(filter 0,$(HAS_GPU)),$(filter Linux,$(OS))),https://download.pytorch.org/whl/cpu)
+TORCH_VERSION := $(shell sed -n 's/^torch==\([0-9.]*\).*/\1/p' requirements-pinned.txt)
+PYTEST_ARGS ?=
 
 ifeq ($(HAS_GPU),0)
 # No GPU: Triton kernels run in the interpreter, figures render off-screen.
@@ -12,13 +22,28 @@ export TRITON_INTERPRET ?= 1
 export MPLBACKEND ?= Agg
 endif
 
-.PHONY: setup demo test test-fast lab notebooks clean help
+.PHONY: setup check-python demo test test-fast lab notebooks lock clean help
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml requirements-pinned.txt
-	test -x $(PY) || python3 -m venv $(VENV)
+# Before anything is downloaded: Python >= 3.11 (the package, numpy 2.4 and the lock need it).
+check-python:
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "mamba_edu needs Python >= 3.11, but '$(PYTHON)' is $$($(PYTHON) --version 2>&1 || echo 'not found')." >&2; \
+	  echo "Install Python 3.11+ (python.org, pyenv, uv python install 3.11, conda, or deadsnakes on" >&2; \
+	  echo "Ubuntu 22.04) and run: make setup PYTHON=python3.11   (see docs/install.md)" >&2; \
+	  exit 1; }
+	@test ! -x $(PY) || $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { \
+	  echo "$(VENV) was made with $$($(PY) --version 2>&1); mamba_edu needs Python >= 3.11: make clean, then make setup PYTHON=python3.11" >&2; \
+	  exit 1; }
+
+$(STAMP): pyproject.toml requirements-pinned.txt constraints-cuda.txt | check-python
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+ifneq ($(TORCH_INDEX),)
+	$(PY) -m pip install -q --retries 1 --timeout 30 --index-url $(TORCH_INDEX) "torch==$(TORCH_VERSION)" \
+	  || echo "note: $(TORCH_INDEX) was not reachable; torch comes from the default index instead"
+endif
 	$(PY) -m pip install -q -r requirements-pinned.txt
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
@@ -26,12 +51,13 @@ $(STAMP): pyproject.toml requirements-pinned.txt
 demo: $(STAMP)
 	$(PY) -m mamba_edu demo
 
-# pytest exits 5 when it collects nothing; that is not a failure of the code.
+# pytest exits 5 when it collects nothing; that is not a failure of the code. -rs (pyproject's
+# addopts) lists every skipped test with its reason.
 test: $(STAMP)
-	$(PY) -m pytest tests notebooks --nbval-lax --nbval-current-env -p no:cacheprovider -q || [ $$? -eq 5 ]
+	$(PY) -m pytest tests notebooks --nbval-lax --nbval-current-env -p no:cacheprovider -q $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 test-fast: $(STAMP)
-	$(PY) -m pytest tests -q -m "not slow" -p no:cacheprovider || [ $$? -eq 5 ]
+	$(PY) -m pytest tests -q -m "not slow" -p no:cacheprovider $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # The learner notebooks are made from notebooks/solutions/ (solution blocks become stubs);
 # both versions are then executed so that their committed outputs are fresh.
@@ -50,15 +76,22 @@ lab: $(STAMP)
 		@jupyterlab/apputils-extension:announcements >/dev/null 2>&1
 	$(VENV)/bin/jupyter lab --LabApp.news_url=None $(LAB_AS_ROOT) notebooks
 
+# Recompile requirements-pinned.txt, constraints-cuda.txt and requirements-ci.txt from
+# requirements.in and requirements-ci.in against PyPI (needs the network; uv comes from the CI set).
+lock: $(STAMP)
+	$(PY) -m pip install -q "$$(grep '^uv==' requirements-ci.in)"
+	$(PY) .ci/lock.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache
 
 help:
-	@echo "make setup      create .venv and install the pinned set (every target does this first)"
+	@echo "make setup      create .venv (Python >= 3.11) and install the pinned set; CPU-only torch without a GPU"
 	@echo "make demo       run the main job on the default device (python -m mamba_edu demo)"
-	@echo "make test       pytest + nbval over every notebook, as CI runs it"
+	@echo "make test       pytest + nbval over every notebook, as CI runs it (skips listed with reasons)"
 	@echo "make test-fast  pytest without the slow tests and without the notebooks"
 	@echo "make lab        open JupyterLab on the notebooks (works as root, no news pop-up)"
 	@echo "make notebooks  regenerate the learner notebooks from the solutions and execute both"
+	@echo "make lock       recompile the pinned set from requirements.in (needs PyPI)"
 	@echo "make clean      remove .venv and the pytest cache"
 	@echo "make help       this list"

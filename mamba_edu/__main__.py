@@ -3,16 +3,24 @@
 
 Exit status: 0 = everything ran and every check passed; 1 = a check or a measurement failed;
 2 = a usage error, or nothing could run here (the message says why, e.g. bench-kernels without
-a GPU).
+a GPU); 130 = interrupted (Ctrl-C).
+
+``--version`` and ``--help`` import no command module and no torch: only the command that runs is
+imported, when it runs.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import sys
 
-from mamba_edu._cli import HelpFormatter, prog_name, version, wrap
+if sys.version_info < (3, 11):  # before any import that would fail with a less clear message
+    sys.exit(f"mamba_edu needs Python >= 3.11; this is {sys.version.split()[0]} "
+             "(docs/install.md: make setup PYTHON=python3.11)")
+
+import argparse  # noqa: E402
+import importlib  # noqa: E402
+
+from mamba_edu._cli import HelpFormatter, plain, prog_name, version, wrap  # noqa: E402
 
 # name -> (module, one-line summary). demo, bench and trace define their options in their module
 # (add_arguments / check_args / run); bench-kernels and grade keep their own parsers and get the
@@ -32,7 +40,7 @@ PASSTHROUGH = ("bench-kernels", "grade")  # their own parsers read the rest of t
 
 EPILOG = wrap("""
 Run 'COMMAND --help' for a command's options and defaults. Exit status: 0 ok; 1 a check or a
-measurement failed; 2 usage error or nothing runnable here.
+measurement failed; 2 usage error or nothing runnable here; 130 interrupted.
 
 Examples: demo --device cpu; bench --cases launch_bound_1x512 --quick;
 trace data/runs/launch_bound_1x512/naive.pt.trace.json.gz; grade path/to/notebooks/
@@ -40,32 +48,32 @@ trace data/runs/launch_bound_1x512/naive.pt.trace.json.gz; grade path/to/noteboo
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The top-level parser: the commands listed with their summaries, ``--version``. Cheap: no
+    command module is imported (each command's own parser is :func:`command_parser`)."""
     prog = prog or prog_name()
     parser = argparse.ArgumentParser(
         prog=prog, formatter_class=HelpFormatter, epilog=EPILOG,
         description=wrap("A notebook course and package: prefilling a hybrid Gated DeltaNet model "
                          "and tracking its recurrent states for the prefix cache."))
     parser.add_argument("--version", action="version",
-                        version=f"%(prog)s {version()} (torch {_dist_version('torch')})")
+                        version=f"%(prog)s {version()} (torch {_dist_version('torch')}, "
+                                f"triton {_triton_version()})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
-    for name, (module_name, summary) in COMMANDS.items():
-        if name in PASSTHROUGH:  # listed for --help; main() hands their arguments over unparsed
-            sub.add_parser(name, help=summary, add_help=False)
-            continue
-        module = importlib.import_module(module_name)
-        description = getattr(module, "DESCRIPTION", None)
-        command = sub.add_parser(
-            name, help=summary, formatter_class=HelpFormatter,
-            description=wrap(description) if description else _plain_doc(module))
-        module.add_arguments(command)
-        command.set_defaults(check=module.check_args, run=module.run, parser=command)
+    for name, (_, summary) in COMMANDS.items():
+        sub.add_parser(name, help=summary, add_help=False)
     return parser
 
 
-def _plain_doc(module) -> str:
-    from mamba_edu._cli import plain
-
-    return plain(module.__doc__)
+def command_parser(name: str, prog: str | None = None) -> argparse.ArgumentParser:
+    """The parser of one command (demo, bench, trace): its module is imported here."""
+    module = importlib.import_module(COMMANDS[name][0])
+    description = getattr(module, "DESCRIPTION", None)
+    parser = argparse.ArgumentParser(
+        prog=f"{prog or prog_name()} {name}", formatter_class=HelpFormatter,
+        description=wrap(description) if description else plain(module.__doc__))
+    module.add_arguments(parser)
+    parser.set_defaults(check=module.check_args, run=module.run, parser=parser)
+    return parser
 
 
 def _dist_version(name: str) -> str:
@@ -75,6 +83,31 @@ def _dist_version(name: str) -> str:
         return dist_version(name)
     except PackageNotFoundError:
         return "not installed"
+
+
+def _triton_version() -> str:
+    from mamba_edu._runtime import triton_available
+
+    return _dist_version("triton") if triton_available() else "not installed"
+
+
+class _StyledArgparse:
+    """``argparse`` as a passthrough command's module sees it: its parser gets our program name
+    and our help style (every default shown), whatever the module wrote."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        if attr != "ArgumentParser":
+            return getattr(argparse, attr)
+        name = self._name
+
+        def styled(*args, **kwargs):
+            kwargs["prog"] = f"{prog_name()} {name}"
+            kwargs["formatter_class"] = HelpFormatter
+            return argparse.ArgumentParser(*args, **kwargs)
+        return styled
 
 
 def passthrough(name: str, rest: list[str]) -> int:
@@ -89,20 +122,36 @@ def passthrough(name: str, rest: list[str]) -> int:
                   file=sys.stderr)
             return 2
     module = importlib.import_module(COMMANDS[name][0])
+    if getattr(module, "argparse", None) is argparse:
+        from mamba_edu._runtime import overriding
+
+        with overriding(vars(module), "argparse", _StyledArgparse(name)):
+            return module.main(rest) or 0
     return module.main(rest) or 0
+
+
+def _main(argv: list[str]) -> int:
+    if argv and argv[0] in PASSTHROUGH:
+        return passthrough(argv[0], argv[1:])
+    if argv and argv[0] in COMMANDS:
+        parser = command_parser(argv[0])
+        args = parser.parse_args(argv[1:])
+        return args.run(args.check(args.parser, args)) or 0
+    parser = build_parser()
+    args = parser.parse_args(argv)  # --help, --version, an unknown command: all end here
+    parser.print_help(sys.stderr)
+    print(f"\n{parser.prog}: error: no COMMAND given", file=sys.stderr)
+    return 2
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in PASSTHROUGH:
-        return passthrough(argv[0], argv[1:])
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help(sys.stderr)
-        print(f"\n{parser.prog}: error: no COMMAND given", file=sys.stderr)
-        return 2
-    return args.run(args.check(args.parser, args)) or 0
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print(f"\n{prog_name()}: interrupted (Ctrl-C); partial results, if any, stay where they "
+              "were written", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -48,11 +48,14 @@ def version() -> str:
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Show every option's default (flags excepted: theirs is just "off"), keep the description's
-    line breaks as written (descriptions are wrapped by :func:`wrap` or come pre-wrapped)."""
+    """Show every option's default (flags excepted: theirs is just "off"; so are options whose
+    help already words its default, and those without one), keep the description's line breaks
+    as written (descriptions are wrapped by :func:`wrap` or come pre-wrapped)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         if action.nargs == 0:  # --flag / --no-flag, -h, --version
+            return action.help
+        if action.default is None or "default" in (action.help or "").lower():
             return action.help
         return super()._get_help_string(action)
 

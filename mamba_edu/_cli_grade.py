@@ -13,12 +13,18 @@ Grading runs the submitted code: run it where you would run the learner's notebo
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
 from mamba_edu._cli import HelpFormatter, positive_int, prog_name
-from mamba_edu.exercises import core
-from mamba_edu.exercises.grader import execute_and_grade, notebooks_in
+
+GRADE_NEEDS = ("nbformat", "nbclient", "ipykernel")  # the extra "grade": pip install 'mamba_edu[grade]'
+
+
+def missing_modules() -> list[str]:
+    """What grading needs and this environment lacks (a plain ``pip install mamba_edu``)."""
+    return [name for name in GRADE_NEEDS if importlib.util.find_spec(name) is None]
 
 
 def main(argv=None) -> int:
@@ -28,6 +34,12 @@ def main(argv=None) -> int:
     parser.add_argument("path", type=Path, help="a notebook (.ipynb) or a folder of notebooks")
     parser.add_argument("--timeout", type=positive_int, default=900, help="seconds one cell may run")
     args = parser.parse_args(argv)
+    if missing := missing_modules():
+        print(f"{parser.prog}: grading runs notebooks, which needs {', '.join(missing)}: "
+              "pip install 'mamba_edu[grade]' (make setup installs them)", file=sys.stderr)
+        return 2
+    from mamba_edu.exercises import core
+    from mamba_edu.exercises.grader import execute_and_grade, notebooks_in
 
     gradable = [p for p in notebooks_in(args.path) if p.stem in core.REGISTRY]
     if not gradable:
@@ -40,7 +52,7 @@ def main(argv=None) -> int:
         for number, title, status, message in execute_and_grade(path, args.timeout):
             total += 1
             passed += status == core.PASS
-            detail = f" — {message}" if status == core.FAIL else ""
+            detail = f" — {message.removeprefix('FAIL ')}" if status == core.FAIL and message else ""
             print(f"  exercise {number} ({title}): {status}{detail}", flush=True)
     print(f"score: {passed}/{total} ({100 * passed / total:.0f} %)")
     return 0 if passed == total else 1

@@ -4,8 +4,9 @@
 2. The lesson: the four tracking strategies side by side on one prefill — syncs per forward
    (counted by the sniffer), median time, and the pools they leave (identical).
 3. The picture: the CPU/GPU timeline of one prefill per strategy, recorded live on a GPU or,
-   without one, drawn from the H200 traces committed in the repository's ``data/runs/`` (not
-   part of an installed wheel: ``--traces DIR`` points at a copy).
+   without one, drawn from the H200 traces committed in the repository's ``data/runs/``
+   (``--traces DIR`` points at a copy). Where there are none (an installed wheel), from this
+   run's own CPU traces. The printed line and the figure's title say which.
 """
 
 from __future__ import annotations
@@ -114,29 +115,40 @@ def committed_traces(traces: Path) -> Path | None:
     return None
 
 
-def timeline_figure(out: Path, trace_dir: Path | None, traces: Path = H200_RUNS) -> Path | None:
-    """The per-strategy timeline: from live traces in ``trace_dir``, else the committed H200 ones
-    found under ``traces`` (see :func:`committed_traces`); ``None`` when there are none."""
+def timeline_figure(out: Path, trace_dir: Path | None, traces: Path = H200_RUNS,
+                    device_type: str = "cuda") -> tuple[Path, str] | None:
+    """The per-strategy timeline and where its traces come from: live traces in ``trace_dir``
+    (this run's, on ``device_type``), else the committed H200 ones found under ``traces`` (see
+    :func:`committed_traces`); ``None`` when there are none."""
     from mamba_edu.profiling import analyze_trace
     from mamba_edu.profiling.plots import plot_timelines
 
     live = trace_dir is not None
     if live:
         files = {s: trace_dir / f"{s}.json.gz" for s in STRATEGIES}
+        if device_type == "cuda":
+            title = source = "recorded live by this run on this GPU"
+        else:
+            title = "recorded live by this run on the CPU: CPU ops only, no GPU"
+            source = (f"drawn from this run's own CPU traces ({trace_dir}): CPU ops and host "
+                      "syncs only, no GPU timeline. The H200 figure needs the repository's "
+                      "data/runs/ (--traces DIR)")
     else:  # the bench also recorded the graph-replayed sync-free strategies
         folder = committed_traces(traces)
         if folder is None:
             return None
         names = ["naive", "precomputed", "sync_free", "sync_free_graph", "fused", "fused_graph"]
         files = {n.replace("_graph", "+graph"): folder / f"{n}.pt.trace.json.gz" for n in names}
+        title = f"{H200_CASE}, committed traces recorded on an H200, not this run"
+        source = (f"drawn from the committed H200 traces in {folder} (preset qwen3.5-tp8, one "
+                  "512-token prompt), not from this run")
     analyses = [analyze_trace(f, label=label) for label, f in files.items() if f.exists()]
     if not analyses:
         return None
     out.mkdir(parents=True, exist_ok=True)
     path = out / "timeline.png"
-    where = "recorded live on this GPU" if live else f"{H200_CASE}, recorded on an H200"
-    plot_timelines(analyses, path, title=f"one prefill per strategy ({where})")
-    return path
+    plot_timelines(analyses, path, title=f"one prefill per strategy ({title})")
+    return path, source
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -198,7 +210,9 @@ def run(args: argparse.Namespace) -> int:
 
     say(f"\n2. Tracking strategies on preset {preset!r}, prompts {list(lengths)}, "
         f"median of {args.repeats} forwards:")
-    trace_dir = args.out / "traces" if on_gpu else None
+    # Live traces on a GPU; on a CPU only where no committed H200 traces are found (a wheel).
+    own_traces = on_gpu or committed_traces(args.traces) is None
+    trace_dir = args.out / "traces" if own_traces else None
     rows = strategy_report(device, preset, lengths, args.repeats, trace_dir, progress=progress)
     say(f"   {'strategy':<12} {'tracked':>7} {'syncs/forward':>13} {'forward ms':>10}  "
         "pools vs naive's (max relative error)")
@@ -208,13 +222,15 @@ def run(args: argparse.Namespace) -> int:
     if not on_gpu:
         say(CPU_TIMING_NOTE)
 
-    path = timeline_figure(args.out, trace_dir, args.traces)
-    if path is not None:
-        say(f"\n3. Timeline figure: {path}")
+    figure = timeline_figure(args.out, trace_dir, args.traces, device.type)
+    if figure is not None:
+        path, source = figure
+        say(f"\n3. Timeline figure: {path}\n   {source}")
     else:
-        say(f"\n3. Timeline figure: skipped, no H200 traces in {args.traces}. They are in the "
-            "repository's data/runs/ (a clone), not in an installed wheel: pass --traces DIR "
-            f"pointing at a copy of data/runs, or run on a GPU to record live ones.")
+        say(f"\n3. Timeline figure: skipped, no H200 traces in {args.traces} and no traces of "
+            "this run. The H200 ones are in the repository's data/runs/ (a clone), not in an "
+            "installed wheel: pass --traces DIR pointing at a copy of data/runs, or run on a GPU "
+            "to record live ones.")
     by = {r["strategy"]: r for r in rows}
     ok = (ref["err"] < 1e-5 and all(r["pools_match_naive"] for r in rows)
           and by["naive"]["syncs"] > by["precomputed"]["syncs"] > 0

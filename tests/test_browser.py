@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
-playwright_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+playwright_api = pytest.importorskip(
+    "playwright.sync_api",
+    reason="Playwright is optional: pip install -r requirements-ci.txt (.ci/run does), plus a Chromium")
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOK = "00_start_here.ipynb"

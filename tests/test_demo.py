@@ -112,3 +112,27 @@ def test_demo_traces_accepts_a_runs_folder_or_a_case_folder(tmp_path, capsys, mo
         assert main(["demo", "--out", str(out), "--traces", str(traces)]) == 0
         assert f"3. Timeline figure: {out / 'timeline.png'}" in capsys.readouterr().out
         assert (out / "timeline.png").stat().st_size > 10_000
+
+
+@pytest.mark.skipif(ON_GPU, reason="on a GPU the timeline is recorded live")
+def test_demo_says_the_figure_is_drawn_from_the_committed_h200_traces(tmp_path, capsys, monkeypatch):
+    if demo.committed_traces(demo.H200_RUNS) is None:
+        pytest.skip("data/ is not in this checkout")
+    fake_reports(monkeypatch)
+    assert main(["demo", "--out", str(tmp_path)]) == 0
+    report = capsys.readouterr().out
+    assert "drawn from the committed H200 traces in" in report and "not from this run" in report
+
+
+@pytest.mark.skipif(ON_GPU, reason="on a GPU the timeline is recorded live")
+def test_demo_without_committed_traces_draws_its_own_run_and_says_so(tmp_path, capsys):
+    """As from a wheel (no data/): the figure comes from this run's CPU traces, labelled so."""
+    missing = tmp_path / "no-data" / "runs"
+    out = tmp_path / "out"
+    assert main(["demo", "--out", str(out), "--traces", str(missing), "--repeats", "1"]) == 0
+    report = capsys.readouterr().out
+    assert f"3. Timeline figure: {out / 'timeline.png'}" in report
+    assert "drawn from this run's own CPU traces" in report and "no GPU timeline" in report
+    assert (out / "timeline.png").stat().st_size > 10_000
+    assert sorted(p.name for p in (out / "traces").iterdir()) == sorted(
+        f"{s}.json.gz" for s in STRATEGIES)

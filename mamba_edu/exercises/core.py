@@ -79,7 +79,8 @@ def judge(ex: Exercise, *functions) -> Verdict:
     try:
         message = ex.check(*functions)
     except AssertionError as err:
-        return Verdict(ex, FAIL, str(err) or "the check failed")
+        # testing.check words its errors "FAIL name: ..."; the verdict line says FAIL already
+        return Verdict(ex, FAIL, str(err).removeprefix("FAIL ") or "the check failed")
     except Exception as err:  # the learner's code crashed: say where, without a long traceback
         if _not_done(err):
             return Verdict(ex, NOT_DONE)

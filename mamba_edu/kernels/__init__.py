@@ -16,7 +16,9 @@ Set ``TRITON_INTERPRET=1`` before importing this module to run the kernels on a 
 (``import mamba_edu`` does it when no GPU is present).
 """
 
-import mamba_edu._runtime  # noqa: F401  (selects the interpreter before @triton.jit runs)
+from mamba_edu._runtime import select_triton_mode
+
+select_triton_mode()  # the interpreter without a GPU, before any @triton.jit runs
 from mamba_edu.kernels.api import conv1d_decode, conv1d_prefill, gdn_decode, gdn_prefill
 from mamba_edu.kernels.metadata import ChunkMeta, build_chunk_meta, host_values, upload_indices
 

@@ -132,8 +132,9 @@ def test_committed_outputs_not_done_for_learners_pass_for_solutions(solution):
 
 
 def test_course_size():
-    """At least 20 exercises, in every notebook, each with its own rejection tests."""
-    stems = [p.stem for p in SOLUTIONS]
+    """At least 20 exercises, in every notebook but the optional appendices (notebook 10, the
+    kernel lab, has none), each with its own rejection tests."""
+    stems = [p.stem for p in SOLUTIONS if "appendix" not in p.stem]
     assert sum(len(core.REGISTRY.get(s, {})) for s in stems) >= 20
     for stem in stems:
         assert core.REGISTRY.get(stem), f"{stem} has no exercise"

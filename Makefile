@@ -10,8 +10,9 @@ PYTHON ?= python3
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1 || echo 0)
 OS      := $(shell uname -s)
 # Without a GPU on Linux, torch comes from PyTorch's CPU-only index (about 0.2 GB instead of the
-# 2.5 GB of CUDA wheels PyPI serves for Linux); where that index cannot be reached, from the
-# default one. make setup TORCH_INDEX= skips this step.
+# 2.7 GB of CUDA wheels PyPI serves for Linux); where that index cannot be reached, from the
+# default one. make setup TORCH_INDEX= skips this step. torch alone (--no-deps): its dependencies
+# come from the pinned set in the next step.
 TORCH_INDEX   ?= $(if $(and $(filter 0,$(HAS_GPU)),$(filter Linux,$(OS))),https://download.pytorch.org/whl/cpu)
 TORCH_VERSION := $(shell sed -n 's/^torch==\([0-9.]*\).*/\1/p' requirements-pinned.txt)
 PYTEST_ARGS ?=
@@ -41,7 +42,7 @@ $(STAMP): pyproject.toml requirements-pinned.txt constraints-cuda.txt | check-py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 ifneq ($(TORCH_INDEX),)
-	$(PY) -m pip install -q --retries 1 --timeout 30 --index-url $(TORCH_INDEX) "torch==$(TORCH_VERSION)" \
+	$(PY) -m pip install -q --retries 1 --timeout 30 --no-deps --index-url $(TORCH_INDEX) "torch==$(TORCH_VERSION)" \
 	  || echo "note: $(TORCH_INDEX) was not reachable; torch comes from the default index instead"
 endif
 	$(PY) -m pip install -q -r requirements-pinned.txt

@@ -4,26 +4,31 @@
 #   scripts/gpu_references.sh [extra args for python -m mamba_edu.benchmarks.references]
 # Writes $OUT/references.json, $OUT/references.log and $OUT/gpu_clocks.csv.
 set -uo pipefail
-OUT=${OUT:-out}
+OUT=$(realpath -m "${OUT:-out}")
 mkdir -p "$OUT" /tmp/site
-if [ ! -f /tmp/site/.installed ]; then
+# Each call may carry some of the parts; install whatever arrived and is not installed yet.
+if ls .wA/cutlass_cu13.part.* .wB/cutlass_cu13.part.* >/dev/null 2>&1; then
     cat .wA/cutlass_cu13.part.* .wB/cutlass_cu13.part.* \
         > /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site /tmp/nvidia_cutlass_dsl_libs_cu13-*.whl .wA/*.whl .wC/*.whl .wD/*.whl \
-        2>&1 | tail -3
-    tar xzf .wC/fi_trim.tgz -C /tmp/site
-    touch /tmp/site/.installed
 fi
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+for whl in /tmp/nvidia_cutlass_dsl_libs_cu13-*.whl .w?/*.whl; do
+    [ -f "$whl" ] && [ ! -f "/tmp/site/.got_$(basename "$whl")" ] || continue
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site "$whl" 2>&1 | tail -2 && touch "/tmp/site/.got_$(basename "$whl")"
+done
+if [ -f .wC/fi_trim.tgz ] && [ ! -f /tmp/site/.got_fi_trim ]; then
+    tar xzf .wC/fi_trim.tgz -C /tmp/site && touch /tmp/site/.got_fi_trim
+fi
+SRC=$PWD; if [ -f .wE/src.tgz ]; then SRC=/tmp/src; rm -rf $SRC; mkdir -p $SRC; tar xzf .wE/src.tgz -C $SRC; export MAMBA_EDU_COMMIT=$(cat .wE/commit); fi
+export PYTHONPATH=/tmp/site:$SRC PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu \
     --format=csv -lms 500 > "$OUT/gpu_clocks.csv" &
 SMI=$!
 for m in fla flash_qla tilelang flashinfer.gdn_prefill; do
-    python3 -c "import $m" > "$OUT/import_$m.log" 2>&1 && echo "import $m: ok" \
+    (cd "$SRC" && python3 -c "import $m") > "$OUT/import_$m.log" 2>&1 && echo "import $m: ok" \
         || { echo "import $m: FAILED"; tail -4 "$OUT/import_$m.log"; }
 done
-python3 -m mamba_edu.benchmarks.references --out "$OUT/references.json" "$@" 2>&1 \
+(cd "$SRC" && python3 -m mamba_edu.benchmarks.references --out "$OUT/references.json" --clock-log benchmarks/references_clocks.csv "$@") 2>&1 \
     | tee "$OUT/references.log" | grep -v "^\[FLA Backend\]" | tail -40
 grep -h "FLA Backend" "$OUT/references.log" | sort | uniq -c | head
 kill $SMI

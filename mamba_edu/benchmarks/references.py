@@ -314,6 +314,8 @@ def main(argv=None) -> int:
     parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms")
     parser.add_argument("--cases", default=None,
                         help="comma-separated case names, e.g. 'qwen3-next 1x512' (default: all)")
+    parser.add_argument("--clock-log", default=None,
+                        help="where the nvidia-smi clock log of this run is kept (recorded as is)")
     parser.add_argument("--budget-s", type=float, default=1e9,
                         help="start no new case after this many seconds")
     args = parser.parse_args(argv)
@@ -323,8 +325,10 @@ def main(argv=None) -> int:
     logging.getLogger("fla").setLevel(logging.INFO)  # records which backend fla dispatched to
     arms = args.arms.split(",")
     wanted = None if args.cases is None else set(args.cases.split(","))
+    versions = _versions()
     result = dict(meta=dict(commit=_commit(), date=datetime.now(timezone.utc).isoformat(
-        timespec="seconds"), device=torch.cuda.get_device_name(), versions=_versions(),
+        timespec="seconds"), device=torch.cuda.get_device_name(), torch=versions["torch"],
+        triton=versions["triton"], clock_log=args.clock_log, versions=versions,
         rounds=args.rounds, rotate=ROTATE, instrument="CUDA graph replay between CUDA events",
         agree=AGREE), rows=[])
     start = time.monotonic()

@@ -11,6 +11,7 @@ Checks live here, in the package; the answers do not (they are in ``notebooks/so
 from __future__ import annotations
 
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,6 +29,8 @@ class Exercise:
     title:    a few words, shown by the grader.
     names:    the names of the learner's functions in the notebook, passed to ``check`` in order.
     check:    ``check(*functions) -> str`` (the pass message) or raises ``AssertionError``.
+    forbidden: dotted names (functions, classes, modules) the answer must not call; the grader
+              refuses an answer that calls one (the checks' own modules are always forbidden).
     """
 
     notebook: str
@@ -35,6 +38,7 @@ class Exercise:
     title: str
     names: tuple[str, ...]
     check: Callable[..., str]
+    forbidden: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -56,10 +60,21 @@ class Verdict:
 REGISTRY: dict[str, dict[int, Exercise]] = {}
 
 
-def exercise(notebook: str, number: int, title: str, *names: str):
-    """Decorator: register ``check`` as exercise ``number`` of ``notebook``."""
+#: What no answer may call: the checks and their private oracles.
+ALWAYS_FORBIDDEN = ("mamba_edu.exercises.core",) + tuple(f"mamba_edu.exercises.nb{n:02d}" for n in range(10))
+
+
+class KernelDied(Exception):
+    """The learner's kernel died, timed out or raised a ``BaseException`` that is not an
+    ``Exception``: the grader gives the whole notebook 0 (never a verdict of one exercise)."""
+
+
+def exercise(notebook: str, number: int, title: str, *names: str, forbidden: tuple[str, ...] = ()):
+    """Decorator: register ``check`` as exercise ``number`` of ``notebook``; ``forbidden`` lists
+    the package functions the statement asks the learner not to call."""
     def register(check: Callable[..., str]) -> Callable[..., str]:
-        REGISTRY.setdefault(notebook, {})[number] = Exercise(notebook, number, title, names, check)
+        REGISTRY.setdefault(notebook, {})[number] = Exercise(notebook, number, title, names, check,
+                                                             tuple(forbidden) + ALWAYS_FORBIDDEN)
         return check
     return register
 
@@ -78,12 +93,16 @@ def judge(ex: Exercise, *functions) -> Verdict:
     """Run ``ex.check`` on the learner's ``functions`` and classify the outcome (never raises)."""
     try:
         message = ex.check(*functions)
+    except KernelDied:
+        raise
     except AssertionError as err:
         # testing.check words its errors "FAIL name: ..."; the verdict line says FAIL already
         return Verdict(ex, FAIL, str(err).removeprefix("FAIL ") or "the check failed")
     except Exception as err:  # the learner's code crashed: say where, without a long traceback
         if _not_done(err):
             return Verdict(ex, NOT_DONE)
+        if type(err).__name__ == "LearnerError":  # raised in the learner's kernel: says where itself
+            return Verdict(ex, FAIL, str(err))
         where = traceback.extract_tb(err.__traceback__)[-1]
         return Verdict(ex, FAIL, f"{type(err).__name__}: {err} (line {where.lineno} of {where.name})")
     return Verdict(ex, PASS, message)
@@ -118,6 +137,38 @@ def grade_namespace(notebook: str, namespace: dict) -> list[Verdict]:
         else:
             verdicts.append(judge(ex, *(namespace[name] for name in ex.names)))
     return verdicts
+
+
+@dataclass
+class Observed:
+    """One call of a learner's function under the instruments: its ``result``, the would-be
+    syncs (``sync_ops``, one op name each) and the aten ``ops`` it ran."""
+
+    result: object
+    sync_ops: list
+    ops: set
+
+    @property
+    def sync_count(self) -> int:
+        return len(self.sync_ops)
+
+    @property
+    def by_op(self) -> Counter:
+        return Counter(self.sync_ops)
+
+
+def observe(fn, *args) -> Observed:
+    """Call ``fn(*args)`` under the sync sniffer (strict: a ``host_only`` block the answer opens
+    does not hide its syncs) and the op recorder. A function of the learner's kernel (what the
+    grader passes) is measured there: :meth:`~mamba_edu.exercises.remote.RemoteFunction.observe`."""
+    if hasattr(type(fn), "observe") and type(fn).__name__ == "RemoteFunction":
+        return fn.observe(*args)
+    from mamba_edu.profiling.syncs import count_syncs
+
+    recorder = OpRecorder()
+    with count_syncs(strict=True) as syncs, recorder:
+        result = fn(*args)
+    return Observed(result, [e.op for e in syncs.events], recorder.ops)
 
 
 class OpRecorder(TorchDispatchMode):

@@ -1,49 +1,310 @@
-"""Grading a submitted notebook: run it top to bottom in a fresh kernel, then grade its exercises.
+"""Grading submitted notebooks: each in its own kernel, judged from outside it.
 
-:func:`execute_and_grade` runs the notebook in its own folder (a failing cell does not stop it),
-then appends one cell that calls :func:`mamba_edu.exercises.core.grade_namespace` on the names
-the notebook defined and reports the verdicts on a marked line. The grader calls the checks
-itself, so an edited check cell changes nothing. ``python -m mamba_edu grade PATH`` is its
-command line.
+For every notebook, :func:`grade_paths` starts a worker process (``python -m
+mamba_edu.exercises.grader --worker``) that
 
-Grading runs the submitted code: run it where you would run the learner's notebook.
+1. copies the notebook's folder to a throwaway directory (regular files only: no symbolic links,
+   no other notebooks, so no ``solutions/``),
+2. starts a Jupyter kernel there (its stdout and stderr go nowhere; with ``--sandbox``, inside
+   bubblewrap: the file system read-only but for that copy, no network, its own process tree and
+   temp dir, the repository's ``notebooks/solutions`` hidden),
+3. runs the notebook's code cells (a failing cell does not stop it),
+4. calls each exercise's check **in the worker**, with proxies of the learner's functions
+   (:mod:`mamba_edu.exercises.remote`): inputs go to the kernel, only plain tensors and numbers
+   come back, references and verdicts are computed in the worker.
+
+The worker reports to this process on a pipe, each report tagged with a secret this process gave
+it on stdin, so a line the notebook writes cannot pass for one. A dead kernel, a timeout, a
+``BaseException`` (``os._exit``, ``exit()``, ``KeyboardInterrupt``), a worker killed from the
+kernel, or a notebook that edits the package gives that notebook 0 with the reason; the package's
+files are restored and grading goes on with the next notebook.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-MARK = "@@mamba_edu-grade@@"
+import mamba_edu
 
-GRADING_CELL = f"""
-import json as _json
-import mamba_edu.exercises as _exercises
-_verdicts = _exercises.core.grade_namespace({{notebook!r}}, globals())
-print({MARK!r} + _json.dumps([[v.exercise.number, v.exercise.title, v.status, v.message] for v in _verdicts]))
-"""
+PACKAGE_DIR = Path(mamba_edu.__file__).resolve().parent
+REPO_DIR = PACKAGE_DIR.parent
+
+
+@dataclass
+class ExerciseResult:
+    number: int
+    title: str
+    status: str  # pass, fail, not done
+    message: str = ""
+
+
+@dataclass
+class NotebookResult:
+    """One notebook's grade. ``status``: ``graded``, ``zero`` (it ran, but something stopped
+    grading it: the reason says what) or ``refused`` (not run: a symbolic link, not a file, not
+    JSON)."""
+
+    file: str
+    status: str
+    reason: str = ""
+    exercises: list[ExerciseResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> int:
+        return sum(e.status == "pass" for e in self.exercises) if self.status == "graded" else 0
+
+    @property
+    def total(self) -> int:
+        return len(self.exercises)
+
+
+# --- what may be graded -----------------------------------------------------------------------
+
+def _refusal(path: Path) -> str | None:
+    """Why ``path`` cannot be graded, or None."""
+    if path.is_symlink():
+        return "is a symbolic link (submit the notebook itself)"
+    if not path.is_file():
+        return "is not a regular file"
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError) as err:
+        return f"is not a JSON notebook ({type(err).__name__}: {str(err)[:80]})"
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
+        return "is not a Jupyter notebook (no list of cells)"
+    try:
+        import nbformat
+        nbformat.validate(nbformat.from_dict(data))
+    except Exception as err:  # noqa: BLE001 - any validation error is a refusal
+        return f"is not a valid notebook ({type(err).__name__})"
+    return None
 
 
 def notebooks_in(path: Path) -> list[Path]:
-    """``path`` itself if it is a notebook, else the notebooks directly inside it, sorted."""
-    if path.is_file():
-        return [path] if path.suffix == ".ipynb" else []
-    return sorted(path.glob("*.ipynb"))
+    """``path`` itself if it names a notebook, else the entries directly inside it whose names end
+    in ``.ipynb`` (files or not), sorted."""
+    if path.suffix == ".ipynb" and (path.is_symlink() or not path.is_dir()):
+        return [path]
+    if path.is_dir():
+        return sorted(p for p in path.iterdir() if p.name.endswith(".ipynb"))
+    return []
+
+
+def code_cells(path: Path) -> list[str]:
+    data = json.loads(path.read_bytes())
+    cells = []
+    for cell in data["cells"]:
+        if cell.get("cell_type") == "code":
+            source = cell.get("source", "")
+            cells.append("".join(source) if isinstance(source, list) else str(source))
+    return cells
+
+
+# --- the throwaway copy and the sandbox -------------------------------------------------------
+
+def throwaway_copy(notebook: Path, workdir: Path) -> Path:
+    """The notebook's folder copied under ``workdir``: regular files and folders only, no other
+    notebook; the notebook itself as the bytes that were validated."""
+    folder = workdir / "folder"
+
+    def ignore(directory, names):
+        skip = set()
+        for name in names:
+            p = Path(directory) / name
+            if p.is_symlink() or not (p.is_file() or p.is_dir()) or name.endswith(".ipynb") \
+                    or name in ("__pycache__", ".git", ".venv", ".ipynb_checkpoints"):
+                skip.add(name)
+        return skip
+
+    shutil.copytree(notebook.parent, folder, ignore=ignore, symlinks=True)
+    (folder / notebook.name).write_bytes(notebook.read_bytes())
+    return folder
+
+
+def bwrap_prefix(folder: Path, channel: Path, private: Path) -> list[str]:
+    """bubblewrap around the kernel: everything read-only but the copy, the channel and a private
+    temp dir; no network; its own PID namespace; the solutions hidden."""
+    bwrap = shutil.which("bwrap")
+    args = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+            "--bind", str(private), str(private), "--bind", str(folder), str(folder),
+            "--bind", str(channel), str(channel),
+            "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--die-with-parent", "--new-session"]
+    solutions = REPO_DIR / "notebooks" / "solutions"
+    if solutions.is_dir():
+        args += ["--tmpfs", str(solutions)]
+    return args
+
+
+# --- the worker (runs in its own process) -----------------------------------------------------
+
+def grade_one(notebook: Path, timeout: int, sandbox: bool) -> NotebookResult:
+    """Run and grade one notebook (already validated). Never raises for what the notebook does."""
+    from mamba_edu.exercises import core
+    from mamba_edu.exercises.core import KernelDied
+    from mamba_edu.exercises.remote import KernelSession
+
+    start = time.perf_counter()
+    registered = core.REGISTRY[notebook.stem]
+    cells = code_cells(notebook)
+    result = NotebookResult(notebook.name, "graded")
+    workdir = Path(tempfile.mkdtemp(prefix="mamba_edu-grade-"))
+    session = None
+    try:
+        folder = throwaway_copy(notebook, workdir)
+        channel, private = workdir / "channel", workdir / "private"
+        channel.mkdir()
+        private.mkdir()
+        os.environ.update(IPYTHONDIR=str(private / "ipython"), MPLCONFIGDIR=str(private / "mpl"),
+                          TRITON_CACHE_DIR=str(private / "triton"), JUPYTER_RUNTIME_DIR=str(private / "rt"),
+                          TMPDIR=str(private))
+        prefix = bwrap_prefix(folder, channel, private) if sandbox else None
+        session = KernelSession(folder, timeout, prefix, channel)
+        errors = session.run_notebook(cells)
+        for number in sorted(registered):
+            ex = registered[number]
+            proxies, missing = [], []
+            for name in ex.names:
+                proxy = session.function(name, ex.forbidden, cells)
+                (missing.append(name) if proxy is None else proxies.append(proxy))
+            if missing:
+                why = f"{', '.join(missing)} is not defined (did its cell run?)"
+                if errors:
+                    why += f"; {errors[0]}"
+                result.exercises.append(ExerciseResult(number, ex.title, core.FAIL, why))
+                continue
+            verdict = core.judge(ex, *proxies)
+            result.exercises.append(ExerciseResult(number, ex.title, verdict.status, verdict.message))
+    except KernelDied as err:
+        result.status, result.reason = "zero", str(err)
+    except Exception as err:  # noqa: BLE001 - the grader's own trouble with this notebook
+        result.status, result.reason = "zero", f"the grader could not grade it: {type(err).__name__}: {err}"
+    finally:
+        if session is not None:
+            session.shutdown()
+        shutil.rmtree(workdir, ignore_errors=True)
+    if result.status != "graded":
+        result.exercises = [ExerciseResult(n, registered[n].title, core.FAIL, "not graded: " + result.reason)
+                            for n in sorted(registered)]
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _worker_main(argv) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", type=Path, required=True)
+    parser.add_argument("--timeout", type=int, required=True)
+    parser.add_argument("--sandbox", action="store_true")
+    args = parser.parse_args(argv)
+    secret = sys.stdin.readline().strip()
+    sys.stdin.close()
+    out = os.fdopen(os.dup(1), "w")
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)  # nothing else this process prints reaches the reporting pipe
+    result = grade_one(args.worker, args.timeout, args.sandbox)
+    out.write(secret + json.dumps(asdict(result)) + "\n")
+    out.flush()
+    return 0
+
+
+# --- the grading process ----------------------------------------------------------------------
+
+def _package_snapshot() -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in PACKAGE_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+
+
+def restore_package(snapshot: dict[Path, bytes]) -> list[str]:
+    """Put back every package file that changed, was deleted or was added; the names touched."""
+    touched = []
+    now = {p for p in PACKAGE_DIR.rglob("*") if (p.is_file() or p.is_symlink()) and "__pycache__" not in p.parts}
+    for p in sorted(now - set(snapshot)):
+        touched.append(str(p.relative_to(REPO_DIR)))
+        p.unlink()
+    for p, data in snapshot.items():
+        if p.is_symlink() or not p.is_file() or hashlib.sha256(p.read_bytes()).digest() != hashlib.sha256(data).digest():
+            touched.append(str(p.relative_to(REPO_DIR)))
+            if p.is_symlink() or p.is_dir():
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(data)
+    return touched
+
+
+def _run_worker(path: Path, timeout: int, sandbox: bool) -> NotebookResult:
+    secret = secrets.token_hex(16)
+    cmd = [sys.executable, "-m", "mamba_edu.exercises.grader", "--worker", str(path.resolve()),
+           "--timeout", str(timeout)] + (["--sandbox"] if sandbox else [])
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    budget = timeout * (len(code_cells(path)) + 100) + 300
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env, start_new_session=True, text=True)
+    try:
+        out, err = proc.communicate(secret + "\n", timeout=budget)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        return NotebookResult(path.name, "zero", f"grading took longer than {budget} s")
+    finally:
+        try:
+            os.killpg(proc.pid, 9)  # the worker's kernel and anything it left behind
+        except ProcessLookupError:
+            pass
+    for line in out.splitlines():
+        if line.startswith(secret):
+            data = json.loads(line[len(secret):])
+            data["exercises"] = [ExerciseResult(**e) for e in data["exercises"]]
+            return NotebookResult(**data)
+    tail = (err or "").strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+    return NotebookResult(path.name, "zero", f"the grading process died ({tail[0][:200]})")
+
+
+def grade_paths(paths: list[Path], timeout: int, sandbox: bool = False, report=None) -> list[NotebookResult]:
+    """Grade every notebook in ``paths`` (each already one with registered exercises) and
+    call ``report(result)`` after each."""
+    from mamba_edu.exercises import core
+
+    snapshot = _package_snapshot()
+    results = []
+    for path in paths:
+        registered = core.REGISTRY[path.stem]
+        refusal = _refusal(path)
+        if refusal:
+            result = NotebookResult(path.name, "refused", f"{path.name} {refusal}",
+                                    [ExerciseResult(n, registered[n].title, core.FAIL, "not graded")
+                                     for n in sorted(registered)])
+        else:
+            result = _run_worker(path, timeout, sandbox)
+        touched = restore_package(snapshot)
+        if touched:
+            result.status = "zero"
+            result.reason = (f"the notebook changed the package ({', '.join(touched[:5])}); the files "
+                             "were restored")
+            for e in result.exercises:
+                e.status, e.message = core.FAIL, "not graded: " + result.reason
+        results.append(result)
+        if report is not None:
+            report(result)
+    return results
 
 
 def execute_and_grade(path: Path, timeout: int) -> list[tuple[int, str, str, str]]:
-    """Run the notebook, then the grading cell; ``[(number, title, status, message), …]``."""
-    import nbformat
-    from nbclient import NotebookClient
+    """Grade one notebook: ``[(number, title, status, message), …]`` (see :func:`grade_paths`)."""
+    result = grade_paths([path], timeout)[0]
+    return [(e.number, e.title, e.status, e.message) for e in result.exercises]
 
-    nb = nbformat.read(path, as_version=4)
-    nb.cells.append(nbformat.v4.new_code_cell(GRADING_CELL.format(notebook=path.stem)))
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
-                   resources={"metadata": {"path": str(path.parent.resolve())}}).execute()
-    for output in nb.cells[-1].outputs:
-        for line in output.get("text", "").splitlines():
-            if line.startswith(MARK):
-                return [tuple(row) for row in json.loads(line[len(MARK):])]
-    errors = [o for o in nb.cells[-1].outputs if o.output_type == "error"]
-    reason = f"{errors[0].ename}: {errors[0].evalue}" if errors else "no output"
-    raise RuntimeError(f"{path}: the grading cell did not report ({reason})")
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(sys.argv[1:]))

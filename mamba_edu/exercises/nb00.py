@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from mamba_edu.exercises.core import OpRecorder, checker, exercise
+from mamba_edu.exercises.core import checker, exercise, observe
 from mamba_edu.profiling import count_syncs
 
 NOTEBOOK = "00_start_here"
@@ -47,7 +47,8 @@ def _sniffed(expression: str) -> int:
     return syncs.count
 
 
-@exercise(NOTEBOOK, 1, "which expressions sync", "my_would_sync")
+@exercise(NOTEBOOK, 1, "which expressions sync", "my_would_sync",
+          forbidden=("mamba_edu.profiling.syncs",))
 def check_would_sync(fn) -> str:
     """Ask ``fn`` about every quiz expression; the sniffer decides."""
     wrong = []
@@ -73,16 +74,15 @@ def check_tracked_rows(fn) -> str:
              (torch.tensor([False, True, False, True, True]), 4), (torch.tensor([True, True, False, True]), 2),
              (torch.rand(37, generator=gen) < 0.3, 16)]
     for mask, size in cases:
-        recorder = OpRecorder()
-        with count_syncs() as syncs, recorder:
-            rows = fn(mask.clone(), size)
-        used = recorder.ops & {"nonzero", "nonzero_static", "argwhere"}
+        seen = observe(fn, mask.clone(), size)
+        rows = seen.result
+        used = seen.ops & {"nonzero", "nonzero_static", "argwhere"}
         if used:
             raise AssertionError(f"the answer calls {', '.join(sorted(used))}: build the rows without it "
                                  "(hint: a cumulative sum tells each set row where it goes)")
-        if syncs.count:
-            raise AssertionError(f"{syncs.count} would-be sync(s) for mask {mask.int().tolist()}: "
-                                 + ", ".join(syncs.by_op))
+        if seen.sync_count:
+            raise AssertionError(f"{seen.sync_count} would-be sync(s) for mask {mask.int().tolist()}: "
+                                 + ", ".join(seen.by_op))
         expected = torch.nonzero_static(mask, size=size, fill_value=-1).squeeze(1)
         if not isinstance(rows, torch.Tensor) or rows.shape != expected.shape or not torch.equal(rows.long(), expected):
             got = rows.tolist() if isinstance(rows, torch.Tensor) else rows

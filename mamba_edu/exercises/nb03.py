@@ -28,15 +28,24 @@ from mamba_edu.exercises.core import checker, exercise
 from mamba_edu.gdn import l2norm, recurrent_gated_delta_rule
 from mamba_edu.testing import check as compare
 
+try:
+    from triton.runtime.interpreter import InterpretedFunction as _INTERPRETED
+except ImportError:  # the stand-in module where Triton is not installed
+    _INTERPRETED = triton.runtime.jit.JITFunction
+
 NOTEBOOK = "03_triton_kernels"
 check = checker(NOTEBOOK)
 
 
 def _require_kernel(fn, name: str) -> None:
     """A torch function (or a plain Python one) is not an answer to a kernel exercise."""
-    if not isinstance(fn, triton.runtime.jit.KernelInterface):
-        raise AssertionError(f"{name} is a {type(fn).__name__}, not a Triton kernel: decorate it "
-                             "with @triton.jit (the check launches it with its own grid)")
+    if type(fn).__name__ == "RemoteFunction":  # the grader's proxy: the kernel side checked the type
+        if fn.kind == "triton" or fn.refused:
+            return
+    elif type(fn) in (triton.runtime.jit.JITFunction, _INTERPRETED):
+        return
+    raise AssertionError(f"{name} is a {type(fn).__name__}, not a Triton kernel: decorate it "
+                         "with @triton.jit (the check launches it with its own grid)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,7 +134,8 @@ def _expected_counts(lengths, H, HV, K, V) -> dict:
     return counts
 
 
-@exercise(NOTEBOOK, 2, "programs of the prefill kernels", "my_program_counts")
+@exercise(NOTEBOOK, 2, "programs of the prefill kernels", "my_program_counts",
+          forbidden=("mamba_edu.kernels", "unittest.mock"))
 def check_program_counts(fn) -> str:
     """Compare with the grids that ``gdn_prefill`` launches, at the real Qwen3-Next head shapes,
     the Qwen3.5 tensor-parallel-8 slice, the notebook's test batch, and a batch of 64 sequence-head

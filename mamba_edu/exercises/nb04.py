@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from mamba_edu.exercises.core import checker, exercise
+from mamba_edu.exercises.core import checker, exercise, observe
 from mamba_edu.gdn import causal_conv1d
 from mamba_edu.kernels import build_chunk_meta
-from mamba_edu.profiling import count_syncs
 
 NOTEBOOK = "04_varlen_batches_and_conv"
 check = checker(NOTEBOOK)
@@ -32,7 +31,8 @@ def _values(t, name: str) -> list:
     raise AssertionError(f"{name} is a {type(t).__name__}; expected a torch tensor")
 
 
-@exercise(NOTEBOOK, 1, "chunk metadata built on the host", "my_chunk_meta")
+@exercise(NOTEBOOK, 1, "chunk metadata built on the host", "my_chunk_meta",
+          forbidden=("mamba_edu.kernels.metadata", "mamba_edu.gdn.varlen"))
 def check_chunk_meta(fn) -> str:
     """``fn(lengths, device)`` -> ``(cu_seqlens [N+1], chunk_indices [NT, 2], chunk_offsets [N+1])``,
     integer tensors on ``device``; compared with :func:`build_chunk_meta`, syncs counted."""
@@ -40,13 +40,13 @@ def check_chunk_meta(fn) -> str:
 
     device = mamba_edu.default_device()
     for lengths in _BATCHES:
-        with count_syncs() as syncs:
-            out = fn(list(lengths), device)
+        seen = observe(fn, list(lengths), device)
+        out = seen.result
         if not (isinstance(out, tuple | list) and len(out) == 3):
             raise AssertionError("return a tuple (cu_seqlens, chunk_indices, chunk_offsets)")
-        if syncs.count:
+        if seen.sync_count:
             raise AssertionError(f"lengths={lengths}: building the metadata made "
-                                 f"{syncs.count} would-be host sync(s) ({', '.join(syncs.by_op)}); "
+                                 f"{seen.sync_count} would-be host sync(s) ({', '.join(seen.by_op)}); "
                                  "build it from the Python list, then upload")
         for t, name in zip(out, ("cu_seqlens", "chunk_indices", "chunk_offsets")):
             if isinstance(t, torch.Tensor) and t.device.type != torch.device(device).type:
@@ -64,7 +64,8 @@ def check_chunk_meta(fn) -> str:
     return f"{len(_BATCHES)} batches match build_chunk_meta, 0 would-be syncs"
 
 
-@exercise(NOTEBOOK, 2, "the conv state a sequence leaves", "my_conv_state_after")
+@exercise(NOTEBOOK, 2, "the conv state a sequence leaves", "my_conv_state_after",
+          forbidden=("mamba_edu.gdn.conv", "mamba_edu.kernels"))
 def check_conv_state_after(fn) -> str:
     """Compare with the reference conv's final state, for sequences shorter and longer than W−1."""
     gen = torch.Generator().manual_seed(6)

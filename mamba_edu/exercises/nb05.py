@@ -17,7 +17,8 @@ NOTEBOOK = "05_state_pool_and_prefix_cache"
 check = checker(NOTEBOOK)
 
 
-@exercise(NOTEBOOK, 1, "the host plan of one request", "my_plan")
+@exercise(NOTEBOOK, 1, "the host plan of one request", "my_plan",
+          forbidden=("mamba_edu.serving.planning.plan_tracking",))
 def check_plan(fn) -> str:
     """Compare ``fn(P, E, Cc)`` with :func:`plan_tracking` on both sides of every boundary."""
     n = 0
@@ -55,7 +56,8 @@ def _random_cache(rng: random.Random, pool: StatePool) -> tuple[RadixCache, list
     return cache, base, slots
 
 
-@exercise(NOTEBOOK, 2, "how far a prefix hit can go", "my_match")
+@exercise(NOTEBOOK, 2, "how far a prefix hit can go", "my_match",
+          forbidden=("mamba_edu.serving.prefix_cache.RadixCache.match",))
 def check_match(fn) -> str:
     """Random radix caches; ``fn(cache.root, prompt, max_length)`` must return the
     ``(length, slot)`` of :meth:`RadixCache.match` (``(0, None)`` on a miss)."""

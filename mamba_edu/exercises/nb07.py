@@ -13,11 +13,10 @@ import random
 
 import torch
 
-from mamba_edu.exercises.core import checker, exercise
+from mamba_edu.exercises.core import checker, exercise, observe
 from mamba_edu.exercises.nb02 import packed_checkpoints
 from mamba_edu.exercises.nb06 import strategy_syncs, toy_batch
 from mamba_edu.gdn import recurrent_gated_delta_rule
-from mamba_edu.profiling import count_syncs
 from mamba_edu.serving.tracking import sglang_track_metadata
 
 NOTEBOOK = "07_precomputed_indices"
@@ -26,7 +25,8 @@ check = checker(NOTEBOOK)
 _NAMES = ("dst", "conv_positions", "working", "checkpoint", "from_final")
 
 
-@exercise(NOTEBOOK, 1, "precomputed indices without a sync", "my_precomputed_indices")
+@exercise(NOTEBOOK, 1, "precomputed indices without a sync", "my_precomputed_indices",
+          forbidden=("mamba_edu.serving.tracking",))
 def check_precomputed_indices(fn) -> str:
     """Random batches; ``rows`` found outside the sniffer; ``fn`` must not sync and must match
     the indices the package builds (SGLang's per-forward metadata)."""
@@ -41,11 +41,11 @@ def check_precomputed_indices(fn) -> str:
         if rows.numel() == 0:
             continue
         ref = sglang_track_metadata(batch, 4)
-        with count_syncs() as syncs:
-            got = fn(batch, rows, 4)
-        if syncs.count:
-            raise AssertionError(f"the index build made {syncs.count} would-be host syncs "
-                                 f"({', '.join(sorted(syncs.by_op))}); only gathers and arithmetic are needed")
+        seen = observe(fn, batch, rows, 4)
+        got = seen.result
+        if seen.sync_count:
+            raise AssertionError(f"the index build made {seen.sync_count} would-be host syncs "
+                                 f"({', '.join(sorted(seen.by_op))}); only gathers and arithmetic are needed")
         if not isinstance(got, (tuple, list)) or len(got) != 5:
             raise AssertionError("return a tuple of 5 tensors: (dst, conv_positions, working, checkpoint, from_final)")
         for name, g, w in zip(_NAMES, got, (ref.dst, ref.conv_positions, ref.working, ref.checkpoint,
@@ -58,7 +58,8 @@ def check_precomputed_indices(fn) -> str:
     return f"{n} random batches match the package's indices, 0 syncs"
 
 
-@exercise(NOTEBOOK, 2, "which checkpoint row", "my_checkpoint_row")
+@exercise(NOTEBOOK, 2, "which checkpoint row", "my_checkpoint_row",
+          forbidden=("mamba_edu.gdn.varlen.checkpoint_offsets",))
 def check_checkpoint_row(fn) -> str:
     """Run the chunked GDN with checkpoints on a packed batch and compare the row ``fn`` names
     with the token-by-token state after ``aligned`` tokens of that request."""
@@ -84,7 +85,8 @@ def check_checkpoint_row(fn) -> str:
     return f"{n} rows of h hold the recurrence's state after A tokens"
 
 
-@exercise(NOTEBOOK, 3, "precomputed syncs per forward", "my_precomputed_syncs")
+@exercise(NOTEBOOK, 3, "precomputed syncs per forward", "my_precomputed_syncs",
+          forbidden=("mamba_edu.profiling.syncs",))
 def check_precomputed_syncs(fn) -> str:
     """Count the precomputed strategy's syncs with the sniffer, tracked or not, 1 to 45 layers."""
     cases = {True: ([0, 0], [130, 40]), False: ([0, 64], [40, 10])}

@@ -13,10 +13,9 @@ import random
 
 import torch
 
-from mamba_edu.exercises.core import checker, exercise
+from mamba_edu.exercises.core import checker, exercise, observe
 from mamba_edu.exercises.nb06 import toy_batch
 from mamba_edu.kernels import build_chunk_meta, gdn_prefill
-from mamba_edu.profiling import count_syncs
 from mamba_edu.serving import SCRATCH_SLOT
 from mamba_edu.serving.tracking import host_track_indices
 from mamba_edu.testing import check as compare
@@ -27,7 +26,8 @@ check = checker(NOTEBOOK)
 _FIELDS = ("dst", "conv_positions", "checkpoint", "from_final", "chunks")
 
 
-@exercise(NOTEBOOK, 1, "the host plan of sync_free", "my_host_plan")
+@exercise(NOTEBOOK, 1, "the host plan of sync_free", "my_host_plan",
+          forbidden=("mamba_edu.serving.tracking",))
 def check_host_plan(fn) -> str:
     """Random batches (tracked at a checkpoint or the final state, untracked, after a prefix);
     compare with ``host_track_indices`` field by field; reading a device tensor is a sync."""
@@ -39,11 +39,11 @@ def check_host_plan(fn) -> str:
         W = rng.randint(2, 5)
         batch = toy_batch(prefix, extend, cache_chunk=rng.choice([64, 128]), seed=trial)
         want = host_track_indices(batch, W)
-        with count_syncs() as syncs:
-            got = fn(batch, W)
-        if syncs.count:
-            raise AssertionError(f"the plan made {syncs.count} would-be host syncs "
-                                 f"({', '.join(sorted(syncs.by_op))}): build it from the batch's host lists "
+        seen = observe(fn, batch, W)
+        got = seen.result
+        if seen.sync_count:
+            raise AssertionError(f"the plan made {seen.sync_count} would-be host syncs "
+                                 f"({', '.join(sorted(seen.by_op))}): build it from the batch's host lists "
                                  "(extend_lens, token_ranges, plans), not from its device tensors")
         if not isinstance(got, (tuple, list)) or len(got) != 5:
             raise AssertionError("return a tuple of 5 lists: (dst, conv_positions, checkpoint, from_final, chunks)")
@@ -59,7 +59,8 @@ def check_host_plan(fn) -> str:
     return "30 random batches match host_track_indices, one entry per row, 0 syncs"
 
 
-@exercise(NOTEBOOK, 2, "checkpoint bytes saved by fusing", "my_checkpoint_bytes")
+@exercise(NOTEBOOK, 2, "checkpoint bytes saved by fusing", "my_checkpoint_bytes",
+          forbidden=("mamba_edu.kernels",))
 def check_checkpoint_bytes(fn) -> str:
     """Run ``gdn_prefill(output_checkpoints=True)`` on small batches and compare ``h.nbytes``."""
     gen = torch.Generator().manual_seed(10)
@@ -80,7 +81,8 @@ def check_checkpoint_bytes(fn) -> str:
     return "matches h.nbytes of the chunked prefill"
 
 
-@exercise(NOTEBOOK, 3, "the fused tracking write", "my_fused_scan")
+@exercise(NOTEBOOK, 3, "the fused tracking write", "my_fused_scan",
+          forbidden=("mamba_edu.kernels", "mamba_edu.serving"))
 def check_fused_scan(fn) -> str:
     """Packed batches with rows tracked at a checkpoint, at the final state, and untracked
     (chunk −1, destination the scratch slot); compare every pool slot with ``gdn_prefill``'s

@@ -92,7 +92,8 @@ def _synthetic_lanes():
         yield f"random 3-stream lane {n + 1}", intervals, 0.0, end, 2.0
 
 
-@exercise(NOTEBOOK, 1, "GPU busy time and bubbles of a forward", "my_gpu_lane")
+@exercise(NOTEBOOK, 1, "GPU busy time and bubbles of a forward", "my_gpu_lane",
+          forbidden=("mamba_edu.profiling.bubbles",))
 def check_gpu_lane(fn) -> str:
     """Compare ``fn(intervals, start, end, threshold) -> (busy, gaps)`` with the package."""
     for what, intervals, start, end, threshold in _synthetic_lanes():
@@ -158,7 +159,8 @@ def _synthetic_trace() -> tuple[dict, int, int]:
     return {"traceEvents": events}, 3, 3
 
 
-@exercise(NOTEBOOK, 2, "count a forward's syncs in a trace", "my_trace_syncs")
+@exercise(NOTEBOOK, 2, "count a forward's syncs in a trace", "my_trace_syncs",
+          forbidden=("mamba_edu.profiling.bubbles", "mamba_edu.profiling.traces", "mamba_edu.profiling.trace_files"))
 def check_trace_syncs(fn) -> str:
     """Compare ``fn(trace, range_name) -> (waits, dtoh)`` with :func:`analyze_trace`."""
     trace, waits, dtoh = _synthetic_trace()

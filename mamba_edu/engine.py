@@ -12,17 +12,30 @@ metadata, layers, tracking) + ``finish_prefill`` (cache insert, bookkeeping); be
 the three parts themselves (``abort_prefill`` gives back a batch they do not finish), and
 ``capture_prefill`` puts the forward into a CUDA graph.
 
-A prepared prefill (:class:`PreparedPrefill`) belongs to the engine that prepared it and is used
-once: ``prepare → forward → finish``, or ``prepare [→ forward] → abort``. Running it on another
-engine, running its forward twice, finishing or aborting it twice raises ``ValueError`` before
-anything changes (``reset_prefill`` re-arms it for a benchmark that reruns one batch).
-Every argument is checked at this boundary, before any slot, lock or cache entry changes
-(docs/architecture.md states the contracts).
+Contracts (docs/architecture.md):
+
+* **Transactions.** Every public call checks its arguments in one pass, before anything changes,
+  and either completes or leaves the engine, its pool and its cache as they were. A failure half
+  way (out of memory, Ctrl-C) is undone: a decode puts its working slots' states back and commits
+  no token; a forward puts its batch's slots back to their prepared states. Cache inserts come
+  first in a commit, each one whole (a snapshot cached by a call that then failed stays cached:
+  it is correct, and its request got a fresh track slot). Evicting cached snapshots to make room
+  cannot be undone, so it is the last step of a ``prepare_prefill``, after every upload.
+* **Ownership.** Every slot the engine holds is allocated to it in the pool, and every prefix lock
+  is taken in its name: ``engine.pool.free``, ``engine.cache.unlock`` or ``engine.cache.insert``
+  called by anyone else refuse them.
+* **One life per batch.** A :class:`PreparedPrefill` is used once: ``prepare → forward → finish``,
+  or ``prepare [→ forward] → abort``; the engine keeps the list of its live batches, so a copy, a
+  finished or aborted batch, or another engine's batch is refused.
+* **One thread.** An ``Engine`` is single-threaded: a call from a second thread while another
+  thread's call runs raises ``RuntimeError`` (use one engine per thread, or a lock around it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import functools
+import threading
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -32,15 +45,61 @@ from mamba_edu.model.hybrid import ModelOutput
 from mamba_edu.serving import (SCRATCH_SLOT, ForwardBatch, LinearAttentionBackend, PoolExhausted,
                                RadixCache, StatePool, plan_tracking)
 from mamba_edu.serving.batch import build_decode_batch, build_extend_batch
-from mamba_edu.serving.planning import check_cache_chunk
+from mamba_edu.serving.planning import check_cache_chunk, plan_decode
+
+
+def check_rid(rid, name: str = "rid"):
+    """A request id: hashable and equal to itself (``rid == rid`` is ``True``: not NaN, not a
+    tensor or an array)."""
+    try:
+        hash(rid)
+        equal = rid == rid
+    except Exception:  # noqa: BLE001 - unhashable, or an == that raises: both refused alike
+        equal = None
+    if equal is not True:
+        raise ValueError(f"{name} must be hashable and equal to itself (a str, an int, a tuple; not "
+                         f"NaN, a tensor or an array); got {rid!r}")
+    return rid
+
+
+def _materialise(name: str, values, what: str) -> list:
+    """An argument that must be a collection, read once into a list (a generator is read here,
+    not again later); strings, mappings and tensors are refused."""
+    if isinstance(values, (str, bytes, Mapping, torch.Tensor, Request)) or not isinstance(values, Iterable):
+        raise ValueError(f"{name} must be a list of {what}; got {type(values).__name__}")
+    return list(values)
 
 
 @dataclass(frozen=True)
 class Request:
-    """A prompt to prefill: a unique id and its token ids."""
+    """A prompt to prefill: a unique id and its token ids.
+
+    The prompt is copied once, here, into a tuple of Python ints: changing the list it came
+    from afterwards changes nothing. ``rid`` must be hashable and equal to itself."""
 
     rid: Hashable
-    token_ids: list[int]
+    token_ids: tuple[int, ...]
+
+    def __post_init__(self):
+        check_rid(self.rid)
+        ids = self.token_ids
+        if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable):
+            raise ValueError(f"token_ids of request {self.rid!r} must be a non-empty list of ints; "
+                             f"got {type(ids).__name__}")
+        ids = tuple(ids.tolist()) if isinstance(ids, torch.Tensor) and ids.dim() == 1 else tuple(ids)
+        bad = next((t for t in ids if type(t) is not int or t < 0), None)
+        if not ids or bad is not None:
+            raise ValueError(f"token_ids of request {self.rid!r} must be a non-empty list of ints >= 0 "
+                             f"(not bools, floats or numpy ints); got {bad if ids else ids!r}")
+        object.__setattr__(self, "token_ids", ids)
+
+    def check(self, vocab: int) -> Request:
+        """This request, if every token is below ``vocab``."""
+        bad = next((t for t in self.token_ids if t >= vocab), None)
+        if bad is not None:
+            raise ValueError(f"token_ids of request {self.rid!r} must be ints in [0, vocab={vocab}); "
+                             f"got {bad!r}")
+        return self
 
 
 @dataclass
@@ -59,7 +118,6 @@ class RunningRequest:
     next_track: int
     kv: list
     next_token: torch.Tensor
-    snapshot_len: int | None = None  # length of the latest decode-tracked snapshot not yet cached
 
 
 @dataclass
@@ -90,72 +148,106 @@ class EngineStats:
     computed_tokens: int = 0
 
 
-@dataclass
-class CapturedPrefill:
+class _NoCopy:
+    """Lifecycle objects have one life: copying or pickling one is refused."""
+
+    def __copy__(self):
+        raise TypeError(f"a {type(self).__name__} cannot be copied: it stands for slots its engine "
+                        f"holds, used once")
+
+    def __deepcopy__(self, memo):
+        self.__copy__()
+
+    def __reduce_ex__(self, protocol):
+        self.__copy__()
+
+
+class CapturedPrefill(_NoCopy):
     """A prefill forward captured in a CUDA graph. ``replay()`` reruns it (same batch, same
     slots) and returns the static ``logits``; ``kv`` is the graph's attention KV per sequence
     (static too, rewritten by each replay); ``restore_states()`` puts back the states the
-    batch's slots held before capture, so the next replay starts where eager would."""
+    batch's slots held before capture, so the next replay starts where eager would. Both are
+    refused once the batch is finished or aborted (its slots are then someone else's)."""
 
-    graph: object
-    logits: torch.Tensor
-    _slots: torch.Tensor
-    _saved: tuple = field(repr=False)
-    _pool: StatePool = field(repr=False)
-    _metadata: object = field(default=None, repr=False)  # keeps the graph's index tensors alive
-    kv: list | None = field(default=None, repr=False)
+    def __init__(self, batch: PreparedPrefill, slots: torch.Tensor, saved: tuple, metadata):
+        self._batch, self._slots, self._saved, self._metadata = batch, slots, saved, metadata
+        self.graph, self.logits, self.kv = None, None, None
+
+    def _check_live(self, action: str) -> None:
+        if not self._batch._engine._is_live(self._batch):
+            raise ValueError(f"captured.{action}(): its batch was {self._batch.status}, so its slots "
+                             f"may belong to other requests now; capture a new prepared batch")
 
     def replay(self) -> torch.Tensor:
+        self._check_live("replay")
         self.graph.replay()
         return self.logits
 
     def restore_states(self) -> None:
-        self._pool.conv[:, self._slots] = self._saved[0]
-        self._pool.ssm[:, self._slots] = self._saved[1]
+        self._check_live("restore_states")
+        pool = self._batch._engine.pool
+        pool.conv[:, self._slots] = self._saved[0]
+        pool.ssm[:, self._slots] = self._saved[1]
 
 
 PREPARED, FORWARDED, FINISHED, ABORTED = "prepared", "forwarded", "finished", "aborted"
+_BATCH_FIELDS = frozenset(f.name for f in fields(ForwardBatch))
+_MAKE = object()  # only the engine makes a PreparedPrefill
 
 
-@dataclass(eq=False, repr=False)
-class PreparedPrefill(ForwardBatch):
-    """A prefill batch prepared by :meth:`Engine.prepare_prefill`: the forward's inputs (every
-    :class:`~mamba_edu.serving.ForwardBatch` field, so it is passed to the backend and the model
-    as it is) plus the engine's bookkeeping, which the forward never reads.
+class PreparedPrefill(_NoCopy):
+    """A prefill batch prepared by :meth:`Engine.prepare_prefill`: the forward's inputs
+    (``forward_batch``, a :class:`~mamba_edu.serving.ForwardBatch`) and the engine's bookkeeping,
+    which the forward never reads. The batch's fields read through (``batch.rids``,
+    ``batch.extend_lens``, …) as copies: changing them changes nothing.
 
     Lifecycle (``status``): ``prepared`` → :meth:`Engine.forward_prefill` → ``forwarded`` →
     :meth:`Engine.finish_prefill` → ``finished``; or :meth:`Engine.abort_prefill` from
-    ``prepared``/``forwarded`` → ``aborted``. It belongs to ``engine`` (its slots are that
-    engine's) and each step happens at most once; anything else raises before changing state.
+    ``prepared``/``forwarded`` → ``aborted``. It belongs to the engine that made it and each step
+    happens at most once; anything else raises before changing state. It cannot be copied.
 
-    ``requests``: the full prompts; ``matches``: their locked prefix matches;
-    ``track_slot_lists``: each request's 1 (or 2, ping-pong) track slots; ``logits`` and ``kv``:
-    what the forward returned (:class:`~mamba_edu.model.ModelOutput`; None before it).
+    ``requests``: the prompts; ``matches``: their locked prefix matches; ``track_slot_lists``:
+    each request's 1 (or 2, ping-pong) track slots; ``logits`` and ``kv``: what the forward
+    returned (None before it).
     """
 
-    engine: object = field(default=None, compare=False)
-    requests: list = field(default_factory=list)
-    matches: list = field(default_factory=list)
-    track_slot_lists: list = field(default_factory=list)
-    status: str = PREPARED
-    logits: torch.Tensor | None = None
-    kv: list | None = None
-    captured: CapturedPrefill | None = None
-    _started: bool = False  # a forward began (it may have raised half-way)
+    def __init__(self, key, engine, forward_batch, requests, matches, track_slot_lists):
+        if key is not _MAKE:
+            raise TypeError("a PreparedPrefill is made by engine.prepare_prefill(requests)")
+        self._engine, self.forward_batch = engine, forward_batch
+        self._requests, self._matches = tuple(requests), tuple(matches)
+        self._track_slot_lists = [list(t) for t in track_slot_lists]
+        self._status, self._started = PREPARED, False
+        self.logits, self.kv, self.captured = None, None, None
+
+    engine = property(lambda self: self._engine)
+    status = property(lambda self: self._status, doc="prepared, forwarded, finished or aborted")
+    requests = property(lambda self: list(self._requests))
+    matches = property(lambda self: list(self._matches))
+    track_slot_lists = property(lambda self: [list(t) for t in self._track_slot_lists])
+
+    def __getattr__(self, name):
+        if name in _BATCH_FIELDS or name == "size":
+            value = getattr(self.__dict__["forward_batch"], name)
+            if isinstance(value, list):
+                return list(value)
+            return value.clone() if isinstance(value, torch.Tensor) else value
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def owned_slots(self) -> list[int]:
         """Every slot this batch holds: working slots, then each request's track slots."""
-        return self.working_slots + [s for lst in self.track_slot_lists for s in lst]
+        return self.forward_batch.working_slots + [s for lst in self._track_slot_lists for s in lst]
 
     def __repr__(self) -> str:
-        return (f"PreparedPrefill(rids={self.rids}, status={self.status!r}, prefix_lens={self.prefix_lens}, "
-                f"extend_lens={self.extend_lens}, working_slots={self.working_slots}, "
-                f"track_slots={self.track_slots}, track_mask={self.track_mask}, track_lens={self.track_lens})")
+        fb = self.forward_batch
+        return (f"PreparedPrefill(rids={fb.rids}, status={self.status!r}, prefix_lens={fb.prefix_lens}, "
+                f"extend_lens={fb.extend_lens}, working_slots={fb.working_slots}, "
+                f"track_slots={fb.track_slots}, track_mask={fb.track_mask}, track_lens={fb.track_lens})")
 
 
 def _positive_int(name: str, value) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    if type(value) is not int or value < 1:
         raise ValueError(f"{name} must be a positive int; got {value!r}")
     return value
 
@@ -167,8 +259,40 @@ def _check_model(model) -> None:
                         f"got {type(model).__name__}")
 
 
+class _Owner:
+    """The engine's name in the pool and the cache (slot owner, lock holder)."""
+
+    def __repr__(self) -> str:
+        return "an Engine (its running requests and prepared batches)"
+
+
+def _single_threaded(method):
+    """Refuse a call while another thread's call on the same engine runs; nested calls of one
+    thread (``prefill`` calls ``prepare_prefill``) pass."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        me = threading.get_ident()
+        with self._guard:
+            holder = self._thread
+            if holder is not None and holder != me:
+                raise RuntimeError(f"Engine.{method.__name__}: another thread is using this Engine. "
+                                   f"An Engine is single-threaded: use one engine per thread, or "
+                                   f"hold a lock around every call")
+            self._thread = me
+        if holder == me:
+            return method(self, *args, **kwargs)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            with self._guard:
+                self._thread = None
+    return call
+
+
 class Engine:
     """Prefill/decode loop over one model with a prefix cache and a tracking strategy.
+
+    Single-threaded (see the module docstring); every public call is a transaction.
 
     Args:
         model: a :class:`mamba_edu.model.HybridModel`.
@@ -183,8 +307,9 @@ class Engine:
     def __init__(self, model, strategy: str = "sync_free", max_requests: int = 8, cache_chunk: int = 64,
                  ping_pong: bool = False, track_interval: int = 256, cache_slots: int | None = None):
         _check_model(model)
-        if not isinstance(ping_pong, bool):
+        if type(ping_pong) is not bool:
             raise TypeError(f"ping_pong must be a bool (True: two track slots per request); got {ping_pong!r}")
+        self._guard, self._thread = threading.Lock(), None
         self.model = model
         self.config = model.config
         self.max_requests = _positive_int("max_requests", max_requests)
@@ -193,11 +318,16 @@ class Engine:
         self.tracks_per_request = 2 if ping_pong else 1
         cache_slots = 2 * max_requests if cache_slots is None else _positive_int("cache_slots", cache_slots)
         capacity = max_requests * (1 + self.tracks_per_request) + cache_slots
-        self.pool = StatePool.for_model(self.config, capacity, model.device, model.dtype)
+        backend = LinearAttentionBackend(
+            StatePool.for_model(self.config, capacity, model.device, model.dtype), strategy,
+            self.config.conv_width)
+        self.pool = backend.pool
         self.cache = RadixCache(self.pool, working_slots=self._working_slots)
-        self.backend = LinearAttentionBackend(self.pool, strategy, self.config.conv_width)
+        self.backend = backend
+        self._owner = _Owner()
         self.running: dict[Hashable, RunningRequest] = {}
         self.pending: dict[Hashable, int] = {}  # rid -> working slot, prepared and not finished/aborted
+        self._live: list[PreparedPrefill] = []  # the prepared batches not finished or aborted
         self.stats = EngineStats()
 
     @property
@@ -208,46 +338,43 @@ class Engine:
         """The slots forwards write now: running requests' and prepared batches' working slots."""
         return {r.working_slot for r in self.running.values()} | set(self.pending.values())
 
+    def _is_live(self, batch) -> bool:
+        return any(b is batch for b in self._live)
+
     # ---- prefill ------------------------------------------------------------------------
     def _check_requests(self, requests) -> list[Request]:
-        if not isinstance(requests, (list, tuple)) or not requests:
+        if not isinstance(requests, (list, tuple)):
+            raise ValueError(f"requests must be a list of Request; got {type(requests).__name__}")
+        requests = list(requests)
+        if not requests:
             raise ValueError("requests must be a non-empty list of Request")
         seen = set()
         for r in requests:
             if not isinstance(r, Request):
                 raise ValueError(f"requests must hold Request objects; got {type(r).__name__}")
-            try:
-                hash(r.rid)
-            except TypeError:
-                raise ValueError(f"rid must be hashable (a str, an int, a tuple); got {r.rid!r}") from None
+            r.check(self.config.vocab)
             if r.rid in seen or r.rid in self.running or r.rid in self.pending:
                 raise ValueError(f"request ids must be unique, not running and not pending; "
                                  f"got duplicate rid {r.rid!r}")
             seen.add(r.rid)
-            ids = r.token_ids
-            vocab = self.config.vocab
-            if (not isinstance(ids, (list, tuple)) or not ids
-                    or not all(type(t) is int and 0 <= t < vocab for t in ids)):
-                bad = next((t for t in ids if type(t) is not int or not 0 <= t < vocab), ids) \
-                    if isinstance(ids, (list, tuple)) else ids
-                raise ValueError(f"token_ids of request {r.rid!r} must be a non-empty list of ints in "
-                                 f"[0, vocab={vocab}) (not bools); got {bad!r}")
         active = len(self.running) + len(self.pending)
         if active + len(requests) > self.max_requests:
             raise ValueError(f"requests: {len(requests)} new + {active} running or prepared exceeds "
                              f"max_requests={self.max_requests}")
-        return list(requests)
+        return requests
 
     def _alloc(self, n: int) -> list[int]:
-        """``n`` free slots, evicting cached snapshots if needed; raises before changing anything."""
+        """``n`` free slots for this engine, evicting cached snapshots if needed; raises
+        :class:`PoolExhausted` before changing anything."""
         missing = n - self.pool.n_free
         if missing > 0:
             if missing > self.cache.evictable_slots():
                 raise PoolExhausted(f"state pool exhausted: need {n} slots, {self.pool.n_free} free and "
                                     f"{self.cache.evictable_slots()} evictable cache snapshots")
             self.cache.evict(missing)
-        return self.pool.alloc(n)
+        return self.pool.alloc(n, self._owner)
 
+    @_single_threaded
     def prepare_prefill(self, requests: list[Request]) -> PreparedPrefill:
         """Host work before the forward: prefix match, slot allocation, snapshot restore, planning.
 
@@ -255,66 +382,74 @@ class Engine:
         remaining ``E = len − P`` tokens are computed (at least one, for the last logits).
         Returns a :class:`PreparedPrefill` owned by this engine; give it to
         :meth:`forward_prefill` and then :meth:`finish_prefill` (or :meth:`abort_prefill`).
+        Everything that can fail (the checks, the plan, the upload) happens before the pool
+        or the cache changes.
         """
         requests = self._check_requests(requests)
-        matches = [self.cache.match(list(r.token_ids), max_length=len(r.token_ids) - 1) for r in requests]
-        for m in matches:
-            self.cache.lock(m.node)
+        matches = [self.cache.match(list(r.token_ids), max_length=len(r.token_ids) - 1, touch=False)
+                   for r in requests]
         per_request = 1 + self.tracks_per_request
-        try:
-            slots = self._alloc(per_request * len(requests))
-        except PoolExhausted:
-            for m in matches:
-                self.cache.unlock(m.node)
-            raise
+        need = per_request * len(requests)
+        missing = need - self.pool.n_free
+        victims = self.cache.eviction_plan(max(missing, 0), protect=[m.node for m in matches])
+        freed = [v.slot for v in victims if v.slot is not None]
+        if len(freed) < missing:
+            raise PoolExhausted(f"state pool exhausted: need {need} slots, {self.pool.n_free} free and "
+                                f"{len(freed)} evictable cache snapshots")
+        slots = self.pool.peek(need, freed)
         working = slots[::per_request]
+        extends = [list(r.token_ids[m.length:]) for r, m in zip(requests, matches)]
+        plans = [plan_tracking(m.length, len(e), self.cache_chunk, slots[i * per_request + 1])
+                 for i, (m, e) in enumerate(zip(matches, extends))]
+        inputs = build_extend_batch([r.rid for r in requests], extends, [m.length for m in matches],
+                                    working, plans, [m.kv for m in matches], self.model.device)
+        # Commit: evict (cannot be undone), take the planned slots, lock, restore the snapshots.
+        self.cache.evict(max(missing, 0), protect=[m.node for m in matches])
+        taken = self.pool.alloc(need, self._owner)
         try:
-            plans, extends = [], []
-            for i, (r, m) in enumerate(zip(requests, matches)):
+            if taken != slots:  # the plan above is what alloc does; a mismatch is a bug
+                raise RuntimeError(f"internal error: planned slots {slots}, allocated {taken}")
+            for m, slot in zip(matches, working):
                 if m.slot is not None:
-                    self.pool.copy_slot(m.slot, working[i])
-                extends.append(list(r.token_ids[m.length:]))
-                plans.append(plan_tracking(m.length, len(extends[-1]), self.cache_chunk,
-                                           slots[i * per_request + 1]))
-            inputs = build_extend_batch([r.rid for r in requests], extends, [m.length for m in matches],
-                                        working, plans, [m.kv for m in matches], self.model.device)
-        except BaseException:  # e.g. out of device memory: give everything back before raising
-            self.pool.free(slots)
-            for m in matches:
-                self.cache.unlock(m.node)
+                    self.pool.copy_slot(m.slot, slot)
+        except BaseException:
+            self.pool.free(taken, self._owner)
             raise
-        batch = PreparedPrefill(
-            **{f.name: getattr(inputs, f.name) for f in fields(ForwardBatch)}, engine=self,
-            requests=requests, matches=matches,
-            track_slot_lists=[slots[i * per_request + 1:(i + 1) * per_request] for i in range(len(requests))])
-        self.pending.update(zip(batch.rids, batch.working_slots))
+        for m in matches:
+            self.cache.lock(m.node, self._owner)
+            self.cache.touch(m)
+        batch = PreparedPrefill(_MAKE, self, inputs, requests, matches,
+                                [slots[i * per_request + 1:(i + 1) * per_request] for i in range(len(requests))])
+        self._live.append(batch)
+        self.pending.update(zip(inputs.rids, working))
         return batch
 
     def _check_prepared(self, batch, action: str) -> PreparedPrefill:
-        """``batch`` must be a prepared prefill of this engine that has not been finished or
-        aborted; raises (naming the problem) before anything changes."""
+        """``batch`` must be a live prepared prefill of this engine; raises (naming the problem)
+        before anything changes."""
         if not isinstance(batch, PreparedPrefill):
             raise TypeError(f"batch must be the PreparedPrefill that engine.prepare_prefill(...) returned; "
                             f"got {type(batch).__name__}")
-        if batch.engine is not self:
+        if batch.__dict__.get("_engine") is not self:
             raise ValueError(f"batch was prepared by another Engine: its slots and prefix locks are that "
                              f"engine's, so {action} must be called on it (engine.{action}(batch) on the "
                              f"engine whose prepare_prefill made it)")
-        if batch.status == FINISHED:
-            raise ValueError(f"batch was finished: its requests are running and own its slots; "
-                             f"{action} cannot use it again (use release(rids), then prepare a new batch)")
-        if batch.status == ABORTED:
+        if not self._is_live(batch):
+            if batch.status == FINISHED:
+                raise ValueError(f"batch was finished: its requests are running and own its slots; "
+                                 f"{action} cannot use it again (use release(rids), then prepare a new batch)")
             raise ValueError(f"batch was already aborted: its slots were given back (other requests may "
                              f"own them now), so {action} cannot use it; prepare a new batch")
         return batch
 
+    @_single_threaded
     def forward_prefill(self, batch: PreparedPrefill) -> torch.Tensor:
         """The timed forward: ``init_forward_metadata`` + all layers (with tracking) → logits [N, vocab].
 
         Runs once per prepared batch: a second call would start from the states the first one
-        wrote and raises instead (``reset_prefill(batch)`` re-arms it). A forward that raised
-        half-way (e.g. stopped by ``cuda_sync_guard``) may be retried: the batch's slots are put
-        back to their prepared states first.
+        wrote and raises instead (``reset_prefill(batch)`` re-arms it). A forward that raises
+        half-way (e.g. stopped by ``cuda_sync_guard``) puts the batch's slots back to their
+        prepared states, so it may be retried.
         """
         self._check_prepared(batch, "forward_prefill")
         if batch.status == FORWARDED:
@@ -322,12 +457,17 @@ class Engine:
                              "states after its prompts, so a second forward would continue from them "
                              "(wrong logits and snapshots). Call engine.reset_prefill(batch) first to rerun "
                              "it from its prepared states, or prepare a new batch")
-        if batch._started:
+        if batch._started:  # an earlier forward failed and its undo failed too
             self._restore_prepared_states(batch)
         batch._started = True
-        self.backend.init_forward_metadata(batch)
-        out = self._run_model(batch)
-        batch.logits, batch.kv, batch.status = out.logits, out.kv, FORWARDED
+        try:
+            self.backend.init_forward_metadata(batch.forward_batch)
+            out = self._run_model(batch.forward_batch)
+        except BaseException:
+            self._restore_prepared_states(batch)
+            batch._started = False
+            raise
+        batch.logits, batch.kv, batch._status = out.logits, out.kv, FORWARDED
         return out.logits
 
     def _restore_prepared_states(self, batch: PreparedPrefill) -> None:
@@ -336,40 +476,49 @@ class Engine:
         idx = torch.tensor(batch.owned_slots, device=self.pool.conv.device)
         self.pool.conv[:, idx] = 0
         self.pool.ssm[:, idx] = 0
-        for m, slot in zip(batch.matches, batch.working_slots):
+        for m, slot in zip(batch._matches, batch.forward_batch.working_slots):
             if m.slot is not None:
                 self.pool.copy_slot(m.slot, slot)
 
+    @_single_threaded
     def reset_prefill(self, batch: PreparedPrefill) -> None:
         """Re-arm a prepared batch for one more forward (benchmarks that rerun one batch): its
         working and track slots get back the states ``prepare_prefill`` gave them."""
         self._check_prepared(batch, "reset_prefill")
         self._restore_prepared_states(batch)
-        batch.status, batch.logits, batch.kv, batch._started = PREPARED, None, None, False
+        batch._status, batch.logits, batch.kv, batch._started = PREPARED, None, None, False
 
     def _run_model(self, batch: ForwardBatch) -> ModelOutput:
         return self.model(batch, self.backend)
 
-    def _donate(self, req: RunningRequest, slot_index: int, length: int) -> None:
-        """Offer the snapshot in ``req.track_slots[slot_index]`` (state after ``length`` tokens)
-        to the cache; if taken, give the request a fresh track slot. The fresh slot is allocated
+    def _donate(self, tokens, kv, track_slots: list[int], index: int, length: int) -> None:
+        """Offer the snapshot in ``track_slots[index]`` (state after ``length`` tokens) to the
+        cache; if taken, the list gets a fresh slot in its place. The fresh slot is allocated
         first: with none to be had the snapshot is simply not cached, and the request never
-        writes a slot the cache owns."""
+        writes a slot the cache owns. Either the cache took the slot and the list holds the fresh
+        one, or nothing changed."""
         try:
             fresh = self._alloc(1)[0]
         except PoolExhausted:
             return
-        kv = [(k[:length], v[:length]) for k, v in req.kv]
-        if self.cache.insert(req.tokens[:length], req.track_slots[slot_index], kv):
-            req.track_slots[slot_index] = fresh
+        try:
+            took = self.cache.insert(list(tokens[:length]), track_slots[index],
+                                     [(k[:length], v[:length]) for k, v in kv], self._owner)
+        except BaseException:
+            self.pool.free([fresh], self._owner)
+            raise
+        if took:
+            track_slots[index] = fresh
         else:
-            self.pool.free([fresh])
+            self.pool.free([fresh], self._owner)
 
+    @_single_threaded
     def finish_prefill(self, batch: PreparedPrefill, logits: torch.Tensor | None = None) -> None:
-        """After the forward: register the requests, insert tracked snapshots into the cache.
+        """After the forward: insert tracked snapshots into the cache, then register the requests.
 
         ``logits``: what ``forward_prefill(batch)`` returned (or the batch's captured graph's
-        ``logits``); None means the batch's own.
+        ``logits``); None means the batch's own. If it fails half way (out of memory), the batch
+        stays forwarded and can be finished (or aborted) again.
         """
         self._check_prepared(batch, "finish_prefill")
         runs = [run for run in (batch, batch.captured) if run is not None and run.logits is not None]
@@ -380,51 +529,58 @@ class Engine:
         if run is None:
             shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
             raise ValueError(f"logits must be the tensor forward_prefill(batch) returned for this batch "
-                             f"([{batch.size}, {self.config.vocab}]); got another ({shape}): "
+                             f"([{batch.forward_batch.size}, {self.config.vocab}]); got another ({shape}): "
                              f"a batch is finished with its own logits")
         next_tokens = run.logits.argmax(-1)
-        self._close_prepared(batch, FINISHED)
-        for i, (r, plan) in enumerate(zip(batch.requests, batch.plans)):
-            req = RunningRequest(r.rid, list(r.token_ids), batch.working_slots[i], batch.track_slot_lists[i],
-                                 0, run.kv[i], next_tokens[i:i + 1])
-            self.running[r.rid] = req
+        fb = batch.forward_batch
+        for i, (r, plan) in enumerate(zip(batch._requests, fb.plans)):  # cache inserts first
             if plan.tracked:
-                req.next_track = (req.next_track + 1) % self.tracks_per_request
-                self._donate(req, 0, plan.track_len)
+                self._donate(r.token_ids, run.kv[i], batch._track_slot_lists[i], 0, plan.track_len)
+        for i, (r, plan) in enumerate(zip(batch._requests, fb.plans)):
+            track = batch._track_slot_lists[i]
+            self.running[r.rid] = RunningRequest(r.rid, list(r.token_ids), fb.working_slots[i], list(track),
+                                                 int(plan.tracked) % self.tracks_per_request, run.kv[i],
+                                                 next_tokens[i:i + 1])
             self.stats.requests += 1
             self.stats.prefix_hits += plan.prefix_len > 0
             self.stats.cached_tokens += plan.prefix_len
             self.stats.computed_tokens += plan.extend_len
+        self._close_prepared(batch, FINISHED)
 
+    @_single_threaded
     def abort_prefill(self, batch: PreparedPrefill) -> None:
         """Give back a prepared batch that will not be finished (never run, or its forward
         failed): free its working and track slots and unlock its prefix matches. Nothing is
         cached and no request starts running. Call it at most once, instead of ``finish_prefill``."""
         self._check_prepared(batch, "abort_prefill")
-        self.pool.free(batch.owned_slots)
+        self.pool.free(batch.owned_slots, self._owner)
         self._close_prepared(batch, ABORTED)
 
     def _close_prepared(self, batch: PreparedPrefill, status: str) -> None:
-        """End a prepared batch (finished or aborted): it is no longer pending and its prefix
-        matches are unlocked."""
-        batch.status = status
-        for rid in batch.rids:
+        """End a prepared batch (finished or aborted): it is no longer live nor pending and its
+        prefix matches are unlocked."""
+        batch._status = status
+        self._live = [b for b in self._live if b is not batch]
+        for rid in batch.forward_batch.rids:
             del self.pending[rid]
-        for m in batch.matches:
-            self.cache.unlock(m.node)
+        for m in batch._matches:
+            self.cache.unlock(m.node, self._owner)
 
+    @_single_threaded
     def prefill(self, requests: list[Request]) -> PrefillResult:
         """Prefill new requests; they keep running (for :meth:`decode`) until :meth:`release`."""
         batch = self.prepare_prefill(requests)
         try:
             logits = self.forward_prefill(batch)
+            self.finish_prefill(batch, logits)
         except BaseException:
-            self.abort_prefill(batch)
+            if self._is_live(batch):
+                self.abort_prefill(batch)
             raise
-        self.finish_prefill(batch, logits)
-        return PrefillResult(logits, logits.argmax(-1).tolist(), list(batch.prefix_lens),
-                             list(batch.track_lens))
+        fb = batch.forward_batch
+        return PrefillResult(logits, logits.argmax(-1).tolist(), list(fb.prefix_lens), list(fb.track_lens))
 
+    @_single_threaded
     def capture_prefill(self, batch: PreparedPrefill) -> CapturedPrefill:
         """Capture the prefill forward of ``batch`` in a CUDA graph (``sync_free``/``fused`` only).
 
@@ -438,93 +594,98 @@ class Engine:
                              f"cannot be captured); engine strategy is {self.strategy!r}")
         if self.model.device.type != "cuda":
             raise RuntimeError(f"capture_prefill needs a CUDA device; the model is on {self.model.device}")
+        fb = batch.forward_batch
         owned = batch.owned_slots + [SCRATCH_SLOT]
         slots = torch.tensor(owned, device=self.model.device)
         saved = (self.pool.conv[:, slots].clone(), self.pool.ssm[:, slots].clone())
-        captured = CapturedPrefill(None, None, slots, saved, self.pool)
-        captured._metadata = self.backend.init_forward_metadata(batch)
+        captured = CapturedPrefill(batch, slots, saved, self.backend.init_forward_metadata(fb))
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: lazy inits and autotuning happen outside the capture
-                self._run_model(batch)
+                self._run_model(fb)
         torch.cuda.current_stream().wait_stream(stream)
         captured.restore_states()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = self._run_model(batch)
+            out = self._run_model(fb)
         captured.graph, captured.logits, captured.kv = graph, out.logits, out.kv
         captured.restore_states()
         batch.captured = captured  # its replays are this batch's forwards: finish_prefill accepts their logits
         return captured
 
     # ---- decode -------------------------------------------------------------------------
+    @_single_threaded
     def decode(self, steps: int) -> DecodeResult:
         """``steps`` greedy tokens for every running request.
 
         Each step feeds the previous step's argmax straight from the device; decode tracking
-        (after ``seq_len % track_interval == 0`` tokens) is planned on the host and masked on the
-        device via the scratch slot. The tokens are read back once, at the end.
+        (after ``seq_len % track_interval == 0`` tokens, :func:`~mamba_edu.serving.planning.plan_decode`)
+        is planned on the host and masked on the device via the scratch slot. The tokens are read
+        back once, at the end. Nothing is committed unless every step succeeded: a failure puts
+        the working slots' states back and leaves every request as it was.
         """
         _positive_int("steps", steps)
         reqs = list(self.running.values())
         if not reqs:
             raise ValueError("decode needs running requests: call prefill first")
-        ids = torch.cat([r.next_token for r in reqs])
-        generated, all_logits = [], []
-        for step in range(steps):
-            seq_lens = [len(r.tokens) + step for r in reqs]  # position of the token fed now
-            dst = []
-            for r, n in zip(reqs, seq_lens):
-                if (n + 1) % self.track_interval == 0:
-                    dst.append(r.track_slots[r.next_track])
-                    r.next_track = (r.next_track + 1) % self.tracks_per_request
-                    r.snapshot_len = n + 1
-                else:
-                    dst.append(SCRATCH_SLOT)
-            batch = build_decode_batch([r.rid for r in reqs], ids, seq_lens, [r.working_slot for r in reqs],
-                                       dst, [r.kv for r in reqs], self.model.device)
-            self.backend.init_forward_metadata(batch)
-            logits, kv = self._run_model(batch)
-            self.backend.track_decode(batch)
-            for r, r_kv in zip(reqs, kv):
-                r.kv = r_kv
-            ids = logits.argmax(-1)
-            generated.append(ids)
-            all_logits.append(logits)
-        first = torch.cat([r.next_token for r in reqs])
-        host = torch.stack([first, *generated], 1).tolist()  # the one host sync of decode
-        tokens = [row[1:] for row in host]
-        for i, r in enumerate(reqs):
-            r.tokens += host[i][:-1]  # what was fed: the previous next token, then all but the last
-            r.next_token = generated[-1][i:i + 1]
-            if r.snapshot_len is not None:
-                slot_index = (r.next_track - 1) % self.tracks_per_request
-                self._donate(r, slot_index, r.snapshot_len)
-                r.snapshot_len = None
-        return DecodeResult([r.rid for r in reqs], {r.rid: tokens[i] for i, r in enumerate(reqs)},
-                            torch.stack(all_logits))
+        plan = plan_decode([len(r.tokens) for r in reqs], [r.track_slots for r in reqs],
+                           [r.next_track for r in reqs], steps, self.track_interval, SCRATCH_SLOT)
+        rids, working = [r.rid for r in reqs], [r.working_slot for r in reqs]
+        idx = torch.tensor(working, device=self.pool.conv.device)
+        saved = self.pool.conv[:, idx].clone(), self.pool.ssm[:, idx].clone()
+        new_tracks = [list(r.track_slots) for r in reqs]  # a donation swaps a slot in here
+        try:
+            ids = torch.cat([r.next_token for r in reqs])
+            kvs, generated, all_logits = [r.kv for r in reqs], [], []
+            for step in range(steps):
+                batch = build_decode_batch(rids, ids, plan.seq_lens[step], working, plan.dst[step], kvs,
+                                           self.model.device)
+                self.backend.init_forward_metadata(batch)
+                logits, kvs = self._run_model(batch)
+                self.backend.track_decode(batch)
+                ids = logits.argmax(-1)
+                generated.append(ids)
+                all_logits.append(logits)
+            first = torch.cat([r.next_token for r in reqs])
+            host = torch.stack([first, *generated], 1).tolist()  # the one host sync of decode
+            for i, r in enumerate(reqs):  # cache inserts first
+                if plan.snapshots[i] is not None:
+                    self._donate(r.tokens + host[i][:-1], kvs[i], new_tracks[i], *plan.snapshots[i])
+            stacked = torch.stack(all_logits)
+        except BaseException:
+            self.pool.conv[:, idx] = saved[0]
+            self.pool.ssm[:, idx] = saved[1]
+            for r, track in zip(reqs, new_tracks):  # a snapshot the cache took stays the cache's
+                r.track_slots = track
+            raise
+        for i, r in enumerate(reqs):  # plain assignments: nothing below can fail
+            r.tokens = r.tokens + host[i][:-1]  # what was fed: the previous next token, all but the last
+            r.kv, r.next_token = kvs[i], generated[-1][i:i + 1]
+            r.track_slots, r.next_track = new_tracks[i], plan.next_track[i]
+        return DecodeResult(rids, {rid: host[i][1:] for i, rid in enumerate(rids)}, stacked)
 
+    @_single_threaded
     def release(self, rids) -> None:
         """Finish requests: free their working and track slots (cached snapshots stay).
 
-        ``rids``: a list (or tuple, set) of distinct ids of running requests; checked whole
-        before anything is freed."""
+        ``rids``: a list (or tuple, set) of distinct ids of running requests, read once and
+        checked whole before anything is freed."""
         if isinstance(rids, (str, bytes)) or not isinstance(rids, (list, tuple, set, frozenset)):
             raise ValueError(f"rids must be a list of request ids (e.g. [\"a\"]); got {rids!r}")
         rids = list(rids)
-        for i, rid in enumerate(rids):
-            try:
-                hash(rid)
-            except TypeError:
-                raise ValueError(f"rids must hold hashable request ids; got {rid!r}") from None
-            if rid in rids[:i]:
+        seen = set()
+        for rid in rids:
+            check_rid(rid, "each of rids")
+            if rid in seen:
                 raise ValueError(f"rids must be distinct; {rid!r} is repeated in {rids!r}")
+            seen.add(rid)
             if rid in self.pending:
                 raise ValueError(f"rids must be running requests; {rid!r} is prepared but not finished: "
                                  f"finish_prefill or abort_prefill its batch")
             if rid not in self.running:
                 raise ValueError(f"rids must be running requests; {rid!r} is not")
+        self.pool.free([s for rid in rids for s in (self.running[rid].working_slot,
+                                                    *self.running[rid].track_slots)], self._owner)
         for rid in rids:
-            r = self.running.pop(rid)
-            self.pool.free([r.working_slot, *r.track_slots])
+            del self.running[rid]

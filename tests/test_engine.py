@@ -168,14 +168,16 @@ def test_bad_engine_arguments(hybrid, kwargs, needle):
 
 
 @pytest.mark.parametrize("requests, needle", [
-    ([], "requests"), (["abc"], "Request"), ([Request("a", [1]), Request("a", [2])], "duplicate rid"),
-    ([Request("a", [])], "token_ids"), ([Request("a", [128])], "token_ids"),
-    ([Request(i, [1]) for i in range(3)], "max_requests"),
+    (lambda: [], "requests"), (lambda: ["abc"], "Request"),
+    (lambda: [Request("a", [1]), Request("a", [2])], "duplicate rid"),
+    (lambda: [Request("a", [])], "token_ids"), (lambda: [Request("a", [128])], "token_ids"),
+    (lambda: [Request(i, [1]) for i in range(3)], "max_requests"),
 ])
 def test_bad_requests(hybrid, requests, needle):
+    """Refused where the request is made (its own checks) or by the engine (vocab, ids, room)."""
     engine = Engine(hybrid, strategy="sync_free", max_requests=2)
     with pytest.raises(ValueError, match=needle):
-        engine.prefill(requests)
+        engine.prefill(requests())
     assert engine.pool.used_slots() == set()
 
 

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from mamba_edu.gdn import causal_conv1d, causal_conv1d_update, gdn_gating, recurrent_gated_delta_rule
-from mamba_edu.kernels import build_chunk_meta, conv1d_decode, conv1d_prefill, gdn_decode, upload_indices
+from mamba_edu.kernels import build_chunk_meta, build_chunk_meta_with_indices, conv1d_decode, conv1d_prefill, gdn_decode, upload_indices
 from mamba_edu import triton_interpreted
 from mamba_edu.kernels.inputs import random_pool
 from mamba_edu.testing import rel_err
@@ -58,8 +58,8 @@ def test_conv_prefill_matches_reference(backend):
     x, weight, bias = _conv_case(lengths)
     pool = torch.randn(9, x.shape[1], 3)
     pool0 = pool.clone()
-    meta = build_chunk_meta(lengths, "cpu", state_indices=slots)
-    y = conv1d_prefill(x, weight, bias, conv_pool=pool, meta=meta, backend=backend)
+    meta, idx = build_chunk_meta_with_indices(lengths, "cpu", state_indices=slots)
+    y = conv1d_prefill(x, weight, bias, conv_pool=pool, meta=meta, **idx, backend=backend)
     cu = [0]
     for n in lengths:
         cu.append(cu[-1] + n)
@@ -82,7 +82,7 @@ def _check_conv_launches(device, dtype, tol):
     lengths, slots = [1, 2, 63, 64, 65, 150], [6, 1, 4, 0, 3, -1]
     x, weight, bias = (t.to(device, dtype) for t in _conv_case(lengths, D=200))
     pool0 = torch.randn(9, 200, 3).to(device, dtype)
-    meta = build_chunk_meta(lengths, device, state_indices=slots)
+    meta, idx = build_chunk_meta_with_indices(lengths, device, state_indices=slots)
     cu = [0]
     for n in lengths:
         cu.append(cu[-1] + n)
@@ -91,7 +91,7 @@ def _check_conv_launches(device, dtype, tol):
                                   initial_states=init)
     for launch in LAUNCHES:
         pool = pool0.clone()
-        y = conv1d_prefill_triton(x, weight, bias, pool, meta.state_indices, meta, True,
+        y = conv1d_prefill_triton(x, weight, bias, pool, idx["state_indices"], meta, True,
                                   launch=launch)
         assert rel_err(y, y_ref) <= tol, launch
         assert torch.equal(pool[slots[:-1]], finals[:-1].to(dtype)), launch
@@ -125,10 +125,10 @@ def _check_tracked_windows(lengths, slots, track_slots, track_chunks, device, dt
     on that prefix alone; every other slot keeps its value or gets the final state."""
     x, weight, bias = (t.to(device, dtype) for t in _conv_case(lengths, D=72))
     pool0 = torch.randn(10, 72, 3).to(device, dtype)
-    meta = build_chunk_meta(lengths, device, state_indices=slots, track_slots=track_slots,
+    meta, idx = build_chunk_meta_with_indices(lengths, device, state_indices=slots, track_slots=track_slots,
                             track_chunks=track_chunks)
     pool = pool0.clone()
-    conv1d_prefill(x, weight, bias, conv_pool=pool, meta=meta, backend=backend)
+    conv1d_prefill(x, weight, bias, conv_pool=pool, meta=meta, **idx, backend=backend)
     starts = [sum(lengths[:n]) for n in range(len(lengths))]
     expected = pool0.clone()
     for n, (start, length) in enumerate(zip(starts, lengths)):
@@ -176,9 +176,9 @@ def test_conv_prefill_continues_a_prefix():
     whole, _ = causal_conv1d(x, weight, bias)
     pool = torch.zeros(2, 24, 3)
     first = conv1d_prefill(x[:70], weight, bias, conv_pool=pool,
-                           meta=build_chunk_meta([70], "cpu", state_indices=[1]), backend="triton")
+                           meta=build_chunk_meta([70], "cpu"), state_indices=[1], backend="triton")
     second = conv1d_prefill(x[70:], weight, bias, conv_pool=pool,
-                            meta=build_chunk_meta([30], "cpu", state_indices=[1]), backend="triton")
+                            meta=build_chunk_meta([30], "cpu"), state_indices=[1], backend="triton")
     assert rel_err(torch.cat([first, second]), whole) <= 1e-6
 
 
@@ -227,19 +227,19 @@ def test_conv_gpu_sync_free_and_graph_replay():
     lengths = [3, 64, 200]
     x, weight, bias = (t.cuda().bfloat16() for t in _conv_case(lengths, D=512))
     pool = torch.randn(4, 512, 3, device="cuda", dtype=torch.bfloat16)
-    meta = build_chunk_meta(lengths, "cuda", state_indices=[3, 0, 2])
+    meta, idx = build_chunk_meta_with_indices(lengths, "cuda", state_indices=[3, 0, 2])
     eager_pool = pool.clone()
-    y_eager = conv1d_prefill(x, weight, bias, conv_pool=eager_pool, meta=meta)
+    y_eager = conv1d_prefill(x, weight, bias, conv_pool=eager_pool, meta=meta, **idx)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        conv1d_prefill(x, weight, bias, conv_pool=pool.clone(), meta=meta)
+        conv1d_prefill(x, weight, bias, conv_pool=pool.clone(), meta=meta, **idx)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     graph = torch.cuda.CUDAGraph()
     work = pool.clone()
     with torch.cuda.graph(graph):
-        y_graph = conv1d_prefill(x, weight, bias, conv_pool=work, meta=meta)
+        y_graph = conv1d_prefill(x, weight, bias, conv_pool=work, meta=meta, **idx)
     work.copy_(pool)
     graph.replay()
     torch.cuda.synchronize()

@@ -7,7 +7,7 @@ import triton.language as tl
 
 from mamba_edu import triton_interpreted
 from mamba_edu.gdn import chunk_gated_delta_rule, cu_offsets, gdn_gating, recurrent_gated_delta_rule
-from mamba_edu.kernels import build_chunk_meta, gdn_prefill
+from mamba_edu.kernels import build_chunk_meta, build_chunk_meta_with_indices, gdn_prefill
 from mamba_edu.kernels.fused_ops import gated_rms_norm
 from mamba_edu.kernels.prefill import invert_unit_lower
 from mamba_edu.kernels.inputs import random_pool, random_prefill_inputs
@@ -38,9 +38,9 @@ def test_prefill_matches_reference(backend):
     inputs = random_prefill_inputs(LENGTHS, H, HV, K, V, seed=0)
     pool = random_pool(SLOTS, HV, K, V)
     pool0 = pool.clone()
-    meta = build_chunk_meta(LENGTHS, "cpu", state_indices=STATE_SLOTS, track_slots=TRACK_SLOTS,
+    meta, idx = build_chunk_meta_with_indices(LENGTHS, "cpu", state_indices=STATE_SLOTS, track_slots=TRACK_SLOTS,
                             track_chunks=TRACK_CHUNKS)
-    o, ckpt = gdn_prefill(**inputs, state_pool=pool, meta=meta, output_checkpoints=True,
+    o, ckpt = gdn_prefill(**inputs, state_pool=pool, meta=meta, **idx, output_checkpoints=True,
                           backend=backend)
     ref = _reference(inputs, pool0, LENGTHS, STATE_SLOTS)
     assert rel_err(o, ref.o) <= 1e-4
@@ -75,8 +75,8 @@ def test_prefill_with_infinite_decay_matches_the_recurrence(gating):
         ref_g, ref_beta = gdn_gating(A_log, a, b, dt_bias)
     pool = random_pool(2, 2, 16, 16)
     pool0 = pool.clone()
-    meta = build_chunk_meta(lengths, "cpu", state_indices=slots)
-    o, _ = gdn_prefill(x["q"], x["k"], x["v"], **gates, state_pool=pool, meta=meta, backend="triton")
+    meta, idx = build_chunk_meta_with_indices(lengths, "cpu", state_indices=slots)
+    o, _ = gdn_prefill(x["q"], x["k"], x["v"], **gates, state_pool=pool, meta=meta, **idx, backend="triton")
     ref = recurrent_gated_delta_rule(x["q"], x["k"], x["v"], ref_g, ref_beta, initial_state=pool0[slots],
                                      cu_seqlens=cu_offsets(lengths), use_qk_l2norm=True)
     assert torch.isfinite(o).all() and torch.isfinite(pool).all()
@@ -106,8 +106,8 @@ def test_prefill_fp16_inputs_interpreter():
     inputs = random_prefill_inputs([70, 5], 1, 2, 16, 16, dtype=torch.float16, seed=4)
     pool = random_pool(2, 2, 16, 16)
     pool0 = pool.clone()
-    meta = build_chunk_meta([70, 5], "cpu", state_indices=[1, 0])
-    o, _ = gdn_prefill(**inputs, state_pool=pool, meta=meta, backend="triton")
+    meta, idx = build_chunk_meta_with_indices([70, 5], "cpu", state_indices=[1, 0])
+    o, _ = gdn_prefill(**inputs, state_pool=pool, meta=meta, **idx, backend="triton")
     ref = _reference(inputs, pool0, [70, 5], [1, 0], checkpoints=False)
     assert o.dtype == torch.float16
     assert rel_err(o, ref.o) <= 5e-3
@@ -122,8 +122,8 @@ def test_prefill_without_qk_l2norm():
     inputs["q"], inputs["k"] = (torch.nn.functional.normalize(inputs[n], dim=-1) for n in "qk")
     pool = random_pool(2, 2, 16, 16)
     pool0 = pool.clone()
-    meta = build_chunk_meta(lengths, "cpu", state_indices=[1, 0])
-    o, _ = gdn_prefill(**inputs, state_pool=pool, meta=meta, scale=0.3, use_qk_l2norm=False,
+    meta, idx = build_chunk_meta_with_indices(lengths, "cpu", state_indices=[1, 0])
+    o, _ = gdn_prefill(**inputs, state_pool=pool, meta=meta, **idx, scale=0.3, use_qk_l2norm=False,
                        backend="triton")
     cu = [0, 70, 79]
     ref = chunk_gated_delta_rule(**inputs, scale=0.3, initial_state=pool0[[1, 0]], cu_seqlens=cu,
@@ -152,11 +152,11 @@ def test_output_norm_in_the_output_kernel_matches_the_separate_norm(dims, dtype,
     inputs = random_prefill_inputs(lengths, Hd, HVd, Kd, Vd, dtype=dtype, seed=8)
     z, weight, eps = _output_norm(sum(lengths), HVd, Vd, dtype=dtype)
     assert not z.is_contiguous()
-    meta = build_chunk_meta(lengths, "cpu", state_indices=slots, track_slots=[1, 4, 5],
+    meta, idx = build_chunk_meta_with_indices(lengths, "cpu", state_indices=slots, track_slots=[1, 4, 5],
                             track_chunks=[1, 0, 1])
     pool, pool_fused = random_pool(6, HVd, Kd, Vd), random_pool(6, HVd, Kd, Vd)
-    o, _ = gdn_prefill(**inputs, state_pool=pool, meta=meta, backend="triton")
-    fused, _ = gdn_prefill(**inputs, state_pool=pool_fused, meta=meta, backend="triton",
+    o, _ = gdn_prefill(**inputs, state_pool=pool, meta=meta, **idx, backend="triton")
+    fused, _ = gdn_prefill(**inputs, state_pool=pool_fused, meta=meta, **idx, backend="triton",
                            output_norm=(z, weight, eps))
     assert fused.dtype == dtype and fused.shape == o.shape
     assert rel_err(fused, gated_rms_norm(o, z, weight, eps, backend="triton")) <= tol
@@ -168,9 +168,9 @@ def test_output_norm_on_the_torch_path_is_the_separate_norm_bit_for_bit():
     z, weight, eps = _output_norm(sum(LENGTHS), HV, V)
     outs = []
     for norm in (None, (z, weight, eps)):
-        meta = build_chunk_meta(LENGTHS, "cpu", state_indices=STATE_SLOTS, track_slots=TRACK_SLOTS,
+        meta, idx = build_chunk_meta_with_indices(LENGTHS, "cpu", state_indices=STATE_SLOTS, track_slots=TRACK_SLOTS,
                                 track_chunks=TRACK_CHUNKS)
-        o, _ = gdn_prefill(**inputs, state_pool=random_pool(SLOTS, HV, K, V), meta=meta,
+        o, _ = gdn_prefill(**inputs, state_pool=random_pool(SLOTS, HV, K, V), meta=meta, **idx,
                            output_norm=norm, backend="torch")
         outs.append(o)
     assert torch.equal(outs[1], gated_rms_norm(outs[0], z, weight, eps, backend="torch"))
@@ -185,8 +185,8 @@ def test_output_norm_where_the_output_kernel_splits_heads_is_the_separate_norm()
     norm = _output_norm(70, 1, 128)
     outs = []
     for output_norm in (None, norm):
-        meta = build_chunk_meta(lengths, "cpu", state_indices=[0])
-        outs.append(gdn_prefill(**inputs, state_pool=random_pool(1, 1, 16, 128), meta=meta,
+        meta, idx = build_chunk_meta_with_indices(lengths, "cpu", state_indices=[0])
+        outs.append(gdn_prefill(**inputs, state_pool=random_pool(1, 1, 16, 128), meta=meta, **idx,
                                 output_norm=output_norm, backend="triton")[0])
     assert torch.equal(outs[1], gated_rms_norm(outs[0], *norm, backend="triton"))
 
@@ -226,9 +226,9 @@ def _gpu_case(dtype, seed=0, dims=(4, 8, 128, 128)):
     inputs = random_prefill_inputs(GPU_LENGTHS, Hg, HVg, Kg, Vg, dtype=dtype, device="cuda",
                                    seed=seed)
     pool = random_pool(16, HVg, Kg, Vg, device="cuda")
-    meta = build_chunk_meta(GPU_LENGTHS, "cuda", state_indices=[9, 2, 14, 0, 5, 11],
+    meta, idx = build_chunk_meta_with_indices(GPU_LENGTHS, "cuda", state_indices=[9, 2, 14, 0, 5, 11],
                             track_slots=[1, 3, 4, 6, 7, 8], track_chunks=[1, 0, 1, 2, 5, 23])
-    return inputs, pool, meta
+    return inputs, pool, meta, idx
 
 
 @pytest.mark.gpu
@@ -251,29 +251,29 @@ def test_invert_unit_lower_fp16_products(device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dims", [(4, 8, 128, 128), (2, 4, 16, 32), (2, 4, 32, 32)])
 def test_prefill_gpu_bf16_close_to_fp32_reference(dims):
-    inputs, pool, meta = _gpu_case(torch.bfloat16, dims=dims)
+    inputs, pool, meta, idx = _gpu_case(torch.bfloat16, dims=dims)
     pool0 = pool.clone()
-    o, ckpt = gdn_prefill(**inputs, state_pool=pool, meta=meta, output_checkpoints=True)
+    o, ckpt = gdn_prefill(**inputs, state_pool=pool, meta=meta, **idx, output_checkpoints=True)
     ref = _reference({n: t.float() for n, t in inputs.items()}, pool0, GPU_LENGTHS,
-                     list(meta.state_indices.cpu().tolist()))
+                     [9, 2, 14, 0, 5, 11])
     assert rel_err(o, ref.o) <= 5e-3
     assert rel_err(ckpt, ref.checkpoints) <= 5e-3
-    assert rel_err(pool[meta.state_indices.long()], ref.final_state) <= 5e-3
+    assert rel_err(pool[[9, 2, 14, 0, 5, 11]], ref.final_state) <= 5e-3
     for n, (slot, chunk) in enumerate(zip([1, 3, 4, 6, 7, 8], [1, 0, 1, 2, 5, 23])):
         assert rel_err(pool[slot], _tracked_state(ref, meta, n, chunk)) <= 5e-3
 
 
 @pytest.mark.gpu
 def test_prefill_gpu_is_sync_free():
-    inputs, pool, meta = _gpu_case(torch.bfloat16)
+    inputs, pool, meta, idx = _gpu_case(torch.bfloat16)
     for checkpoints in (False, True):  # compile and autotune first (h is fp32 with checkpoints)
-        gdn_prefill(**inputs, state_pool=pool, meta=meta, output_checkpoints=checkpoints)
+        gdn_prefill(**inputs, state_pool=pool, meta=meta, **idx, output_checkpoints=checkpoints)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        meta2 = build_chunk_meta(GPU_LENGTHS, "cuda", state_indices=[9, 2, 14, 0, 5, 11],
+        meta2, idx2 = build_chunk_meta_with_indices(GPU_LENGTHS, "cuda", state_indices=[9, 2, 14, 0, 5, 11],
                                  track_slots=[1, 3, 4, 6, 7, 8], track_chunks=[1, 0, 1, 2, 5, 23])
-        gdn_prefill(**inputs, state_pool=pool, meta=meta2, output_checkpoints=True)
+        gdn_prefill(**inputs, state_pool=pool, meta=meta2, **idx2, output_checkpoints=True)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
@@ -281,17 +281,17 @@ def test_prefill_gpu_is_sync_free():
 
 @pytest.mark.gpu
 def test_prefill_gpu_graph_replay_equals_eager():
-    inputs, pool, meta = _gpu_case(torch.bfloat16, seed=5)
+    inputs, pool, meta, idx = _gpu_case(torch.bfloat16, seed=5)
     pool_eager = pool.clone()
-    o_eager, _ = gdn_prefill(**inputs, state_pool=pool_eager, meta=meta)
+    o_eager, _ = gdn_prefill(**inputs, state_pool=pool_eager, meta=meta, **idx)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up on the capture stream
-        gdn_prefill(**inputs, state_pool=pool.clone(), meta=meta)
+        gdn_prefill(**inputs, state_pool=pool.clone(), meta=meta, **idx)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        o_graph, _ = gdn_prefill(**inputs, state_pool=pool, meta=meta)
+        o_graph, _ = gdn_prefill(**inputs, state_pool=pool, meta=meta, **idx)
     pool.copy_(random_pool(16, 8, 128, 128, device="cuda"))  # the graph reads the pool anew
     graph.replay()
     torch.cuda.synchronize()
@@ -307,9 +307,9 @@ def test_output_norm_gpu_bf16_matches_the_separate_norm():
                                    seed=10)
     z, weight, eps = _output_norm(512, 8, 128, dtype=torch.bfloat16, device="cuda")
     pool = random_pool(1, 8, 128, 128, device="cuda")
-    meta = build_chunk_meta([512], "cuda", state_indices=[0])
-    o, _ = gdn_prefill(**inputs, state_pool=pool.clone(), meta=meta)
-    fused, _ = gdn_prefill(**inputs, state_pool=pool.clone(), meta=meta,
+    meta, idx = build_chunk_meta_with_indices([512], "cuda", state_indices=[0])
+    o, _ = gdn_prefill(**inputs, state_pool=pool.clone(), meta=meta, **idx)
+    fused, _ = gdn_prefill(**inputs, state_pool=pool.clone(), meta=meta, **idx,
                            output_norm=(z, weight, eps))
     assert fused.dtype == torch.bfloat16
     assert rel_err(fused, gated_rms_norm(o, z, weight, eps)) <= 1e-2

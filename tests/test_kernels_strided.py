@@ -11,7 +11,7 @@ import torch
 
 from mamba_edu import triton_interpreted
 from mamba_edu.gdn import gdn_gating
-from mamba_edu.kernels import build_chunk_meta, conv1d_decode, conv1d_prefill, gdn_decode, gdn_prefill
+from mamba_edu.kernels import build_chunk_meta, build_chunk_meta_with_indices, conv1d_decode, conv1d_prefill, gdn_decode, gdn_prefill
 from mamba_edu.kernels.inputs import random_pool
 from mamba_edu.testing import rel_err
 
@@ -41,15 +41,15 @@ def test_prefill_on_views_with_gating_inside(backend):
     lengths, slots = [1, 64, 90], [4, 0, 2]
     views, A_log, dt_bias = _projection(sum(lengths), seed=0)
     assert not views["q"].is_contiguous() and not views["a"].is_contiguous()
-    meta = build_chunk_meta(lengths, "cpu", state_indices=slots)
+    meta, idx = build_chunk_meta_with_indices(lengths, "cpu", state_indices=slots)
     pool = random_pool(6, HV, K, V)
     pool_ref = pool.clone()
 
-    o, _ = gdn_prefill(**views, A_log=A_log, dt_bias=dt_bias, state_pool=pool, meta=meta,
+    o, _ = gdn_prefill(**views, A_log=A_log, dt_bias=dt_bias, state_pool=pool, meta=meta, **idx,
                        backend=backend)
     g, beta = gdn_gating(A_log, views["a"], views["b"], dt_bias)
     copies = {name: views[name].contiguous() for name in "qkv"}
-    o_ref, _ = gdn_prefill(**copies, g=g, beta=beta, state_pool=pool_ref, meta=meta,
+    o_ref, _ = gdn_prefill(**copies, g=g, beta=beta, state_pool=pool_ref, meta=meta, **idx,
                            backend="torch")
     assert rel_err(o, o_ref) <= 1e-4
     assert rel_err(pool[slots], pool_ref[slots]) <= 1e-4
@@ -80,9 +80,9 @@ def test_conv_on_column_slices(backend):
     weight, bias = torch.randn(D, W, generator=gen), torch.randn(D, generator=gen)
     pool = torch.randn(4, D, W - 1, generator=gen)
     pool_ref = pool.clone()
-    meta = build_chunk_meta(lengths, "cpu", state_indices=slots)
-    y = conv1d_prefill(x, weight, bias, conv_pool=pool, meta=meta, backend=backend)
-    y_ref = conv1d_prefill(x.contiguous(), weight, bias, conv_pool=pool_ref, meta=meta,
+    meta, idx = build_chunk_meta_with_indices(lengths, "cpu", state_indices=slots)
+    y = conv1d_prefill(x, weight, bias, conv_pool=pool, meta=meta, **idx, backend=backend)
+    y_ref = conv1d_prefill(x.contiguous(), weight, bias, conv_pool=pool_ref, meta=meta, **idx,
                            backend="torch")
     assert y.is_contiguous() and rel_err(y, y_ref) <= 1e-5
     assert rel_err(pool, pool_ref) <= 1e-5
@@ -100,10 +100,10 @@ def test_gates_are_given_one_way():
     lengths = [10]
     views, A_log, dt_bias = _projection(10, seed=3)
     q, k, v = views["q"], views["k"], views["v"]
-    meta = build_chunk_meta(lengths, "cpu", state_indices=[0])
+    meta, idx = build_chunk_meta_with_indices(lengths, "cpu", state_indices=[0])
     pool = random_pool(1, HV, K, V)
     g, beta = gdn_gating(A_log, views["a"], views["b"], dt_bias)
-    call = dict(state_pool=pool, meta=meta, backend="torch")
+    call = dict(state_pool=pool, meta=meta, **idx, backend="torch")
     with pytest.raises(ValueError, match="not both"):
         gdn_prefill(q, k, v, g, beta, a=views["a"], b=views["b"], A_log=A_log, dt_bias=dt_bias,
                     **call)
@@ -119,16 +119,16 @@ def test_gates_are_given_one_way():
 def test_rows_must_be_contiguous_inside():
     """A row-strided view is fine; a view whose rows are not contiguous is refused by name."""
     views, A_log, dt_bias = _projection(10, seed=4)
-    meta = build_chunk_meta([10], "cpu", state_indices=[0])
+    meta, idx = build_chunk_meta_with_indices([10], "cpu", state_indices=[0])
     pool = random_pool(1, HV, K, V)
     every_other = views["v"].transpose(1, 2).contiguous().transpose(1, 2)  # [T, HV, V], V strided
     with pytest.raises(ValueError, match="v must be contiguous within each row"):
         gdn_prefill(views["q"], views["k"], every_other, a=views["a"], b=views["b"], A_log=A_log,
-                    dt_bias=dt_bias, state_pool=pool, meta=meta, backend="torch")
+                    dt_bias=dt_bias, state_pool=pool, meta=meta, **idx, backend="torch")
     overlapping = views["a"][:, :1].expand(10, HV)  # row stride 0 < HV
     with pytest.raises(ValueError, match="a must be contiguous within each row"):
         gdn_prefill(views["q"], views["k"], views["v"], a=overlapping, b=views["b"], A_log=A_log,
-                    dt_bias=dt_bias, state_pool=pool, meta=meta, backend="torch")
+                    dt_bias=dt_bias, state_pool=pool, meta=meta, **idx, backend="torch")
 
 
 @pytest.mark.gpu
@@ -146,10 +146,10 @@ def test_prefill_on_views_gpu_bf16(dims, gating_inside):
     gates = dict(a=views["a"], b=views["b"], A_log=A_log, dt_bias=dt_bias) if gating_inside else \
         dict(g=g, beta=beta)
     o, _ = gdn_prefill(views["q"], views["k"], views["v"], **gates, state_pool=pool,
-                       meta=build_chunk_meta(lengths, "cuda", state_indices=slots))
+                       meta=build_chunk_meta(lengths, "cuda"), state_indices=slots)
     o_ref, _ = gdn_prefill(**{n: views[n].float().contiguous() for n in "qkv"}, g=g, beta=beta,
                            state_pool=pool_ref, backend="torch",
-                           meta=build_chunk_meta(lengths, "cuda", state_indices=slots))
+                           meta=build_chunk_meta(lengths, "cuda"), state_indices=slots)
     assert rel_err(o.float(), o_ref) <= 5e-3
     assert rel_err(pool[slots], pool_ref[slots]) <= 5e-3
     assert torch.equal(pool[3], pool_ref[3])

@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from mamba_edu.kernels import (build_chunk_meta, conv1d_decode, conv1d_prefill, gdn_decode,
-                               gdn_prefill, host_values, upload_indices)
+from mamba_edu.kernels import (build_chunk_meta, build_chunk_meta_with_indices, conv1d_decode,
+                               conv1d_prefill, gdn_decode, gdn_prefill, host_values, upload_indices)
 from mamba_edu import triton_interpreted
 from mamba_edu.kernels.inputs import random_pool, random_prefill_inputs
 
 
 def test_chunk_meta_tables():
-    meta = build_chunk_meta([1, 64, 65], "cpu", state_indices=[2, 0, 1])
+    meta, idx = build_chunk_meta_with_indices([1, 64, 65], "cpu", state_indices=[2, 0, 1])
     assert meta.counts == (1, 1, 2) and meta.offsets == (0, 1, 2, 4)
     assert (meta.N, meta.T, meta.NT) == (3, 130, 4)
     assert meta.cu_seqlens.tolist() == [0, 1, 65, 130]
@@ -18,9 +18,10 @@ def test_chunk_meta_tables():
     assert meta.chunk_offsets.tolist() == [0, 1, 2, 4]
     # one buffer, one copy: every table is a view of the same storage
     base = meta.cu_seqlens.untyped_storage().data_ptr()
-    for t in (meta.chunk_indices, meta.chunk_offsets, meta.state_indices):
+    for t in (meta.chunk_indices, meta.chunk_offsets, idx["state_indices"]):
         assert t.untyped_storage().data_ptr() == base
-    assert host_values(meta.state_indices) == (2, 0, 1)
+    assert host_values(idx["state_indices"]) == (2, 0, 1)
+    assert not hasattr(meta, "state_indices") and not hasattr(meta, "verdicts"), "the layout only"
 
 
 def test_uploaded_indices_remember_host_values():
@@ -32,22 +33,43 @@ def test_uploaded_indices_remember_host_values():
 @pytest.mark.parametrize("field", ["state_indices", "track_slots", "track_chunks", "cu_seqlens",
                                    "chunk_indices"])
 def test_meta_changed_in_place_after_build_chunk_meta_is_refused(field):
-    """B6: the checks read the host lists the meta was built from; a tensor written in place
-    afterwards (even after a first layer passed) is refused before any state changes."""
+    """B6: the checks read the host lists the meta and its indices were built from; a tensor
+    written in place afterwards (even after a first layer passed) is refused before any state
+    changes."""
     x = random_prefill_inputs(LENGTHS, 1, 2, 16, 16, seed=0)
-    meta = build_chunk_meta(LENGTHS, "cpu", state_indices=[1, 0], track_slots=[2, 3],
-                            track_chunks=[1, 2])
+    meta, idx = build_chunk_meta_with_indices(LENGTHS, "cpu", state_indices=[1, 0], track_slots=[2, 3],
+                                              track_chunks=[1, 2])
     pool = random_pool(4, 2, 16, 16)
-    gdn_prefill(**x, state_pool=pool, meta=meta, backend="torch")  # checked; the verdict is kept
+    gdn_prefill(**x, state_pool=pool, meta=meta, **idx, backend="torch")
     before = pool.clone()
-    getattr(meta, field).view(-1)[0] = 3
+    (idx[field] if field in idx else getattr(meta, field)).view(-1)[0] = 3
     for backend in ("torch", "triton") if triton_interpreted() else ("torch",):
-        with pytest.raises(ValueError, match=r"meta \(its cu_seqlens.*\) was changed in place after"):
-            gdn_prefill(**x, state_pool=pool, meta=meta, backend=backend)
+        with pytest.raises(ValueError, match="was changed in place after"):
+            gdn_prefill(**x, state_pool=pool, meta=meta, **idx, backend=backend)
         with pytest.raises(ValueError, match="was changed in place"):
             conv1d_prefill(torch.zeros(sum(LENGTHS), 8), torch.zeros(8, 4),
-                           conv_pool=torch.zeros(4, 8, 3), meta=meta, backend=backend)
+                           conv_pool=torch.zeros(4, 8, 3), meta=meta, **idx, backend=backend)
     assert torch.equal(pool, before)
+
+
+@pytest.mark.parametrize("write", ["data", "numpy"])
+def test_writes_around_the_version_counter_never_reach_a_kernel(write):
+    """Writing an uploaded index tensor through ``.data`` or ``.numpy()`` bumps no version
+    counter; the kernels read their private copy of the checked values, so nothing changes."""
+    x = random_prefill_inputs(LENGTHS, 1, 2, 16, 16, seed=0)
+    meta, idx = build_chunk_meta_with_indices(LENGTHS, "cpu", state_indices=[1, 0])
+    pool = random_pool(4, 2, 16, 16)
+    expected = pool.clone()
+    gdn_prefill(**x, state_pool=expected, meta=meta, state_indices=[1, 0], backend="torch")
+    for t in (idx["state_indices"], meta.chunk_indices, meta.cu_seqlens):
+        if write == "data":
+            t.data.fill_(1000)
+        else:
+            t.numpy()[...] = 1000
+    for backend in ("torch", "triton") if triton_interpreted() else ("torch",):
+        out = pool.clone()
+        gdn_prefill(**x, state_pool=out, meta=meta, **idx, backend=backend)
+        assert torch.allclose(out, expected, atol=2e-3), backend
 
 
 def test_uploaded_indices_changed_in_place_are_refused():
@@ -64,7 +86,10 @@ def test_chunk_meta_rejects_bad_lengths():
     with pytest.raises(ValueError, match="lengths"):
         build_chunk_meta([3, 0], "cpu")
     with pytest.raises(ValueError, match="state_indices"):
-        build_chunk_meta([3, 4], "cpu", state_indices=[1])
+        build_chunk_meta_with_indices([3, 4], "cpu", state_indices=[1])
+    with pytest.raises(TypeError):
+        build_chunk_meta([3, 4], "cpu", state_indices=[1, 0])  # the layout only: slots go to the kernels
+    assert build_chunk_meta((n for n in [3, 4]), "cpu").lengths == (3, 4), "an iterable is read once"
 
 
 LENGTHS = [5, 70]
@@ -74,12 +99,13 @@ LENGTHS = [5, 70]
 def case():
     inputs = random_prefill_inputs(LENGTHS, 1, 2, 16, 16)
     pool = random_pool(4, 2, 16, 16)
-    meta = build_chunk_meta(LENGTHS, "cpu", state_indices=[0, 1])
+    meta = build_chunk_meta(LENGTHS, "cpu")
     return inputs, pool, meta
 
 
 def _call(inputs, pool, meta, **over):
-    return gdn_prefill(**{**inputs, "state_pool": pool, "meta": meta, "backend": "torch", **over})
+    return gdn_prefill(**{**inputs, "state_pool": pool, "meta": meta, "state_indices": [0, 1],
+                          "backend": "torch", **over})
 
 
 @pytest.mark.parametrize("name, value, message", [
@@ -95,7 +121,7 @@ def _call(inputs, pool, meta, **over):
     ("state_indices", torch.tensor([1, 1]), "must not repeat"),
     ("state_indices", torch.tensor([0, 1, 2]), "state_indices must have shape"),
     ("state_indices", torch.tensor([0.0, 1.0]), "state_indices must have dtype"),
-    ("meta", build_chunk_meta([75], "cpu"), "state_indices must have shape"),
+    ("meta", build_chunk_meta([75], "cpu"), "state_indices must be a list of N=1"),
     ("meta", build_chunk_meta([5, 71], "cpu"), "meta describes T=76"),
     ("backend", "cuda", "backend must be"),
     ("scale", torch.tensor(0.5), "scale must be a Python float"),
@@ -103,8 +129,6 @@ def _call(inputs, pool, meta, **over):
 def test_prefill_rejects(case, name, value, message):
     inputs, pool, meta = case
     over = {name: value}
-    if name == "meta":
-        over["state_indices"] = meta.state_indices
     with pytest.raises(ValueError, match=message):
         _call(inputs, pool, **{"meta": meta, **over})
 
@@ -158,9 +182,9 @@ def test_conv_prefill_rejects_bad_tracking_and_writes_nothing(slots, chunks, mes
     x, weight = torch.randn(sum(LENGTHS), 8), torch.randn(8, 4)
     pool = torch.randn(4, 8, 3)
     before = pool.clone()
-    meta = build_chunk_meta(LENGTHS, "cpu", state_indices=[0, 1])
+    meta = build_chunk_meta(LENGTHS, "cpu")
     with pytest.raises(ValueError, match=message):
-        conv1d_prefill(x, weight, conv_pool=pool, meta=meta, track_slots=torch.tensor(slots),
+        conv1d_prefill(x, weight, conv_pool=pool, meta=meta, state_indices=[0, 1], track_slots=torch.tensor(slots),
                        track_chunks=torch.tensor(chunks), backend=backend)
     assert torch.equal(pool, before)
 
@@ -205,13 +229,14 @@ def test_decode_rejects_bad_inputs():
 def test_conv_rejects_bad_inputs():
     x = torch.zeros(10, 8)
     w = torch.zeros(8, 4)
-    meta = build_chunk_meta([10], "cpu", state_indices=[0])
+    meta = build_chunk_meta([10], "cpu")
     with pytest.raises(ValueError, match="conv_pool must have shape"):
-        conv1d_prefill(x, w, conv_pool=torch.zeros(2, 8, 4), meta=meta)
+        conv1d_prefill(x, w, conv_pool=torch.zeros(2, 8, 4), meta=meta, state_indices=[0])
     with pytest.raises(ValueError, match="weight must have shape"):
-        conv1d_prefill(x, torch.zeros(7, 4), conv_pool=torch.zeros(2, 8, 3), meta=meta)
+        conv1d_prefill(x, torch.zeros(7, 4), conv_pool=torch.zeros(2, 8, 3), meta=meta, state_indices=[0])
     with pytest.raises(ValueError, match="activation"):
-        conv1d_prefill(x, w, conv_pool=torch.zeros(2, 8, 3), meta=meta, activation="relu")
+        conv1d_prefill(x, w, conv_pool=torch.zeros(2, 8, 3), meta=meta, state_indices=[0],
+                       activation="relu")
     with pytest.raises(ValueError, match=r"state_indices\[1\]=2 is out of range"):
         conv1d_decode(torch.zeros(2, 8), w, conv_pool=torch.zeros(2, 8, 3),
                       state_indices=torch.tensor([0, 2]))
@@ -227,9 +252,9 @@ def test_foreign_cuda_index_tensor_is_refused(case):
                     state_indices=torch.tensor([0, 1], device="cuda"))
 
 
-def test_index_checks_run_once_per_forward(monkeypatch):
-    """Layers that pass the meta's own index tensors reuse the first layer's verdict; a pool of
-    another size, or an index tensor from elsewhere, is checked again."""
+def test_every_call_checks_its_indices(monkeypatch):
+    """No verdict is remembered anywhere: every call checks the indices it is given (N host
+    integers), so a fresh list, another pool or a bad index is judged on its own."""
     from mamba_edu.kernels import api, validation
     calls = []
 
@@ -238,17 +263,11 @@ def test_index_checks_run_once_per_forward(monkeypatch):
         return validation.slot_indices(*args, **kwargs)
     monkeypatch.setattr(api, "slot_indices", counting)
     x = random_prefill_inputs(LENGTHS, 1, 2, 16, 16, seed=0)
-    meta = build_chunk_meta(LENGTHS, "cpu", state_indices=[1, 0], track_slots=[2, 3],
-                            track_chunks=[1, 2])
+    meta, idx = build_chunk_meta_with_indices(LENGTHS, "cpu", state_indices=[1, 0], track_slots=[2, 3],
+                                              track_chunks=[1, 2])
     pool = random_pool(4, 2, 16, 16)
     for _ in range(3):  # three layers of one forward
-        gdn_prefill(**x, state_pool=pool, meta=meta, backend="torch")
-    assert calls == ["state_indices"]
-    gdn_prefill(**x, state_pool=random_pool(5, 2, 16, 16), meta=meta, backend="torch")
-    gdn_prefill(**x, state_pool=pool, state_indices=torch.tensor([1, 0]), meta=meta,
-                backend="torch")
-    assert len(calls) == 3
-    with pytest.raises(ValueError, match="out of range"):  # a fresh meta is checked in full
-        gdn_prefill(**x, state_pool=pool, meta=build_chunk_meta(LENGTHS, "cpu", state_indices=[1, 4]),
-                    backend="torch")
-
+        gdn_prefill(**x, state_pool=pool, meta=meta, **idx, backend="torch")
+    assert calls == ["state_indices"] * 3
+    with pytest.raises(ValueError, match="out of range"):
+        gdn_prefill(**x, state_pool=pool, meta=meta, state_indices=[1, 4], backend="torch")

@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from mamba_edu import triton_interpreted
 from mamba_edu.gdn import chunk_gated_delta_rule, cu_offsets
-from mamba_edu.kernels import build_chunk_meta, gdn_prefill
+from mamba_edu.kernels import build_chunk_meta, build_chunk_meta_with_indices, gdn_prefill
 from mamba_edu.kernels.inputs import random_pool, random_prefill_inputs
 from mamba_edu.lab.one_launch import prefill_one_launch
 from mamba_edu.testing import rel_err
@@ -16,24 +16,24 @@ interpreted = pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_
 
 
 def _run(inputs, lengths, slots, track, HV, K, V, chained, device="cpu", pool=None):
-    meta = build_chunk_meta(lengths, device, state_indices=slots, track_slots=track[0],
+    meta, idx = build_chunk_meta_with_indices(lengths, device, state_indices=slots, track_slots=track[0],
                             track_chunks=track[1])
     pool = random_pool(len(lengths) * 2 + 1, HV, K, V, device=device) if pool is None else pool
     pool0 = pool.clone()
     if chained:
-        o, ckpt = _one_launch(inputs, pool, meta, output_checkpoints=True,
-                              track_slots=meta.track_slots, track_chunks=meta.track_chunks)
+        o, ckpt = _one_launch(inputs, pool, meta, idx["state_indices"], output_checkpoints=True,
+                              track_slots=idx["track_slots"], track_chunks=idx["track_chunks"])
     else:
-        o, ckpt = gdn_prefill(**inputs, state_pool=pool, meta=meta, output_checkpoints=True,
+        o, ckpt = gdn_prefill(**inputs, state_pool=pool, meta=meta, **idx, output_checkpoints=True,
                               backend="triton")
     return o, ckpt, pool, pool0, meta
 
 
-def _one_launch(inputs, pool, meta, **kw):
+def _one_launch(inputs, pool, meta, state_indices, **kw):
     """The lab's entry point takes checked inputs, as gdn_prefill passes them on."""
     q = inputs["q"]
     return prefill_one_launch(q, inputs["k"], inputs["v"], inputs["g"], inputs["beta"], pool,
-                              meta.state_indices, meta, q.shape[-1] ** -0.5, True, **kw)
+                              state_indices, meta, q.shape[-1] ** -0.5, True, **kw)
 
 
 @interpreted
@@ -100,21 +100,21 @@ def test_one_launch_gpu_reuses_its_metadata_in_a_graph():
     replayed twice, all equal to the first launch."""
     lengths, H, HV = [512], 2, 8
     inputs = _gpu_inputs(lengths, H, HV, seed=3)
-    meta = build_chunk_meta(lengths, "cuda", state_indices=[0])
+    meta, idx = build_chunk_meta_with_indices(lengths, "cuda", state_indices=[0])
     pool = random_pool(2, HV, 128, 128, device="cuda")
-    expected, _ = _one_launch(inputs, pool.clone(), meta)
+    expected, _ = _one_launch(inputs, pool.clone(), meta, idx["state_indices"])
     for _ in range(45):
-        o, _ = _one_launch(inputs, pool.clone(), meta)
+        o, _ = _one_launch(inputs, pool.clone(), meta, idx["state_indices"])
         assert torch.equal(o, expected)
     work = pool.clone()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        _one_launch(inputs, work.clone(), meta)
+        _one_launch(inputs, work.clone(), meta, idx["state_indices"])
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        outs = [_one_launch(inputs, work, meta)[0] for _ in range(3)]
+        outs = [_one_launch(inputs, work, meta, idx["state_indices"])[0] for _ in range(3)]
     for _ in range(2):
         work.copy_(pool)
         graph.replay()

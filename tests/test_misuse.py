@@ -247,15 +247,15 @@ def test_ping_pong_must_be_a_bool(value):
 
 
 @pytest.mark.parametrize("requests, needle", [
-    ([Request("a", [True, 3])], "token_ids of request 'a'"), ([Request("a", [1.0])], "token_ids"),
-    ([Request("a", [-1])], "token_ids"), ([Request(["x"], [1])], "rid must be hashable"),
-    ([Request("run", [1])], "duplicate rid"), ([Request("prep", [1])], "duplicate rid"),
-    ((r for r in [Request("a", [1])]), "requests"),
+    (lambda: [Request("a", [True, 3])], "token_ids of request 'a'"), (lambda: [Request("a", [1.0])], "token_ids"),
+    (lambda: [Request("a", [-1])], "token_ids"), (lambda: [Request(["x"], [1])], "rid must be hashable"),
+    (lambda: [Request("run", [1])], "duplicate rid"), (lambda: [Request("prep", [1])], "duplicate rid"),
+    (lambda: (r for r in [Request("a", [1])]), "requests"),
 ])
 def test_bad_requests_change_nothing(requests, needle):
     engine = busy_engine()
-    raises_unchanged(engine, ValueError, needle, lambda: engine.prefill(requests))
-    raises_unchanged(engine, ValueError, needle, lambda: engine.prepare_prefill(requests))
+    raises_unchanged(engine, ValueError, needle, lambda: engine.prefill(requests()))
+    raises_unchanged(engine, ValueError, needle, lambda: engine.prepare_prefill(requests()))
 
 
 @pytest.mark.parametrize("rids, needle", [
@@ -459,7 +459,7 @@ def test_random_operation_sequences_keep_ownership(strategy, data):
                         engine.forward_prefill(Engine(MODEL, strategy=strategy, max_requests=1)
                                                .prepare_prefill([Request("f", P[:5])]))
                     else:
-                        engine.prefill([Request("bad", [1, True])])
+                        engine.prefill([Request("bad", [1, 128])])
                 assert_unchanged(before, engine)
                 continue
         except (ValueError, PoolExhausted) as err:  # too many requests at once: must change nothing

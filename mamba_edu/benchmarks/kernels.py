@@ -73,14 +73,14 @@ def _case_name(preset: str, lengths: list[int]) -> str:
 
 
 def _make_prefill_case(lengths, H, HV, seed):
-    from mamba_edu.kernels import build_chunk_meta
+    from mamba_edu.kernels import build_chunk_meta_with_indices
     from mamba_edu.kernels.inputs import random_prefill_inputs
     N = len(lengths)
     sets = [random_prefill_inputs(lengths, H, HV, K, V, dtype=torch.bfloat16, device=DEVICE,
                                   seed=seed + i) for i in range(ROTATE)]
     pools = [torch.zeros(N + 1, HV, K, V, device=DEVICE) for _ in range(ROTATE)]
-    meta = build_chunk_meta(lengths, DEVICE, state_indices=list(range(1, N + 1)))
-    return sets, pools, meta
+    meta, idx = build_chunk_meta_with_indices(lengths, DEVICE, state_indices=list(range(1, N + 1)))
+    return sets, pools, meta, idx
 
 
 def _rotating(fns):
@@ -152,13 +152,13 @@ def _bench_fla(fla, sets, meta, HV, row):
     row["ratio_eager"] = row["ours_eager_ms"] / row["fla_eager_ms"]
 
 
-def _stage_times(x, pool, meta, row):
+def _stage_times(x, pool, meta, idx, row):
     """Graph-replayed time of each of our three kernels alone."""
     from mamba_edu.kernels.prefill import launch_output, launch_prepare, launch_scan
     prepare = lambda: launch_prepare(x["k"], x["v"], x["g"], x["beta"], meta, True)  # noqa: E731
     row["ours_prepare_ms"] = _time(prepare, graph=True)
     gamma, k_hat, w, u = prepare()
-    scan = lambda: launch_scan(k_hat, w, u, gamma, pool, meta.state_indices, meta)  # noqa: E731
+    scan = lambda: launch_scan(k_hat, w, u, gamma, pool, idx["state_indices"], meta)  # noqa: E731
     row["ours_scan_ms"] = _time(scan, graph=True)
     v_new, h = scan()
     row["ours_output_ms"] = _time(lambda: launch_output(x["q"], k_hat, v_new, h, gamma, meta,
@@ -168,19 +168,19 @@ def _stage_times(x, pool, meta, row):
 def bench_prefill(preset, lengths, fla, results, seed=0):
     from mamba_edu.kernels import gdn_prefill
     H, HV = PRESETS[preset]
-    sets, pools, meta = _make_prefill_case(lengths, H, HV, seed)
+    sets, pools, meta, idx = _make_prefill_case(lengths, H, HV, seed)
     T, N = meta.T, meta.N
     row = dict(kind="prefill", case=_case_name(preset, lengths), T=T, N=N, H=H, HV=HV, K=K, V=V,
                dtype="bf16")
 
-    ours = [lambda x=x, p=p: gdn_prefill(**x, state_pool=p, meta=meta) for x, p in zip(sets, pools)]
+    ours = [lambda x=x, p=p: gdn_prefill(**x, state_pool=p, meta=meta, **idx) for x, p in zip(sets, pools)]
     row["ours_eager_ms"] = _time(_rotating(ours), graph=False)
     row["ours_graph_ms"] = _time(_rotating(ours), graph=True)
-    _stage_times(sets[0], pools[0], meta, row)
+    _stage_times(sets[0], pools[0], meta, idx, row)
 
     def ours_out(x, h0):
         pool = torch.cat([torch.zeros_like(h0[:1]), h0])
-        o, _ = gdn_prefill(**x, state_pool=pool, meta=meta)
+        o, _ = gdn_prefill(**x, state_pool=pool, meta=meta, **idx)
         return o, pool[1:]
     row["ours_o_err"], row["ours_state_err"] = _check_prefill(sets, meta, HV, ours_out)
 
@@ -206,7 +206,7 @@ def _layer_inputs(preset, lengths, seed=0):
     """What one GDN layer of the serving path gets: the conv input ``x [T, D]`` and the gate
     projections ``a, b [T, HV]`` as column views of one projection, the layer's weights, the
     pools (fused-strategy tracking into a second slot per sequence) and the metadata."""
-    from mamba_edu.kernels import build_chunk_meta
+    from mamba_edu.kernels import build_chunk_meta_with_indices
     H, HV = PRESETS[preset]
     N, T, D = len(lengths), sum(lengths), _conv_dim(H, HV)
     gen = torch.Generator().manual_seed(seed)
@@ -214,31 +214,30 @@ def _layer_inputs(preset, lengths, seed=0):
     weight = torch.randn(D, W, generator=gen).to(DEVICE, torch.bfloat16)
     A_log = torch.empty(HV).uniform_(0.0, 2.77, generator=gen).to(DEVICE)
     dt_bias = torch.randn(HV, generator=gen).to(DEVICE)
-    meta = build_chunk_meta(lengths, DEVICE, state_indices=list(range(N)),
-                            track_slots=list(range(N, 2 * N)), track_chunks=[1] * N)
+    meta = build_chunk_meta_with_indices(lengths, DEVICE, state_indices=list(range(N)),
+                                         track_slots=list(range(N, 2 * N)), track_chunks=[1] * N)
     return dict(x=proj[:, :D], a=proj[:, D:D + HV], b=proj[:, D + HV:], weight=weight,
-                A_log=A_log, dt_bias=dt_bias, meta=meta, H=H, HV=HV,
+                A_log=A_log, dt_bias=dt_bias, meta=meta[0], idx=meta[1], H=H, HV=HV,
                 conv_pool=torch.zeros(2 * N, D, W - 1, device=DEVICE, dtype=torch.bfloat16),
                 pool=torch.zeros(2 * N, HV, K, V, device=DEVICE))
 
 
-def _layer_call(c, meta=None):
-    """The serving backend's extend path of one layer: conv, split into views, prefill."""
+def _layer_call(c, layout=None):
+    """The serving backend's extend path of one layer: conv, split into views, prefill.
+    ``layout``: ``(meta, indices)`` (default: the case's)."""
     from mamba_edu.kernels import conv1d_prefill, gdn_prefill
-    meta = meta or c["meta"]
+    meta, idx = layout or (c["meta"], c["idx"])
     H, HV, T = c["H"], c["HV"], meta.T
     y = conv1d_prefill(c["x"], c["weight"], None, conv_pool=c["conv_pool"],
-                       state_indices=meta.state_indices, meta=meta)
+                       state_indices=idx["state_indices"], meta=meta)
     q, k, v = y.split([H * K, H * K, HV * V], dim=-1)
     o, _ = gdn_prefill(q.view(T, H, K), k.view(T, H, K), v.view(T, HV, V), a=c["a"], b=c["b"],
-                       A_log=c["A_log"], dt_bias=c["dt_bias"], state_pool=c["pool"], meta=meta,
-                       state_indices=meta.state_indices, track_slots=meta.track_slots,
-                       track_chunks=meta.track_chunks)
+                       A_log=c["A_log"], dt_bias=c["dt_bias"], state_pool=c["pool"], meta=meta, **idx)
     return o
 
 
 def bench_conv(preset, lengths, results):
-    from mamba_edu.kernels import build_chunk_meta, conv1d_prefill
+    from mamba_edu.kernels import build_chunk_meta_with_indices, conv1d_prefill
     from mamba_edu.kernels.conv import conv_launch
     from mamba_edu.testing import rel_err
     H, HV = PRESETS[preset]
@@ -248,8 +247,8 @@ def bench_conv(preset, lengths, results):
     weight = torch.randn(D, W, generator=gen).to(DEVICE, torch.bfloat16)
     pools = [torch.randn(N, D, W - 1, generator=gen).to(DEVICE, torch.bfloat16)
              for _ in range(ROTATE)]
-    meta = build_chunk_meta(lengths, DEVICE, state_indices=list(range(N)))
-    fns = [lambda x=x, p=p: conv1d_prefill(x, weight, conv_pool=p, meta=meta)
+    meta, idx = build_chunk_meta_with_indices(lengths, DEVICE, state_indices=list(range(N)))
+    fns = [lambda x=x, p=p: conv1d_prefill(x, weight, conv_pool=p, meta=meta, **idx)
            for x, p in zip(xs, pools)]
     row = dict(kind="conv", case=_case_name(preset, lengths), T=T, N=N, D=D, W=W, dtype="bf16")
     row["ours_eager_ms"] = _time(_rotating(fns), graph=False)
@@ -260,8 +259,8 @@ def bench_conv(preset, lengths, results):
     row["launch_config"] = dict(zip(("num_warps", "BD", "CHANNELS_FIRST"),
                                     conv_launch(meta.NT, D)))
     pool, pool_ref = pools[0].clone(), pools[0].float()
-    y = conv1d_prefill(xs[0], weight, conv_pool=pool, meta=meta)
-    y_ref = conv1d_prefill(xs[0].float(), weight.float(), conv_pool=pool_ref, meta=meta,
+    y = conv1d_prefill(xs[0], weight, conv_pool=pool, meta=meta, **idx)
+    y_ref = conv1d_prefill(xs[0].float(), weight.float(), conv_pool=pool_ref, meta=meta, **idx,
                            backend="torch")
     row["ours_o_err"], row["ours_state_err"] = rel_err(y, y_ref), rel_err(pool, pool_ref)
     results.append(row)
@@ -276,7 +275,7 @@ def bench_layer(preset, lengths, results):
     row["ours_graph_ms"] = _time(lambda: _layer_call(c), graph=True)
     row["ours_eager_ms"] = _time(lambda: _layer_call(c), graph=False)
     row["conv_graph_ms"] = _time(lambda: conv1d_prefill(c["x"], c["weight"],
-                                                        conv_pool=c["conv_pool"], meta=c["meta"]),
+                                                        conv_pool=c["conv_pool"], meta=c["meta"], **c["idx"]),
                                  graph=True)
     row["prefill_graph_ms"] = row["ours_graph_ms"] - row["conv_graph_ms"]
     results.append(row)
@@ -297,18 +296,20 @@ def _host_us(call, metas) -> float:
 
 
 def bench_host(preset, lengths, results, calls=300):
-    """Host µs per layer call: with the forward's metadata (checked by the first layer) and
-    with a fresh one every call (every index checked, as a direct call of the API)."""
-    from mamba_edu.kernels import build_chunk_meta
+    """Host µs per layer call (every call checks all its arguments): with the forward's
+    metadata and indices reused by every layer (``checked_once``, the key kept from when the
+    first layer's verdict was remembered), and with fresh ones every call."""
+    from mamba_edu.kernels import build_chunk_meta_with_indices
     c = _layer_inputs(preset, lengths)
     N = len(lengths)
-    fresh = [build_chunk_meta(lengths, DEVICE, state_indices=list(range(N)),
-                              track_slots=list(range(N, 2 * N)), track_chunks=[1] * N)
+    fresh = [build_chunk_meta_with_indices(lengths, DEVICE, state_indices=list(range(N)),
+                                           track_slots=list(range(N, 2 * N)), track_chunks=[1] * N)
              for _ in range(calls)]
     _layer_call(c)
     row = dict(kind="host", case=_case_name(preset, lengths), calls=calls,
                what="conv1d_prefill + gdn_prefill per layer, no GPU wait")
-    row["host_us_per_layer_checked_once"] = _host_us(lambda m: _layer_call(c, m), [c["meta"]] * calls)
+    row["host_us_per_layer_checked_once"] = _host_us(lambda m: _layer_call(c, m),
+                                                     [(c["meta"], c["idx"])] * calls)
     row["host_us_per_layer_fresh_meta"] = _host_us(lambda m: _layer_call(c, m), fresh)
     results.append(row)
 

@@ -56,13 +56,14 @@ class _Case:
     ``g, beta [T, HV]``, pools for our kernels, the chunk metadata and ``cu_seqlens`` int64."""
 
     def __init__(self, preset: str, lengths: list[int], seed: int = 0):
-        from mamba_edu.kernels import build_chunk_meta
+        from mamba_edu.kernels import build_chunk_meta_with_indices
         from mamba_edu.kernels.inputs import random_prefill_inputs
         self.H, self.HV = PRESETS[preset]
         self.lengths, self.N, self.T = lengths, len(lengths), sum(lengths)
         self.sets = [random_prefill_inputs(lengths, self.H, self.HV, K, V, dtype=torch.bfloat16,
                                            device=DEVICE, seed=seed + i) for i in range(ROTATE)]
-        self.meta = build_chunk_meta(lengths, DEVICE, state_indices=list(range(1, self.N + 1)))
+        self.meta, self.indices = build_chunk_meta_with_indices(
+            lengths, DEVICE, state_indices=list(range(1, self.N + 1)))
         cu = [0]
         for n in lengths:
             cu.append(cu[-1] + n)
@@ -87,11 +88,11 @@ def _ours(case):
     pools = [torch.zeros(case.N + 1, case.HV, K, V, device=DEVICE) for _ in range(ROTATE)]
 
     def call(i):
-        return gdn_prefill(**case.sets[i], state_pool=pools[i], meta=case.meta)
+        return gdn_prefill(**case.sets[i], state_pool=pools[i], meta=case.meta, **case.indices)
 
     def out():
         pool = torch.cat([torch.zeros_like(case.h0[:1]), case.h0])
-        o, _ = gdn_prefill(**case.sets[0], state_pool=pool, meta=case.meta)
+        o, _ = gdn_prefill(**case.sets[0], state_pool=pool, meta=case.meta, **case.indices)
         return o, pool[1:]
     return call, out, {}
 

@@ -108,7 +108,7 @@ def _recorded_grids(lengths, H, HV, K, V) -> list[tuple[str, tuple[int, ...]]]:
 
     dev = default_device()  # CUDA tensors on a GPU, CPU tensors in the interpreter
     T, N = sum(lengths), len(lengths)
-    meta = build_chunk_meta(lengths, dev, state_indices=list(range(N)))
+    meta = build_chunk_meta(lengths, dev)
     e = lambda *shape: torch.empty(*shape, device=dev)  # noqa: E731
     with ExitStack() as stack:
         for module in _kernel_modules():
@@ -116,7 +116,7 @@ def _recorded_grids(lengths, H, HV, K, V) -> list[tuple[str, tuple[int, ...]]]:
                 if isinstance(obj, triton.runtime.jit.KernelInterface):
                     stack.enter_context(mock.patch.object(module, name, Recorder(name, obj)))
         gdn_prefill(e(T, H, K), e(T, H, K), e(T, HV, V), e(T, HV), e(T, HV),
-                    state_pool=e(N, HV, K, V), meta=meta, backend="triton")
+                    state_pool=e(N, HV, K, V), meta=meta, state_indices=list(range(N)), backend="triton")
     return launches
 
 

@@ -71,8 +71,9 @@ def check_checkpoint_bytes(fn) -> str:
         v = torch.randn(T, HV, V, generator=gen)
         g, beta = -torch.rand(T, HV, generator=gen), torch.rand(T, HV, generator=gen)
         pool = torch.zeros(len(lengths) + 1, HV, K, V)
-        meta = build_chunk_meta(lengths, "cpu", state_indices=list(range(1, len(lengths) + 1)))
-        _, h = gdn_prefill(q, k, v, g, beta, state_pool=pool, meta=meta, output_checkpoints=True,
+        meta = build_chunk_meta(lengths, "cpu")
+        _, h = gdn_prefill(q, k, v, g, beta, state_pool=pool, meta=meta,
+                           state_indices=list(range(1, len(lengths) + 1)), output_checkpoints=True,
                            backend="torch")
         got = fn(list(lengths), HV, K, V)
         if got != h.nbytes:
@@ -99,8 +100,9 @@ def check_fused_scan(fn) -> str:
         g, beta = -torch.rand(T, HV, generator=gen) * 0.2, torch.rand(T, HV, generator=gen)
         pool = torch.randn(6, HV, K, V, generator=gen)
         want = pool.clone()
-        meta = build_chunk_meta(lengths, "cpu", state_indices=working)
-        gdn_prefill(q, k, v, g, beta, state_pool=want, meta=meta, track_slots=torch.tensor(track),
+        meta = build_chunk_meta(lengths, "cpu")
+        gdn_prefill(q, k, v, g, beta, state_pool=want, meta=meta, state_indices=working,
+                    track_slots=torch.tensor(track),
                     track_chunks=torch.tensor(chunks), backend="torch")
         got = pool.clone()
         out = fn(q, k, v, g, beta, got, list(lengths), list(working), list(track), list(chunks))

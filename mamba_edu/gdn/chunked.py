@@ -78,7 +78,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, 
     """
     out_dtype = q.dtype
     lengths, scale, q, k, v, g, beta, S = _prepare(q, k, v, g, beta, scale, initial_state,
-                                                   cu_seqlens, use_qk_l2norm)
+                                                   cu_seqlens, use_qk_l2norm, output_checkpoints)
     # [N, NC, C, HV, D] -> head-major [N, HV, NC, C, D] so chunk math is batched matmuls.
     qc, kc, vc = (pad_to_chunks(x, lengths).permute(0, 3, 1, 2, 4) for x in (q, k, v))
     gc, bc = (pad_to_chunks(x, lengths).permute(0, 3, 1, 2) for x in (g, beta))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mamba_edu.gdn.varlen import seq_lengths
+from mamba_edu.gdn.varlen import check_floating, seq_lengths
 
 
 def _check_weight(x_dim: int, weight: torch.Tensor, bias: torch.Tensor | None) -> int:
@@ -33,6 +33,15 @@ def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
     return F.silu(y)
 
 
+def _check_floats(x, weight, bias, state, state_name) -> None:
+    """Floating tensors on one device (an integer x would be truncated by the convolution)."""
+    for name, t, optional in (("x", x, False), ("weight", weight, False), ("bias", bias, True),
+                              (state_name, state, True)):
+        check_floating(name, t, optional=optional)
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} must be on {x.device} like x; got {t.device}")
+
+
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                   cu_seqlens=None, initial_states: torch.Tensor | None = None,
                   activation: str | None = "silu"):
@@ -46,6 +55,7 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     Returns:
         ``(y [T, D] in x's dtype, final_states [N, D, W−1] in x's dtype)``.
     """
+    _check_floats(x, weight, bias, initial_states, "initial_states")
     if x.dim() != 2:
         raise ValueError(f"x must be [T, D]; got shape {tuple(x.shape)}")
     T, D = x.shape
@@ -75,6 +85,7 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
     Returns ``(y [N, D], new_state [N, D, W−1])``; the new state drops the oldest column and
     appends ``x``.
     """
+    _check_floats(x, weight, bias, conv_state, "conv_state")
     if x.dim() != 2:
         raise ValueError(f"x must be [N, D]; got shape {tuple(x.shape)}")
     N, D = x.shape

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
+
+from mamba_edu.gdn.varlen import check_floating
 
 
 def gdn_gating(A_log: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dt_bias: torch.Tensor):
@@ -16,6 +20,10 @@ def gdn_gating(A_log: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dt_bias: t
         ``g = −exp(A_log)·softplus(a + dt_bias)`` (log-decay, ≤ 0; −inf where it overflows, never
         NaN) and ``beta = sigmoid(b)``, both ``[T, HV]`` fp32.
     """
+    for name, t in (("A_log", A_log), ("a", a), ("b", b), ("dt_bias", dt_bias)):
+        check_floating(name, t)
+    if len({t.device for t in (A_log, a, b, dt_bias)}) != 1:
+        raise ValueError("A_log, a, b and dt_bias must be on one device")
     if a.shape != b.shape or a.dim() != 2:
         raise ValueError(f"a and b must both be [T, HV]; got a {tuple(a.shape)}, b {tuple(b.shape)}")
     hv = a.shape[1]
@@ -30,6 +38,9 @@ def gdn_gating(A_log: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dt_bias: t
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """``x / sqrt(Σx² + eps)`` over the last dim, in fp32 (eps inside the sqrt)."""
+    """``x / sqrt(Σx² + eps)`` over the last dim, in fp32 (eps inside the sqrt; a finite float >= 0)."""
+    check_floating("x", x)
+    if type(eps) not in (int, float) or not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps must be a non-negative Python float (finite, not a bool); got {eps!r}")
     x = x.float()
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)

@@ -12,7 +12,8 @@ from typing import NamedTuple
 import torch
 
 from mamba_edu.gdn.gating import l2norm
-from mamba_edu.gdn.varlen import CHUNK, checkpoint_offsets, validate_gdn_inputs
+from mamba_edu.gdn.varlen import (CHUNK, check_flag, check_scale, checkpoint_offsets,
+                                  validate_gdn_inputs)
 
 
 class GDNOutput(NamedTuple):
@@ -32,12 +33,14 @@ class GDNOutput(NamedTuple):
     checkpoint_offsets: torch.Tensor | None = None
 
 
-def _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm):
+def _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm, output_checkpoints=False):
     """Validate, upcast to fp32, normalise q/k and expand key heads to value heads."""
     lengths = validate_gdn_inputs(q, k, v, g, beta, cu_seqlens, initial_state)
     T, H, K = q.shape
     HV, V = v.shape[1:]
-    scale = K ** -0.5 if scale is None else scale
+    scale = check_scale(scale, K)
+    check_flag("use_qk_l2norm", use_qk_l2norm)
+    check_flag("output_checkpoints", output_checkpoints)
     qf, kf = (l2norm(q), l2norm(k)) if use_qk_l2norm else (q.float(), k.float())
     group = HV // H  # value head i reads key head i // group
     qf = qf.repeat_interleave(group, dim=1)
@@ -61,7 +64,7 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=No
     """
     out_dtype = q.dtype
     lengths, scale, q, k, v, g, beta, h0 = _prepare(q, k, v, g, beta, scale, initial_state,
-                                                    cu_seqlens, use_qk_l2norm)
+                                                    cu_seqlens, use_qk_l2norm, output_checkpoints)
     o = torch.empty_like(v)
     finals, ckpts = [], []
     start = 0

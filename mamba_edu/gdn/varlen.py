@@ -8,9 +8,12 @@ lengths from the scheduler as CPU lists).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 
 import torch
+
+from mamba_edu.probes import host_only
 
 CHUNK = 64  # chunk size of the chunked form and of the checkpoints h[c]
 
@@ -49,25 +52,76 @@ def seq_lengths(cu_seqlens: torch.Tensor | Sequence[int] | None, total: int) -> 
     return lengths
 
 
-def _check_lengths(lengths: Sequence[int], chunk: int) -> None:
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+def _check_lengths(lengths: Sequence[int], chunk: int | None = None) -> list[int]:
+    """``lengths`` read once into a list of ints >= 0 (``type(n) is int``: no bools, floats or
+    numpy ints); ``chunk`` (if given) an int >= 1."""
+    if chunk is not None and (type(chunk) is not int or chunk < 1):
         raise ValueError(f"chunk must be an int >= 1; got {chunk!r}")
+    if isinstance(lengths, (str, bytes, torch.Tensor)) or not isinstance(lengths, Iterable):
+        raise ValueError(f"lengths must be a list of ints; got {type(lengths).__name__}")
+    lengths = list(lengths)
     for n in lengths:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"lengths must be ints >= 0 (not bools); got {n!r} in {list(lengths)}")
+        if type(n) is not int or n < 0:
+            raise ValueError(f"lengths must be ints >= 0 (not bools); got {n!r} in {lengths}")
+    return lengths
 
 
 def chunk_counts(lengths: Sequence[int], chunk: int = CHUNK) -> list[int]:
-    """Number of chunks ``⌈L/chunk⌉`` of each sequence (= its number of checkpoints)."""
-    _check_lengths(lengths, chunk)
-    return [-(-n // chunk) for n in lengths]
+    """Number of chunks ``⌈L/chunk⌉`` of each sequence (= its number of checkpoints);
+    ``lengths`` may be any iterable of ints (read once)."""
+    return [-(-n // chunk) for n in _check_lengths(lengths, chunk)]
 
 
 def cu_offsets(lengths: Sequence[int]) -> list[int]:
     """``[0, L₀, L₀+L₁, …]``: the ``[N+1]`` exclusive cumsum of ``lengths`` as host ints (the
     ``cu_seqlens`` of sequences of these lengths; ``torch.tensor(cu_offsets(lengths))`` makes the
     tensor without any device work)."""
-    return [0, *itertools.accumulate(lengths)]
+    return [0, *itertools.accumulate(_check_lengths(lengths))]
+
+
+def check_floating(name: str, t, *, optional: bool = False) -> None:
+    """``t`` is a floating-point tensor (the math needs real numbers: an integer input would be
+    truncated), or None when ``optional``."""
+    if t is None and optional:
+        return
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+    if not t.dtype.is_floating_point:
+        raise ValueError(f"{name} must be a floating tensor (float32, float16, bfloat16, float64); "
+                         f"got {t.dtype}")
+
+
+def check_flag(name: str, value) -> bool:
+    """A flag is a real ``bool`` (not 0/1, not a string)."""
+    if type(value) is not bool:
+        raise ValueError(f"{name} must be True or False; got {value!r}")
+    return value
+
+
+def check_scale(scale, K: int) -> float:
+    """``None`` (= ``K**-0.5``) or a finite Python float > 0 (not a bool, not a tensor)."""
+    if scale is None:
+        return K ** -0.5
+    if type(scale) not in (int, float) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be None or a finite Python float > 0 (not a bool or a tensor); "
+                         f"got {scale!r}")
+    return float(scale)
+
+
+def check_log_decay(g: torch.Tensor) -> None:
+    """The references need a decay: ``g <= 0`` (−inf allowed, NaN not). A growing gate
+    ``g > 0`` makes the chunked form's ``exp(Γ_r − Γ_s)`` overflow where the recurrence does not,
+    so the two forms would disagree. It reads the values: a sync on a GPU, as the references
+    may; on a CPU a plain host read, kept out of the sync counter (the kernels' torch path, which
+    stands in for the GPU kernels on a CPU, runs through here)."""
+    if g.device.type == "cpu":
+        with host_only():
+            bad = bool((g > 0).any()) or bool(g.isnan().any())
+    else:
+        bad = bool((g > 0).any()) or bool(g.isnan().any())
+    if bad:
+        raise ValueError("g must be a log-decay <= 0 everywhere (no NaN): a growing gate g > 0 "
+                         "makes the chunked and recurrent forms disagree; compute it with gdn_gating")
 
 
 def checkpoint_offsets(lengths: Sequence[int], chunk: int = CHUNK) -> list[int]:
@@ -82,12 +136,10 @@ def validate_gdn_inputs(q, k, v, g, beta, cu_seqlens, initial_state) -> list[int
     Raises ``ValueError`` naming the offending argument and the expected shape.
     """
     for name, t, rank in (("q", q, 3), ("k", k, 3), ("v", v, 3), ("g", g, 2), ("beta", beta, 2)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+        check_floating(name, t)
         if t.dim() != rank:
             raise ValueError(f"{name} must have {rank} dims; got shape {tuple(t.shape)}")
-        if not t.dtype.is_floating_point:
-            raise ValueError(f"{name} must be a floating tensor; got {t.dtype}")
+    check_floating("initial_state", initial_state, optional=True)
     T, H, K = q.shape
     for name, value in (("H (q.shape[1])", H), ("K (q.shape[2])", K), ("HV (v.shape[1])", v.shape[1]),
                         ("V (v.shape[2])", v.shape[2])):
@@ -112,4 +164,7 @@ def validate_gdn_inputs(q, k, v, g, beta, cu_seqlens, initial_state) -> list[int
         if tuple(initial_state.shape) != expected:
             raise ValueError(f"initial_state must have shape [N, HV, K, V]={expected}; "
                              f"got {tuple(initial_state.shape)}")
+        if initial_state.device != q.device:
+            raise ValueError(f"initial_state must be on {q.device} like q; got {initial_state.device}")
+    check_log_decay(g)
     return lengths

@@ -20,7 +20,8 @@ from mamba_edu._runtime import select_triton_mode
 
 select_triton_mode()  # the interpreter without a GPU, before any @triton.jit runs
 from mamba_edu.kernels.api import conv1d_decode, conv1d_prefill, gdn_decode, gdn_prefill
-from mamba_edu.kernels.metadata import ChunkMeta, build_chunk_meta, host_values, upload_indices
+from mamba_edu.kernels.metadata import (ChunkMeta, build_chunk_meta, build_chunk_meta_with_indices,
+                                        host_values, upload_indices)
 
-__all__ = ["ChunkMeta", "build_chunk_meta", "conv1d_decode", "conv1d_prefill", "gdn_decode",
+__all__ = ["ChunkMeta", "build_chunk_meta", "build_chunk_meta_with_indices", "conv1d_decode", "conv1d_prefill", "gdn_decode",
            "gdn_prefill", "host_values", "upload_indices"]

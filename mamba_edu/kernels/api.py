@@ -8,9 +8,11 @@ Activations (q, k, v, the gates, the conv input) may be *row-strided*: column sl
 wider matrix, each row contiguous, as a model's fused projection produces them. The kernels read
 them with their row stride, so the serving path copies nothing out.
 
-Index checks run once per forward: the range checks of the slot and tracking indices that a
-:class:`~mamba_edu.kernels.ChunkMeta` carries are remembered on it, so the layers after the first
-only check their activations. Indices passed from elsewhere, or a fresh meta, are checked in full.
+Every call checks its arguments once, here at the boundary, before any launch: the
+:class:`~mamba_edu.kernels.ChunkMeta` is the batch layout only, and the slot and tracking indices
+are explicit arguments (a list of ints, a CPU tensor, or an :func:`~mamba_edu.kernels.upload_indices`
+tensor), range-checked on their host values every call (N integers: no device work). The kernels
+get a private copy of exactly the values that were checked.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ from mamba_edu.kernels.decode import decode_triton
 from mamba_edu.kernels.prefill import apply_output_norm, prefill_triton
 from mamba_edu.kernels.torch_path import (conv1d_decode_torch, conv1d_prefill_torch,
                                           decode_torch, prefill_torch)
-from mamba_edu.kernels.validation import (FLOATS, check_eps, check_head_dims, check_meta,
-                                          check_tensor, checked_once, device_of, resolve_backend,
-                                          slot_indices, track_targets)
+from mamba_edu.kernels.validation import (FLOATS, check_eps, check_flag, check_float,
+                                          check_head_dims, check_meta, check_tensor, device_of,
+                                          resolve_backend, slot_indices, track_targets)
 
 
 def _check_pool(name, pool, shape, device):
@@ -35,11 +37,10 @@ def _check_pool(name, pool, shape, device):
 
 
 def _check_scale(scale, K):
+    """``None`` (= ``K ** -0.5``) or a finite Python float > 0 (not a bool, not a tensor)."""
     if scale is None:
         return K ** -0.5
-    if not isinstance(scale, (int, float)):
-        raise ValueError(f"scale must be a Python float or None; got {type(scale).__name__}")
-    return float(scale)
+    return check_float("scale", scale, strict=True)
 
 
 def _check_activation(activation):
@@ -105,28 +106,18 @@ def _check_output_norm(output_norm, T, HV, V, dev, dtype):
     return z, weight, check_eps(eps, "output_norm eps")
 
 
-def _indices_from_meta(meta, state_indices, track_slots, track_chunks):
-    """The index arguments a prefill call left out (``None``), taken from ``meta`` (a missing or
-    wrong ``meta`` is refused later, by ``check_meta``)."""
-    if state_indices is None:
-        state_indices = getattr(meta, "state_indices", None)
-    if track_slots is None and track_chunks is None:
-        track_slots = getattr(meta, "track_slots", None)
-        track_chunks = getattr(meta, "track_chunks", None)
-    return state_indices, track_slots, track_chunks
-
-
 def _check_prefill_indices(state_indices, track_slots, track_chunks, meta, slots, dev):
-    """Host values of the working slots and the tracking writes ``(row, slot, chunk)``."""
+    """Host values and kernel copies of the working slots, and the tracking writes:
+    ``(state_slots, state_t, (targets, track_slots_t, track_chunks_t))``."""
     if state_indices is None:
-        raise ValueError("state_indices is required (or build meta with state_indices=...)")
-    state_slots = slot_indices("state_indices", state_indices, meta.N, slots, dev,
-                               allow_padding=False)
-    return state_slots, track_targets(track_slots, track_chunks, meta, slots, state_slots, dev)
+        raise ValueError("state_indices is required: the [N] slots the sequences work in")
+    state_slots, state_t = slot_indices("state_indices", state_indices, meta.N, slots, dev,
+                                        allow_padding=False)
+    return state_slots, state_t, track_targets(track_slots, track_chunks, meta, slots, state_slots, dev)
 
 
 def gdn_prefill(q, k, v, g=None, beta=None, *, a=None, b=None, A_log=None, dt_bias=None,
-                state_pool, state_indices=None, meta, scale=None, use_qk_l2norm=True,
+                state_pool, state_indices, meta, scale=None, use_qk_l2norm=True,
                 output_checkpoints=False, track_slots=None, track_chunks=None, output_norm=None,
                 backend="auto"):
     """Chunked GDN over a packed batch whose states live in a pool (updated in place).
@@ -138,12 +129,14 @@ def gdn_prefill(q, k, v, g=None, beta=None, *, a=None, b=None, A_log=None, dt_bi
             :func:`~mamba_edu.gdn.gdn_gating` is then computed inside the first kernel.
         state_pool: ``[slots, HV, K, V]`` fp32. Sequence n starts from
             ``state_pool[state_indices[n]]`` and its final state is written back there.
-        state_indices: ``[N]`` int, distinct, in ``[0, slots)``; ``None`` = ``meta.state_indices``.
-        meta: :class:`~mamba_edu.kernels.ChunkMeta` of the batch.
+        state_indices: ``[N]`` ints, distinct, in ``[0, slots)`` (a list, a CPU tensor or
+            :func:`~mamba_edu.kernels.upload_indices`).
+        meta: :class:`~mamba_edu.kernels.ChunkMeta` of the batch (its layout).
+        scale: ``None`` (``K**-0.5``) or a finite float > 0; use_qk_l2norm: a bool.
         output_checkpoints: also return ``[NT, HV, K, V]`` fp32, the state at every chunk start.
         track_slots, track_chunks: ``[N]`` int (the ``fused`` strategy): write the state after
             ``64·track_chunks[n]`` tokens into ``state_pool[track_slots[n]]`` (``⌈L/64⌉`` = the
-            final state, negative = nothing). ``None`` = take them from ``meta`` (if there).
+            final state, negative = nothing). Both or neither.
         output_norm: ``(z, weight, eps)``: return the layer's normed output
             ``gated_rms_norm(o, z, weight, eps)`` (:mod:`~mamba_edu.kernels.fused_ops`:
             ``rms_norm(o)·weight·silu(z)`` per value head, over V) instead of o. ``z [T, HV·V]``
@@ -153,18 +146,17 @@ def gdn_prefill(q, k, v, g=None, beta=None, *, a=None, b=None, A_log=None, dt_bi
     Returns:
         ``(o [T, HV, V] in q's dtype, checkpoints or None)``.
     """
-    state_indices, track_slots, track_chunks = _indices_from_meta(
-        meta, state_indices, track_slots, track_chunks)
     dev, (T, H, K, HV, V) = _check_qkv(q, k, v)
     gating = _check_gates(g, beta, (a, b, A_log, dt_bias), T, HV, dev, v.dtype)
     output_norm = _check_output_norm(output_norm, T, HV, V, dev, q.dtype)
     backend = resolve_backend(backend, dev, q.dtype)
-    check_meta(meta, T, dev)
+    kmeta = check_meta(meta, T, dev)
     slots = _check_pool("state_pool", state_pool, (HV, K, V), dev)
-    state_slots, targets = checked_once(
-        meta, ("prefill", slots), (state_indices, track_slots, track_chunks),
-        lambda: _check_prefill_indices(state_indices, track_slots, track_chunks, meta, slots, dev))
+    state_slots, state_t, (targets, track_slots, track_chunks) = _check_prefill_indices(
+        state_indices, track_slots, track_chunks, meta, slots, dev)
     scale = _check_scale(scale, K)
+    use_qk_l2norm = check_flag("use_qk_l2norm", use_qk_l2norm)
+    output_checkpoints = check_flag("output_checkpoints", output_checkpoints)
     if backend == "torch":
         if gating is not None:
             g, beta = gdn_gating(A_log, a, b, dt_bias)
@@ -174,7 +166,7 @@ def gdn_prefill(q, k, v, g=None, beta=None, *, a=None, b=None, A_log=None, dt_bi
     check_head_dims(K, V)
     if gating is not None:
         g, beta = a, b
-    return prefill_triton(q, k, v, g, beta, state_pool, state_indices, meta, scale,
+    return prefill_triton(q, k, v, g, beta, state_pool, state_t, kmeta, scale,
                           use_qk_l2norm, output_checkpoints, track_slots, track_chunks, gating,
                           output_norm)
 
@@ -194,13 +186,15 @@ def gdn_decode(q, k, v, a, b, A_log, dt_bias, *, state_pool, state_indices, scal
     _check_raw_gates(a, b, A_log, dt_bias, N, HV, dev)
     backend = resolve_backend(backend, dev, q.dtype)
     slots = _check_pool("state_pool", state_pool, (HV, K, V), dev)
-    state_slots = slot_indices("state_indices", state_indices, N, slots, dev, allow_padding=True)
+    state_slots, state_t = slot_indices("state_indices", state_indices, N, slots, dev,
+                                        allow_padding=True)
     scale = _check_scale(scale, K)
+    use_qk_l2norm = check_flag("use_qk_l2norm", use_qk_l2norm)
     if backend == "torch":
         return decode_torch(q, k, v, a, b, A_log, dt_bias, state_pool, state_slots, scale,
                             use_qk_l2norm)
     check_head_dims(K, V)
-    return decode_triton(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale,
+    return decode_triton(q, k, v, a, b, A_log, dt_bias, state_pool, state_t, scale,
                          use_qk_l2norm)
 
 
@@ -215,7 +209,7 @@ def _check_conv(x, weight, bias, conv_pool):
     return _check_pool("conv_pool", conv_pool, (D, weight.shape[1] - 1), x.device)
 
 
-def conv1d_prefill(x, weight, bias=None, *, conv_pool, state_indices=None, meta,
+def conv1d_prefill(x, weight, bias=None, *, conv_pool, state_indices, meta,
                    activation="silu", track_slots=None, track_chunks=None, backend="auto"):
     """Causal depthwise conv1d over a packed batch, conv states in a pool (updated in place).
 
@@ -223,28 +217,24 @@ def conv1d_prefill(x, weight, bias=None, *, conv_pool, state_indices=None, meta,
         x: ``[T, D]`` raw inputs (row-strided allowed); weight: ``[D, W]``; bias: ``[D]`` or None.
         conv_pool: ``[slots, D, W−1]``; sequence n reads its previous inputs from
             ``conv_pool[state_indices[n]]`` (zeros for a fresh slot) and leaves its last ``W−1``.
-        state_indices: ``[N]`` int, distinct, in ``[0, slots)``; ``None`` = ``meta.state_indices``.
+        state_indices: ``[N]`` ints, distinct, in ``[0, slots)`` (as in :func:`gdn_prefill`).
         track_slots, track_chunks: ``[N]`` int (the ``fused`` strategy), as in
             :func:`gdn_prefill`: save the conv state after ``min(64·track_chunks[n], L)`` tokens
             (the ``W−1`` inputs before that point) into ``conv_pool[track_slots[n]]``
-            (negative chunk = nothing). ``None`` = take them from ``meta`` (if there).
+            (negative chunk = nothing). Both or neither.
     Returns:
         ``y [T, D]`` in x's dtype.
     """
-    state_indices, track_slots, track_chunks = _indices_from_meta(
-        meta, state_indices, track_slots, track_chunks)
     slots = _check_conv(x, weight, bias, conv_pool)
     silu = _check_activation(activation)
     backend = resolve_backend(backend, x.device, x.dtype, "x")
-    check_meta(meta, x.shape[0], x.device)
-    state_slots, targets = checked_once(
-        meta, ("conv", slots), (state_indices, track_slots, track_chunks),
-        lambda: _check_prefill_indices(state_indices, track_slots, track_chunks, meta, slots,
-                                       x.device))
+    kmeta = check_meta(meta, x.shape[0], x.device)
+    state_slots, state_t, (targets, track_slots, track_chunks) = _check_prefill_indices(
+        state_indices, track_slots, track_chunks, meta, slots, x.device)
     if backend == "torch":
         return conv1d_prefill_torch(x, weight, bias, conv_pool, state_slots, meta, activation,
                                     targets)
-    return conv1d_prefill_triton(x, weight, bias, conv_pool, state_indices, meta, silu,
+    return conv1d_prefill_triton(x, weight, bias, conv_pool, state_t, kmeta, silu,
                                  track_slots, track_chunks)
 
 
@@ -255,8 +245,8 @@ def conv1d_decode(x, weight, bias=None, *, conv_pool, state_indices, activation=
     slots = _check_conv(x, weight, bias, conv_pool)
     silu = _check_activation(activation)
     backend = resolve_backend(backend, x.device, x.dtype, "x")
-    state_slots = slot_indices("state_indices", state_indices, x.shape[0], slots, x.device,
-                               allow_padding=True)
+    state_slots, state_t = slot_indices("state_indices", state_indices, x.shape[0], slots, x.device,
+                                        allow_padding=True)
     if backend == "torch":
         return conv1d_decode_torch(x, weight, bias, conv_pool, state_slots, activation)
-    return conv1d_update_triton(x, weight, bias, conv_pool, state_indices, silu)
+    return conv1d_update_triton(x, weight, bias, conv_pool, state_t, silu)

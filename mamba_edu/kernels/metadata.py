@@ -9,12 +9,16 @@ copy**: no device-to-host sync, and the same :class:`ChunkMeta` serves every lay
 Index tensors (slot indices, track slots, track chunks) are integers that the kernels turn into
 addresses. Their ranges must be checked before a launch, and checking a CUDA tensor's values
 would sync. So every index tensor made here *remembers the host list it was built from*
-(:func:`host_values`); the validation reads that list instead of the device.
+(:func:`host_values`); the validation reads that list instead of the device. The kernels never
+read the tensor the caller holds: each upload also makes a private twin on the device, and the
+kernels are given that twin (:func:`checked_indices`). Writing into the caller's tensor, even
+through ``.data`` or ``.numpy()`` which no version counter sees, cannot change what a kernel
+reads; an in-place write that the version counter does see is refused (:func:`check_unchanged`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -77,25 +81,67 @@ def upload_host_lists(parts: Sequence[Sequence[int]], device,
     return list(flat.split([len(p) for p in parts]))
 
 
+_PRIVATE_ATTR = "_mamba_edu_kernel_copy"
+
+
 def _upload(parts: Sequence[Sequence[int]], device) -> list[torch.Tensor]:
     """:func:`upload_host_lists` as int32, each view remembering its host list
-    (:func:`host_values`)."""
-    views = upload_host_lists(parts, device, torch.int32)
-    for view, part in zip(views, parts):
-        setattr(view, _HOST_ATTR, tuple(int(x) for x in part))
+    (:func:`host_values`) and holding a private twin (same values, its own buffer) that only
+    :func:`checked_indices` hands out: one upload carries both."""
+    host = [tuple(int(x) for x in part) for part in parts]
+    views = upload_host_lists(host + host, device, torch.int32)
+    public, private = views[:len(host)], views[len(host):]
+    for view, twin, values in zip(public, private, host):
+        setattr(view, _HOST_ATTR, values)
         setattr(view, _VERSION_ATTR, _version(view))
-    return views
+        setattr(view, _PRIVATE_ATTR, twin)
+    return public
+
+
+def _int_list(name: str, values) -> list[int]:
+    """``values`` materialised once as a list of ints (``type(v) is int``: no bools, floats,
+    numpy ints); ``ValueError`` naming ``name`` otherwise."""
+    if isinstance(values, (str, bytes, torch.Tensor)) or not isinstance(values, Iterable):
+        raise ValueError(f"{name} must be a list of ints; got {type(values).__name__}")
+    values = list(values)
+    bad = next((v for v in values if type(v) is not int), None)
+    if bad is not None:
+        raise ValueError(f"{name} must hold Python ints (not bools, floats or numpy ints); "
+                         f"got {bad!r} in {values!r}")
+    return values
 
 
 def upload_indices(values: Sequence[int], device) -> torch.Tensor:
     """An int32 index tensor on ``device`` (one pinned non-blocking copy) that remembers ``values``
     on the host, so that its range can be validated without a sync (e.g. decode slot indices)."""
-    return _upload([list(values)], device)[0]
+    values = _int_list("values", values)
+    if any(not -(2 ** 31) <= v < 2 ** 31 for v in values):
+        raise ValueError(f"values must fit in int32; got {values!r}")
+    return _upload([values], device)[0]
+
+
+def checked_indices(name: str, t) -> tuple[tuple[int, ...] | None, torch.Tensor | None]:
+    """``(host values, the tensor to give the kernels)`` of an index argument.
+
+    A tensor made here gives its remembered values and its private twin (refused if written in
+    place since, :func:`check_unchanged`); a CPU tensor gives its values and a fresh copy of
+    them, so that nothing the caller holds is what the kernels read; any other tensor gives
+    ``(None, None)`` (its values are unknown without a sync)."""
+    remembered = getattr(t, _HOST_ATTR, None)
+    if remembered is not None:
+        check_unchanged(name, t)
+        return remembered, getattr(t, _PRIVATE_ATTR)
+    if t.device.type != "cpu":
+        return None, None
+    values = tuple(t.tolist())
+    return values, torch.tensor(values, dtype=t.dtype)
 
 
 @dataclass(frozen=True, eq=False)
 class ChunkMeta:
-    """What the kernels need to know about a packed batch of N sequences, T tokens in total.
+    """The layout of a packed batch of N sequences, T tokens in total: what every
+    chunk-parallel kernel needs to know, and nothing else (the slots each sequence reads and
+    writes, and what to track, are arguments of each kernel call).
 
     Host fields: ``lengths`` (N ints), ``counts`` = ⌈L/64⌉ per sequence, ``offsets`` [N+1]
     (exclusive cumsum of ``counts``: sequence n's checkpoints are rows ``offsets[n]:offsets[n+1]``),
@@ -105,14 +151,9 @@ class ChunkMeta:
         cu_seqlens:     ``[N+1]`` token offsets of the sequences.
         chunk_indices:  ``[NT, 2]`` row i = (sequence id, chunk id within the sequence) of program i.
         chunk_offsets:  ``[N+1]`` = ``offsets`` on the device.
-        state_indices, track_slots, track_chunks: ``[N]`` or ``None``, when given to
-            :func:`build_chunk_meta` (they remember their host values, see :func:`host_values`).
-        workspace:      ``[2 + 2N]`` zeros: the counters of the one-launch prefill
-            (:mod:`mamba_edu.kernels.chained`), which leaves them zero again.
 
-    ``verdicts`` holds what the input checks concluded about these index tensors for a pool of a
-    given size: every layer of a forward passes the same ones, so only the first layer's call
-    checks them (:func:`mamba_edu.kernels.validation.checked_once`).
+    These three are for reading; the kernels read a private twin of them (``kernel_view()``),
+    uploaded in the same copy, so a write into them cannot reach a launch.
     """
 
     lengths: tuple[int, ...]
@@ -124,46 +165,47 @@ class ChunkMeta:
     cu_seqlens: torch.Tensor
     chunk_indices: torch.Tensor
     chunk_offsets: torch.Tensor
-    workspace: torch.Tensor
-    state_indices: torch.Tensor | None = None
-    track_slots: torch.Tensor | None = None
-    track_chunks: torch.Tensor | None = None
-    verdicts: dict = field(default_factory=dict, repr=False)
+    _kernel: ChunkMeta | None = field(default=None, repr=False)
+
+    def kernel_view(self) -> ChunkMeta:
+        """The same layout with the private device tensors: what the API gives the kernels."""
+        return self if self._kernel is None else self._kernel
 
 
-def _check_host_list(name: str, values, n: int) -> list[int]:
-    values = list(values)
-    if len(values) != n or not all(isinstance(v, int) for v in values):
-        raise ValueError(f"{name} must be a list of N={n} ints; got {values!r}")
-    return values
-
-
-def build_chunk_meta(lengths: Sequence[int], device, *, state_indices: Sequence[int] | None = None,
-                     track_slots: Sequence[int] | None = None,
-                     track_chunks: Sequence[int] | None = None) -> ChunkMeta:
-    """Build the metadata of a packed batch from CPU lengths (no device work besides one copy).
+def build_chunk_meta(lengths: Sequence[int], device) -> ChunkMeta:
+    """Build the layout of a packed batch from CPU lengths (no device work besides one copy).
 
     Args:
-        lengths: N sequence lengths (each ≥ 1), in packing order.
+        lengths: N sequence lengths (Python ints ≥ 1), in packing order (any iterable, read once).
         device: where the kernels run.
-        state_indices, track_slots, track_chunks: optional host lists of N ints, uploaded in the
-            same copy (the slot each sequence works in; where and after how many chunks the
-            ``fused`` strategy saves a state, −1 = none).
     """
-    lengths = list(lengths)
-    if not lengths or not all(isinstance(n, int) and n >= 1 for n in lengths):
+    return build_chunk_meta_with_indices(lengths, device)[0]
+
+
+def build_chunk_meta_with_indices(lengths: Sequence[int], device,
+                                  **indices: Sequence[int]) -> tuple[ChunkMeta, dict[str, torch.Tensor]]:
+    """:func:`build_chunk_meta` plus index tensors of N ints each (e.g. ``state_indices=[…]``)
+    in the same one copy: ``(meta, {name: tensor})``, each tensor as :func:`upload_indices` makes
+    it. The meta stays the layout only: the indices are the caller's to pass to each kernel."""
+    lengths = _int_list("lengths", lengths)
+    if not lengths or min(lengths) < 1:
         raise ValueError(f"lengths must be a non-empty list of ints >= 1; got {lengths!r}")
+    lists = {name: _int_list(name, values) for name, values in indices.items()}
+    for name, values in lists.items():
+        if len(values) != len(lengths) or any(not -(2 ** 31) <= v < 2 ** 31 for v in values):
+            raise ValueError(f"{name} must be a list of N={len(lengths)} int32 values; got {values!r}")
     counts = chunk_counts(lengths, CHUNK)
     offsets = checkpoint_offsets(lengths, CHUNK)
     cu = cu_offsets(lengths)
+    if cu[-1] >= 2 ** 31:
+        raise ValueError(f"lengths must add up to fewer than 2**31 tokens; got {cu[-1]}")
     table = [x for seq, count in enumerate(counts) for c in range(count) for x in (seq, c)]
-    extras = {name: _check_host_list(name, vals, len(lengths))
-              for name, vals in (("state_indices", state_indices), ("track_slots", track_slots),
-                                 ("track_chunks", track_chunks)) if vals is not None}
-    views = _upload([cu, table, offsets, [0] * (2 + 2 * len(lengths)), *extras.values()], device)
-    cu_t, table_t, offsets_t, workspace = views[:4]
-    uploaded = dict(zip(extras, views[4:]))
-    return ChunkMeta(
-        lengths=tuple(lengths), counts=tuple(counts), offsets=tuple(offsets), N=len(lengths),
-        T=cu[-1], NT=offsets[-1], cu_seqlens=cu_t, chunk_indices=table_t.view(-1, 2),
-        chunk_offsets=offsets_t, workspace=workspace, **uploaded)
+    cu_t, table_t, offsets_t, *index_t = _upload([cu, table, offsets, *lists.values()], device)
+    host = dict(lengths=tuple(lengths), counts=tuple(counts), offsets=tuple(offsets), N=len(lengths),
+                T=cu[-1], NT=offsets[-1])
+    private = ChunkMeta(**host, cu_seqlens=getattr(cu_t, _PRIVATE_ATTR),
+                        chunk_indices=getattr(table_t, _PRIVATE_ATTR).view(-1, 2),
+                        chunk_offsets=getattr(offsets_t, _PRIVATE_ATTR))
+    meta = ChunkMeta(**host, cu_seqlens=cu_t, chunk_indices=table_t.view(-1, 2),
+                     chunk_offsets=offsets_t, _kernel=private)
+    return meta, dict(zip(lists, index_t))

@@ -2,10 +2,13 @@
 was expected, and an out-of-range slot index never reaches a kernel.
 
 Index *ranges* are checked on host copies only (:func:`mamba_edu.kernels.metadata.host_values`):
-a CPU tensor is read directly; a CUDA index tensor must come from
-:func:`~mamba_edu.kernels.metadata.build_chunk_meta` or
-:func:`~mamba_edu.kernels.metadata.upload_indices`, which remember the host list they uploaded.
-Reading a foreign CUDA tensor's values would be a device-to-host sync, so it is refused.
+a list of ints or a CPU tensor is read directly; a CUDA index tensor must come from
+:func:`~mamba_edu.kernels.metadata.upload_indices`, which remembers the host list it uploaded.
+Reading a foreign CUDA tensor's values would be a device-to-host sync, so it is refused. The
+kernels get a private copy of the values that were checked, never the caller's tensor.
+
+Scalars and flags are checked one way everywhere: :func:`check_float` (finite, not a bool),
+:func:`check_flag` (a real bool).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import math
 import torch
 
 from mamba_edu._runtime import triton_interpreted
-from mamba_edu.kernels.metadata import ChunkMeta, check_unchanged, host_values
+from mamba_edu.kernels.metadata import ChunkMeta, check_unchanged, checked_indices, upload_indices
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 INTS = (torch.int32, torch.int64)
@@ -87,11 +90,9 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype, name
 
 
 def check_eps(eps, name: str = "eps") -> float:
-    """A norm's eps: a non-negative Python number (not a bool, not a tensor), returned as a float;
-    the error names it ``name``."""
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
-        raise ValueError(f"{name} must be a non-negative Python float; got {eps!r}")
-    return float(eps)
+    """A norm's eps: a finite non-negative Python number (not a bool, not a tensor), returned as
+    a float; the error names it ``name``."""
+    return check_float(name, eps)
 
 
 def check_head_dims(K: int, V: int) -> None:
@@ -101,52 +102,69 @@ def check_head_dims(K: int, V: int) -> None:
                              f"(expected <= {MAX_HEAD_DIM}); use backend='torch'")
 
 
-def check_meta(meta, T: int, device: torch.device) -> None:
+def check_meta(meta, T: int, device: torch.device) -> ChunkMeta:
+    """``meta`` describes these ``T`` tokens on ``device``; returns the view the kernels read
+    (:meth:`ChunkMeta.kernel_view`: the private twin of its tensors)."""
     if not isinstance(meta, ChunkMeta):
         raise ValueError(f"meta must be a ChunkMeta from build_chunk_meta; got {type(meta).__name__}")
     if meta.T != T:
         raise ValueError(f"meta describes T={meta.T} tokens; the inputs have T={T}")
     if meta.cu_seqlens.device != device:
         raise ValueError(f"meta was built for {meta.cu_seqlens.device}; the inputs are on {device}")
-    # Every index tensor of the meta is a view of one buffer: one version counter covers them all.
-    check_unchanged("meta (its cu_seqlens, chunk_indices, chunk_offsets, state_indices, "
-                    "track_slots or track_chunks)", meta.cu_seqlens)
+    # Every tensor of the meta is a view of one buffer: one version counter covers them all.
+    check_unchanged("meta (its cu_seqlens, chunk_indices or chunk_offsets)", meta.cu_seqlens)
+    return meta.kernel_view()
 
 
-def checked_once(meta: ChunkMeta, key: tuple, tensors: tuple, check):
-    """``check()``, or the verdict it gave before for this batch, ``key`` and ``tensors``.
-
-    The verdict is reused only when every tensor in ``tensors`` is the meta's own (built and
-    range-checked from host lists that never change): that is how every layer after the first
-    skips the per-forward checks, while indices passed from elsewhere are checked every call."""
-    own = (meta.state_indices, meta.track_slots, meta.track_chunks)
-    if not all(t is None or any(t is o for o in own) for t in tensors):
-        return check()
-    key = key + tuple(id(t) for t in tensors)  # the meta keeps its tensors: ids stay theirs
-    if key not in meta.verdicts:
-        meta.verdicts[key] = check()
-    return meta.verdicts[key]
+def check_flag(name: str, value) -> bool:
+    """A flag is a real ``bool`` (not 0/1, not a string, not a tensor)."""
+    if type(value) is not bool:
+        raise ValueError(f"{name} must be True or False; got {value!r}")
+    return value
 
 
-def host_ints(name: str, t, n: int, device: torch.device) -> list[int]:
-    """Check an ``[n]`` integer tensor and return its host values (never read from a GPU)."""
+def check_float(name: str, value, *, minimum: float = 0.0, strict: bool = False) -> float:
+    """A finite Python ``int``/``float`` (not a bool, not a tensor) ``>= minimum`` (``>`` with
+    ``strict``), returned as a float."""
+    if type(value) not in (int, float) or not math.isfinite(value) or value < minimum or (
+            strict and value == minimum):
+        want = (f"> {minimum}" if strict else ">= 0") if minimum == 0 else f">= {minimum}"
+        kind = "non-negative Python float" if (minimum == 0 and not strict) else f"Python float {want}"
+        raise ValueError(f"{name} must be a {kind} (finite, not a bool or a tensor); got {value!r}")
+    return float(value)
+
+
+def index_arg(name: str, t, n: int, device: torch.device) -> tuple[list[int], torch.Tensor]:
+    """An ``[n]`` index argument: its host values and the tensor the kernels get.
+
+    ``t`` is a list of ``n`` Python ints (uploaded here, once), a CPU int tensor, or a tensor
+    made by :func:`~mamba_edu.kernels.upload_indices`; the kernels get a private copy of the
+    values that were checked, never ``t`` itself (:func:`~mamba_edu.kernels.metadata.checked_indices`)."""
+    if isinstance(t, (list, tuple)):
+        values = list(t)
+        if len(values) != n or any(type(v) is not int for v in values):
+            raise ValueError(f"{name} must be a list of N={n} Python ints (or an index tensor); "
+                             f"got {values!r}")
+        if any(not -(2 ** 31) <= v < 2 ** 31 for v in values):
+            raise ValueError(f"{name} must fit in int32; got {values!r}")
+        t = upload_indices(values, device)
     check_tensor(name, t, (n,), device=device, dtypes=INTS)
-    values = host_values(t, name)
+    values, private = checked_indices(name, t)
     if values is None:
         raise ValueError(f"{name} is a {t.device} tensor whose values are unknown on the host; "
-                         f"build it with build_chunk_meta(..., {name}=...) or upload_indices(...) "
-                         "so its range can be checked without a device-to-host sync")
-    return list(values)
+                         f"pass a list of ints or upload_indices(...) so its range can be checked "
+                         "without a device-to-host sync")
+    return list(values), private
 
 
 def slot_indices(name: str, t, n: int, slots: int, device: torch.device, *,
-                 allow_padding: bool) -> list[int]:
-    """Validate an ``[n]`` index tensor of pool slots and return its host values.
+                 allow_padding: bool) -> tuple[list[int], torch.Tensor]:
+    """Validate an ``[n]`` index argument of pool slots: its host values and the kernels' copy.
 
     Slots must lie in ``[0, slots)`` and be distinct; with ``allow_padding`` a negative value
     marks a padded row (no read, no write).
     """
-    values = host_ints(name, t, n, device)
+    values, private = index_arg(name, t, n, device)
     bad = [i for i, s in enumerate(values) if s >= slots or (s < 0 and not allow_padding)]
     if bad:
         want = f"< {slots} (negative = padded row)" if allow_padding else f"in [0, {slots})"
@@ -155,12 +173,14 @@ def slot_indices(name: str, t, n: int, slots: int, device: torch.device, *,
     if len(set(used)) != len(used):
         raise ValueError(f"{name} must not repeat a slot (two sequences would race on it); "
                          f"got {values}")
-    return values
+    return values, private
 
 
 def track_targets(track_slots, track_chunks, meta: ChunkMeta, slots: int, state_slots: list[int],
-                  device: torch.device) -> list[tuple[int, int, int]]:
-    """Validate the ``fused`` tracking request; return ``(row, slot, chunk)`` for every tracked row.
+                  device: torch.device):
+    """Validate the ``fused`` tracking request; return ``(targets, slots_t, chunks_t)``:
+    ``(row, slot, chunk)`` for every tracked row and the kernels' copies of the two indices
+    (``([], None, None)`` when neither is given).
 
     ``track_chunks[n]`` in ``[0, ⌈L_n/64⌉]`` saves the state after ``64·track_chunks[n]`` tokens
     (the top value = the final state); negative = no write, and then ``track_slots[n]`` may be
@@ -169,9 +189,9 @@ def track_targets(track_slots, track_chunks, meta: ChunkMeta, slots: int, state_
     if (track_slots is None) != (track_chunks is None):
         raise ValueError("track_slots and track_chunks must be given together (or neither)")
     if track_slots is None:
-        return []
-    targets_slots = host_ints("track_slots", track_slots, meta.N, device)
-    chunks = host_ints("track_chunks", track_chunks, meta.N, device)
+        return [], None, None
+    targets_slots, slots_t = index_arg("track_slots", track_slots, meta.N, device)
+    chunks, chunks_t = index_arg("track_chunks", track_chunks, meta.N, device)
     rows = [n for n, c in enumerate(chunks) if c >= 0]
     for n, (slot, chunk) in enumerate(zip(targets_slots, chunks)):
         if chunk > meta.counts[n]:
@@ -186,4 +206,4 @@ def track_targets(track_slots, track_chunks, meta: ChunkMeta, slots: int, state_
         raise ValueError("track_slots of tracked rows must be distinct and differ from every "
                          f"state_indices slot; got track_slots={[targets_slots[n] for n in rows]}, "
                          f"state_indices={state_slots}")
-    return [(n, targets_slots[n], chunks[n]) for n in rows]
+    return [(n, targets_slots[n], chunks[n]) for n in rows], slots_t, chunks_t

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from mamba_edu.kernels import build_chunk_meta, conv1d_decode, conv1d_prefill, gdn_decode, gdn_prefill
+from mamba_edu.kernels import (build_chunk_meta_with_indices, conv1d_decode, conv1d_prefill, gdn_decode,
+                               gdn_prefill)
 from mamba_edu.kernels.fused_ops import gated_rms_norm
 from mamba_edu.probes import profile_range
 from mamba_edu.serving.batch import ForwardBatch
@@ -37,6 +38,11 @@ class LinearAttentionBackend:
     """
 
     def __init__(self, pool: StatePool, strategy: str, conv_width: int):
+        if not isinstance(pool, StatePool):
+            raise TypeError(f"pool must be a StatePool; got {type(pool).__name__}")
+        if type(conv_width) is not int or conv_width != pool.conv.shape[-1] + 1:
+            raise ValueError(f"conv_width must be the pool's conv width W={pool.conv.shape[-1] + 1} "
+                             f"(its conv states hold W-1 inputs); got {conv_width!r}")
         self.pool = pool
         self.strategy = get_strategy(strategy)
         self.conv_width = conv_width
@@ -50,14 +56,14 @@ class LinearAttentionBackend:
         """Prepare one forward of ``batch``: chunk metadata and the strategy's indices."""
         with profile_range("init_forward_metadata"):
             plan = self.strategy.host_indices(batch, self.conv_width) if batch.mode == "extend" else None
-            meta = build_chunk_meta(batch.extend_lens, batch.cu_seqlens.device,
-                                    state_indices=batch.working_slots, **self.strategy.chunk_meta_args(plan))
-            md = ForwardMetadata(batch, self.conv_width, meta, host_indices=plan)
+            meta, indices = build_chunk_meta_with_indices(
+                batch.extend_lens, batch.cu_seqlens.device, state_indices=batch.working_slots,
+                **self.strategy.kernel_index_lists(plan))
+            md = ForwardMetadata(batch, self.conv_width, meta, indices, host_indices=plan)
             if batch.mode == "extend":
                 self.strategy.prepare(md)
-                md.prefill_args = dict(meta=meta, state_indices=meta.state_indices,
-                                       output_checkpoints=self.strategy.needs_checkpoints,
-                                       **self.strategy.kernel_track_args(md))
+                md.conv_args = dict(meta=meta, **indices)
+                md.prefill_args = dict(md.conv_args, output_checkpoints=self.strategy.needs_checkpoints)
             self.metadata = md
             return md
 
@@ -76,15 +82,26 @@ class LinearAttentionBackend:
             return self.forward_extend(layer, mixed_qkv, a, b, batch, z)
         return self.forward_decode(layer, mixed_qkv, a, b, batch, z)
 
+    def _pool_layer(self, layer: GDNLayerParams):
+        """The pool's views for ``layer``, after checking that its conv weight fits the pool."""
+        conv_pool, ssm_pool = self.pool.layer(getattr(layer, "gdn_index", None))
+        weight = getattr(layer, "conv_weight", None)
+        want = (conv_pool.shape[1], self.conv_width)
+        if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != want:
+            got = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+            raise ValueError(f"layer.conv_weight must be [D, W]={list(want)} to match the state pool; "
+                             f"got {got}")
+        return conv_pool, ssm_pool
+
     def forward_extend(self, layer: GDNLayerParams, mixed_qkv, a, b, batch: ForwardBatch,
                        z=None) -> torch.Tensor:
         md = self._metadata_for(batch)
-        conv_pool, ssm_pool = self.pool.layer(layer.gdn_index)
+        conv_pool, ssm_pool = self._pool_layer(layer)
         track = self.strategy.conv_indices(md)
         if track is not None:
             self._track_conv(conv_pool, mixed_qkv, track)
         y = conv1d_prefill(mixed_qkv, layer.conv_weight, layer.conv_bias, conv_pool=conv_pool,
-                           state_indices=md.chunk_meta.state_indices, meta=md.chunk_meta)
+                           **md.conv_args)
         q, k, v = layer.split_qkv(y)
         norm = None if z is None else (z, layer.norm_weight, layer.norm_eps)
         o, h = gdn_prefill(q, k, v, a=a, b=b, A_log=layer.A_log, dt_bias=layer.dt_bias,
@@ -113,8 +130,8 @@ class LinearAttentionBackend:
         """One decode token per sequence: ``mixed_qkv [N, D]`` → ``o [N, HV, V]`` (normed with
         ``z [N, HV·V]``, as in :meth:`forward`)."""
         md = self._metadata_for(batch)
-        conv_pool, ssm_pool = self.pool.layer(layer.gdn_index)
-        slots = md.chunk_meta.state_indices
+        conv_pool, ssm_pool = self._pool_layer(layer)
+        slots = md.indices["state_indices"]
         y = conv1d_decode(mixed_qkv, layer.conv_weight, layer.conv_bias, conv_pool=conv_pool, state_indices=slots)
         q, k, v = layer.split_qkv(y)
         o = gdn_decode(q, k, v, a, b, layer.A_log, layer.dt_bias, state_pool=ssm_pool,
@@ -126,6 +143,7 @@ class LinearAttentionBackend:
         (its track slot when due, the scratch slot otherwise), every layer in one indexing op.
         The mask is applied on the device by the choice of slot: no host sync."""
         with profile_range("track.decode"):
+            self._metadata_for(batch)
             dst, src = batch.decode_track_slots_t, batch.working_slots_t
             self.pool.conv[:, dst] = self.pool.conv[:, src]
             self.pool.ssm[:, dst] = self.pool.ssm[:, src]

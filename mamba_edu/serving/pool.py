@@ -22,11 +22,16 @@ class PoolExhausted(RuntimeError):
 
 
 def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return type(value) is int
 
 
 class StatePool:
     """Fixed-size pool of state slots with allocation bookkeeping on the host.
+
+    Every allocated slot has an **owner**: whatever object was passed to :meth:`alloc` (``None``
+    by default). :meth:`free` gives back only slots of the owner it is told, so a slot that an
+    :class:`~mamba_edu.engine.Engine` or a :class:`~mamba_edu.serving.RadixCache` holds cannot be
+    freed by anyone else; :meth:`transfer` hands slots from one owner to another.
 
     Args:
         n_layers: number of GDN layers ``L``.  capacity: usable slots (the scratch slot is extra).
@@ -37,11 +42,13 @@ class StatePool:
     def __init__(self, n_layers: int, capacity: int, conv_dim: int, conv_width: int, value_heads: int,
                  key_dim: int, value_dim: int, device="cpu", conv_dtype=torch.float32):
         for name, value, minimum in (("n_layers", n_layers, 0), ("capacity", capacity, 1),
-                                     ("conv_dim", conv_dim, 1), ("conv_width", conv_width, 1),
+                                     ("conv_dim", conv_dim, 1), ("conv_width", conv_width, 2),
                                      ("value_heads", value_heads, 1), ("key_dim", key_dim, 1),
                                      ("value_dim", value_dim, 1)):
             if not _is_int(value) or value < minimum:
                 raise ValueError(f"{name} must be an int >= {minimum}; got {value!r}")
+        if not isinstance(conv_dtype, torch.dtype) or not conv_dtype.is_floating_point:
+            raise ValueError(f"conv_dtype must be a floating torch dtype; got {conv_dtype!r}")
         slots = capacity + 1
         self.conv = torch.zeros(n_layers, slots, conv_dim, conv_width - 1, device=device, dtype=conv_dtype)
         self.ssm = torch.zeros(n_layers, slots, value_heads, key_dim, value_dim, device=device,
@@ -49,7 +56,7 @@ class StatePool:
         self.capacity = capacity
         self._layers = list(zip(self.conv, self.ssm))  # per-layer views, made once (see layer())
         self._free = list(range(slots - 1, SCRATCH_SLOT, -1))  # pop() hands out low slots first
-        self._used: set[int] = set()
+        self._owner: dict[int, object] = {}  # allocated slot -> its owner
 
     @classmethod
     def for_model(cls, config, capacity: int, device, conv_dtype) -> StatePool:
@@ -61,53 +68,90 @@ class StatePool:
     def n_free(self) -> int:
         return len(self._free)
 
+    @property
+    def n_layers(self) -> int:
+        return self.conv.shape[0]
+
     def used_slots(self) -> set[int]:
         """The slots currently allocated (a copy)."""
-        return set(self._used)
+        return set(self._owner)
 
     def is_allocated(self, slot) -> bool:
         """Whether ``slot`` is an allocated slot (the scratch slot never is)."""
-        return _is_int(slot) and slot in self._used
+        return _is_int(slot) and slot in self._owner
 
-    def alloc(self, n: int) -> list[int]:
-        """Take ``n`` free slots and zero their states (a fresh sequence starts from zeros).
+    def owner_of(self, slot):
+        """The owner ``slot`` was allocated to (``ValueError`` if it is not allocated)."""
+        self._check_slots("slot", [slot])
+        return self._owner[slot]
 
-        Raises :class:`PoolExhausted`, changing nothing, when fewer than ``n`` are free.
+    def alloc(self, n: int, owner=None) -> list[int]:
+        """Take ``n`` free slots for ``owner`` and zero their states (a fresh sequence starts
+        from zeros). Raises :class:`PoolExhausted`, changing nothing, when fewer than ``n`` are free.
         """
         if not _is_int(n) or n < 0:
             raise ValueError(f"n must be an int >= 0; got {n!r}")
         if n > len(self._free):
             raise PoolExhausted(f"state pool exhausted: {n} slots requested, {len(self._free)} free "
                                 f"of capacity {self.capacity}; free requests or cache entries first")
-        slots = [self._free.pop() for _ in range(n)]
-        self._used.update(slots)
+        slots = self._free[len(self._free) - n:][::-1]
         if slots:
             idx = torch.tensor(slots, device=self.conv.device)
             self.conv[:, idx] = 0
             self.ssm[:, idx] = 0
+        del self._free[len(self._free) - n:]  # after the device work: a failure there takes nothing
+        self._owner.update(dict.fromkeys(slots, owner))
         return slots
 
-    def free(self, slots: list[int]) -> None:
-        """Return slots to the pool. Raises ``ValueError``, freeing nothing, unless ``slots`` are
-        distinct allocated slots (ints; the scratch slot is never allocated)."""
-        if not isinstance(slots, (list, tuple, set, frozenset)):
-            raise ValueError(f"slots must be a list of slot ints; got {type(slots).__name__}")
+    def peek(self, n: int, extra=()) -> list[int]:
+        """The slots :meth:`alloc` would hand out for ``n`` if the slots ``extra`` were freed first
+        (nothing changes)."""
+        return sorted([*self._free, *extra])[:n]
+
+    def _check_slots(self, name: str, slots, owner=None, check_owner: bool = False) -> list[int]:
+        if isinstance(slots, (str, bytes)) or not isinstance(slots, (list, tuple, set, frozenset)):
+            raise ValueError(f"{name} must be a list of slot ints; got {type(slots).__name__}")
         slots = list(slots)
         bad = [s for s in slots if not self.is_allocated(s)]
         if bad or len(set(slots)) != len(slots):
-            raise ValueError(f"slots must be distinct allocated slots; got {slots} (not allocated: {bad})")
-        self._used.difference_update(slots)
-        self._free.extend(sorted(slots, reverse=True))
+            raise ValueError(f"{name} must be distinct allocated slots (ints); got {slots} "
+                             f"(not allocated: {bad})")
+        if check_owner:
+            foreign = [s for s in slots if self._owner[s] is not owner]
+            if foreign:
+                raise ValueError(f"{name} {foreign} belong to {self._owner[foreign[0]]!r}, not to "
+                                 f"{owner!r}: only a slot's owner gives it back")
+        return slots
+
+    def free(self, slots: list[int], owner=None) -> None:
+        """Return ``owner``'s slots to the pool. Raises ``ValueError``, freeing nothing, unless
+        ``slots`` are distinct slots allocated to ``owner`` (ints; the scratch slot is never
+        allocated)."""
+        slots = self._check_slots("slots", slots, owner, check_owner=True)
+        for s in slots:
+            del self._owner[s]
+        self._free.extend(slots)
         self._free.sort(reverse=True)
+
+    def transfer(self, slots: list[int], owner, new_owner) -> None:
+        """Hand ``owner``'s ``slots`` to ``new_owner`` (checked whole first)."""
+        slots = self._check_slots("slots", slots, owner, check_owner=True)
+        self._owner.update(dict.fromkeys(slots, new_owner))
 
     def copy_slot(self, src: int, dst: int) -> None:
         """Copy slot ``src``'s conv and SSM states into ``dst``, all layers at once."""
         for s, name in ((src, "src"), (dst, "dst")):
             if not self.is_allocated(s):
                 raise ValueError(f"{name} must be an allocated slot; got {s!r}")
+        if src == dst:
+            return
         self.conv[:, dst] = self.conv[:, src]
         self.ssm[:, dst] = self.ssm[:, src]
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views ``(conv [S, D, W-1], ssm [S, HV, K, V])`` of one GDN layer (writes go to the pool)."""
+        """Views ``(conv [S, D, W-1], ssm [S, HV, K, V])`` of one GDN layer (writes go to the pool);
+        ``index`` in ``[0, n_layers)`` (no negative indexing)."""
+        if not _is_int(index) or not 0 <= index < len(self._layers):
+            raise ValueError(f"layer index must be an int in [0, {len(self._layers)}) (a GDN layer's "
+                             f"gdn_index); got {index!r}")
         return self._layers[index]

@@ -8,6 +8,11 @@ Every node also keeps the attention layers' KV of its edge tokens (``kv[layer] =
 ``[edge_len, kv_heads, head_dim]`` each), so a hit hands the attention layers their prefix.
 Snapshots in use are locked (reference counts); eviction frees least-recently-used unlocked
 leaves and returns their slots to the pool.
+
+Ownership: a snapshot slot belongs to the cache (its owner in the :class:`StatePool`); it takes
+a slot only from the owner that :meth:`RadixCache.insert` is told, and each lock is held by the
+owner that took it (:meth:`RadixCache.lock`), so another party can neither unlock it nor lock a
+node of another cache.
 """
 
 from __future__ import annotations
@@ -29,9 +34,14 @@ class RadixNode:
     parent: RadixNode | None
     kv: list[tuple[torch.Tensor, torch.Tensor]]
     slot: int | None = None
-    refcount: int = 0
     last_used: int = 0
     children: dict[int, RadixNode] = field(default_factory=dict)
+    holders: list = field(default_factory=list, repr=False)  # one entry per lock: who took it
+
+    @property
+    def refcount(self) -> int:
+        """Number of locks held on this node."""
+        return len(self.holders)
 
     @property
     def depth(self) -> int:
@@ -54,6 +64,7 @@ class PrefixMatch:
     node: RadixNode
     slot: int | None
     kv: list[tuple[torch.Tensor, torch.Tensor]] | None
+    path: tuple = field(default=(), repr=False)  # the nodes walked, for RadixCache.touch
 
 
 class RadixCache:
@@ -71,13 +82,16 @@ class RadixCache:
         self._clock = itertools.count(1)
 
     # ---- lookup -------------------------------------------------------------------------
-    def match(self, token_ids: list[int], max_length: int | None = None) -> PrefixMatch:
+    def match(self, token_ids: list[int], max_length: int | None = None, touch: bool = True) -> PrefixMatch:
         """Longest prefix of ``token_ids`` (at most ``max_length`` tokens) ending at a snapshot.
 
-        Marks the path as recently used; does not lock (see :meth:`lock`).
+        Marks the path as recently used (unless ``touch`` is False: then :meth:`touch` does it
+        later); does not lock (see :meth:`lock`).
         """
         if not isinstance(token_ids, (list, tuple)):
             raise ValueError(f"token_ids must be a list of ints; got {type(token_ids).__name__}")
+        if type(touch) is not bool:
+            raise ValueError(f"touch must be True or False; got {touch!r}")
         if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool)
                                        or max_length < 0):
             raise ValueError(f"max_length must be None or an int >= 0; got {max_length!r}")
@@ -94,12 +108,19 @@ class RadixCache:
             path.append(node)
             if node.slot is not None:
                 best, best_depth = node, depth
-        now = next(self._clock)
-        for n in path:
-            n.last_used = now
         if best is self.root:
-            return PrefixMatch(0, self.root, None, None)
-        return PrefixMatch(best_depth, best, best.slot, self._path_kv(best))
+            match = PrefixMatch(0, self.root, None, None, tuple(path))
+        else:
+            match = PrefixMatch(best_depth, best, best.slot, self._path_kv(best), tuple(path))
+        if touch:
+            self.touch(match)
+        return match
+
+    def touch(self, match: PrefixMatch) -> None:
+        """Mark the path ``match`` walked as recently used."""
+        now = next(self._clock)
+        for n in match.path:
+            n.last_used = now
 
     def _path_kv(self, node: RadixNode):
         chain = []
@@ -111,44 +132,78 @@ class RadixCache:
         return [(torch.cat([n.kv[i][0] for n in chain]), torch.cat([n.kv[i][1] for n in chain]))
                 for i in range(n_layers)]
 
-    def lock(self, node: RadixNode) -> None:
-        """Protect ``node``'s snapshot from eviction while a request uses it."""
+    def _check_node(self, node) -> None:
+        """``node`` must be a node of this cache's tree (not another cache's, not evicted)."""
         if not isinstance(node, RadixNode):
             raise ValueError(f"node must be a RadixNode (a PrefixMatch's node); got {type(node).__name__}")
-        if node is not self.root:
-            node.refcount += 1
+        n = node
+        while n.parent is not None:
+            if n.parent.children.get(n.tokens[0] if n.tokens else None) is not n:
+                break
+            n = n.parent
+        if n is not self.root:
+            raise ValueError("node is not in this cache's tree (another cache's node, or one that was "
+                             "evicted): lock the node of this cache's own match")
 
-    def unlock(self, node: RadixNode) -> None:
-        """Undo one :meth:`lock`."""
-        if not isinstance(node, RadixNode):
-            raise ValueError(f"node must be a RadixNode (a PrefixMatch's node); got {type(node).__name__}")
+    def lock(self, node: RadixNode, owner=None) -> None:
+        """Protect ``node``'s snapshot from eviction while ``owner`` uses it (one lock, held by
+        ``owner``: only ``owner`` can :meth:`unlock` it)."""
+        self._check_node(node)
+        if node is not self.root:
+            node.holders.append(owner)
+
+    def unlock(self, node: RadixNode, owner=None) -> None:
+        """Undo one :meth:`lock` that ``owner`` took."""
+        self._check_node(node)
         if node is self.root:
             return
-        if node.refcount <= 0:
-            raise ValueError("node is not locked: unlock it once per lock")
-        node.refcount -= 1
+        for i, holder in enumerate(node.holders):
+            if holder is owner:
+                del node.holders[i]
+                return
+        if node.holders:
+            raise ValueError(f"node is not locked by {owner!r} (its locks are held by another owner, "
+                             f"e.g. an Engine's requests): only the owner of a lock unlocks it")
+        raise ValueError("node is not locked: unlock it once per lock")
 
     # ---- insertion ----------------------------------------------------------------------
-    def insert(self, token_ids: list[int], slot: int, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+    def insert(self, token_ids: list[int], slot: int, kv: list[tuple[torch.Tensor, torch.Tensor]],
+               owner=None) -> bool:
         """Cache the snapshot in ``slot`` as the state after all of ``token_ids``.
 
         ``kv``: per attention layer ``(k, v)`` for at least ``len(token_ids)`` tokens (extra rows
-        are ignored), the same number of layers for every entry. Returns True if the cache took
-        ownership of ``slot``; False if that prefix already has a snapshot (the caller keeps, and
-        eventually frees, ``slot``).
+        are ignored), the same number of layers, per-token shape, dtype and device for every
+        entry. Returns True if the cache took ownership of ``slot`` (from ``owner``, its owner in
+        the pool); False if that prefix already has a snapshot (``owner`` keeps, and eventually
+        frees, ``slot``).
 
-        ``slot`` must be allocated in the pool, not the scratch slot, not already a cached
-        snapshot and not a working slot (``working_slots()``); every argument is checked before
-        the tree changes (``ValueError``).
+        ``slot`` must be allocated to ``owner``, not the scratch slot, not already a cached
+        snapshot and not a working slot (``working_slots()``); every argument is checked, and the
+        new entry's KV copied, before the tree changes (``ValueError``).
         """
-        self._check_insert(token_ids, slot, kv)
+        token_ids = self._check_insert(token_ids, slot, kv, owner)
+        # Where the new leaf would start: its KV is copied before anything changes.
         node, depth = self.root, 0
         while depth < len(token_ids):
             child = node.children.get(token_ids[depth])
             if child is None:
-                # Compact copies: a slice of the forward's KV would keep its whole batch-wide
-                # projection alive (the H200 sweeps ran out of memory that way).
-                leaf_kv = [(k.clone(), v.clone()) for k, v in self._slice_kv(kv, depth, len(token_ids))]
+                break
+            common = 0
+            limit = min(len(child.tokens), len(token_ids) - depth)
+            while common < limit and child.tokens[common] == token_ids[depth + common]:
+                common += 1
+            node, depth = child, depth + common
+            if common < len(child.tokens):
+                break
+        leaf_kv = None
+        if depth < len(token_ids):
+            # Compact copies: a slice of the forward's KV would keep its whole batch-wide
+            # projection alive (the H200 sweeps ran out of memory that way).
+            leaf_kv = [(k.clone(), v.clone()) for k, v in self._slice_kv(kv, depth, len(token_ids))]
+        node, depth = self.root, 0
+        while depth < len(token_ids):
+            child = node.children.get(token_ids[depth])
+            if child is None:
                 leaf = RadixNode(tuple(token_ids[depth:]), node, leaf_kv)
                 node.children[token_ids[depth]] = leaf
                 node = leaf
@@ -163,45 +218,57 @@ class RadixCache:
         node.last_used = next(self._clock)
         if node.slot is not None:
             return False
+        self.pool.transfer([slot], owner, self)
         node.slot = slot
         return True
 
-    def _check_insert(self, token_ids, slot, kv) -> None:
+    def _check_insert(self, token_ids, slot, kv, owner) -> tuple[int, ...]:
         if (not isinstance(token_ids, (list, tuple)) or not token_ids
                 or any(type(t) is not int or t < 0 for t in token_ids)):
             raise ValueError("token_ids must be a non-empty list of ints >= 0 (not bools)")
+        token_ids = tuple(token_ids)
         if type(slot) is not int:
             raise ValueError(f"slot must be an int slot of the pool; got {slot!r}")
         if slot == SCRATCH_SLOT:
             raise ValueError(f"slot must not be the scratch slot {SCRATCH_SLOT} (every forward may write it)")
         if not self.pool.is_allocated(slot):
             raise ValueError(f"slot must be allocated in the pool (pool.alloc); slot {slot} is free")
-        if slot in self.snapshot_slots():
+        if slot in self.snapshot_slots() or self.pool.owner_of(slot) is self:
             raise ValueError(f"slot {slot} is already owned by the cache (another entry's snapshot); "
                              f"insert a slot that holds this prefix's own snapshot")
         if slot in self.working_slots():
             raise ValueError(f"slot must not be a working slot (every forward of its request writes it, "
                              f"so the snapshot would change); slot {slot} is one: insert a track slot "
                              f"that holds the state after these tokens")
+        if self.pool.owner_of(slot) is not owner:
+            raise ValueError(f"slot {slot} belongs to {self.pool.owner_of(slot)!r}, not to {owner!r}: "
+                             f"only a slot's owner can hand it to the cache")
         if not isinstance(kv, (list, tuple)):
             raise ValueError(f"kv must be a list of per-attention-layer (k, v); got {type(kv).__name__}")
-        layers = self._kv_layers()
-        if layers is not None and len(kv) != layers:
-            raise ValueError(f"kv must have one (k, v) per attention layer ({layers}, as the cached "
+        example = self._kv_example()
+        if example is not None and len(kv) != len(example):
+            raise ValueError(f"kv must have one (k, v) per attention layer ({len(example)}, as the cached "
                              f"entries have); got {len(kv)}")
         for i, pair in enumerate(kv):
             if (not isinstance(pair, (list, tuple)) or len(pair) != 2
                     or not all(isinstance(t, torch.Tensor) and t.dim() >= 1 for t in pair)):
                 raise ValueError(f"kv[{i}] must be a pair (k, v) of tensors [tokens, ...]")
-            for name, t in zip("kv", pair):
+            for j, (name, t) in enumerate(zip("kv", pair)):
                 if t.shape[0] < len(token_ids):
                     raise ValueError(f"kv[{i}] {name} must cover the {len(token_ids)} tokens; "
                                      f"got {t.shape[0]} rows")
+                if example is not None:
+                    ref = example[i][j]
+                    if (t.shape[1:], t.dtype, t.device) != (ref.shape[1:], ref.dtype, ref.device):
+                        raise ValueError(f"kv[{i}] {name} must be [tokens, {', '.join(map(str, ref.shape[1:]))}] "
+                                         f"{ref.dtype} on {ref.device} like the cached entries; got "
+                                         f"{list(t.shape)} {t.dtype} on {t.device}")
+        return token_ids
 
-    def _kv_layers(self) -> int | None:
-        """Attention layers of the cached entries' KV (None while the cache is empty)."""
+    def _kv_example(self) -> list | None:
+        """One cached entry's KV, the shape every entry's must have (None while the cache is empty)."""
         for child in self.root.children.values():
-            return len(child.kv)
+            return child.kv
         return None
 
     @staticmethod
@@ -240,24 +307,47 @@ class RadixCache:
             return total, locked
         return count(self.root)[0]
 
-    def evict(self, n_slots: int) -> int:
-        """Free at least ``n_slots`` snapshot slots, least recently used leaves first.
-
-        Returns the number freed (fewer if not enough are evictable). Locked nodes stay.
-        """
+    def eviction_plan(self, n_slots: int, protect=()) -> list[RadixNode]:
+        """The nodes :meth:`evict` would remove (in order) to free ``n_slots`` snapshot slots,
+        treating the nodes in ``protect`` as locked; nothing changes."""
         if not isinstance(n_slots, int) or isinstance(n_slots, bool) or n_slots < 0:
             raise ValueError(f"n_slots must be an int >= 0; got {n_slots!r}")
-        freed = 0
+        removed, freed, plan = set(), 0, []
+        kept = list(protect)
+
+        def live_children(node):
+            return [c for c in node.children.values() if id(c) not in removed]
+
         while freed < n_slots:
-            candidates = [leaf for leaf in self._leaves() if leaf.refcount == 0]
+            candidates = []
+            stack = [self.root]
+            while stack:
+                node = stack.pop()
+                children = live_children(node)
+                if node is not self.root and not children and node.refcount == 0 \
+                        and not any(node is p for p in kept):
+                    candidates.append(node)
+                stack.extend(children)
             if not candidates:
                 break
             leaf = min(candidates, key=lambda n: n.last_used)
-            if leaf.slot is not None:
-                self.pool.free([leaf.slot])
-                freed += 1
+            plan.append(leaf)
+            removed.add(id(leaf))
+            freed += leaf.slot is not None
+        return plan
+
+    def evict(self, n_slots: int, protect=()) -> int:
+        """Free at least ``n_slots`` snapshot slots, least recently used leaves first.
+
+        Returns the number freed (fewer if not enough are evictable). Locked nodes (and those in
+        ``protect``) stay.
+        """
+        plan = self.eviction_plan(n_slots, protect)
+        slots = [leaf.slot for leaf in plan if leaf.slot is not None]
+        self.pool.free(slots, self)
+        for leaf in plan:
             del leaf.parent.children[leaf.tokens[0]]
-        return freed
+        return len(slots)
 
     def snapshot_slots(self) -> set[int]:
         """All slots the cache owns."""

@@ -136,17 +136,21 @@ def track_indices_on_host(batch: ForwardBatch, plan: HostTrackIndices, device) -
 class ForwardMetadata:
     """What :meth:`LinearAttentionBackend.init_forward_metadata` prepares once per forward.
 
-    ``chunk_meta`` is the kernels' host-built batch layout (its ``state_indices`` are the
-    working slots); ``track`` the strategy's precomputed indices (None if it has none);
-    ``host_indices`` the host lists of sync_free/fused; ``prefill_args`` the keyword arguments every
-    layer passes to ``gdn_prefill`` (the same for all layers of the forward, so built once).
+    ``chunk_meta`` is the kernels' host-built batch layout; ``indices`` the index tensors
+    uploaded with it (``state_indices``: the working slots; with ``fused`` also ``track_slots``
+    and ``track_chunks``); ``track`` the strategy's precomputed indices (None if it has none);
+    ``host_indices`` the host lists of sync_free/fused; ``conv_args`` and ``prefill_args`` the
+    keyword arguments every layer passes to ``conv1d_prefill`` and ``gdn_prefill`` (the same for
+    all layers of the forward, so built once; each call still checks them).
     """
 
     batch: ForwardBatch
     conv_width: int
     chunk_meta: object
+    indices: dict = field(default_factory=dict)
     track: TrackIndices | None = None
     host_indices: HostTrackIndices | None = None
+    conv_args: dict = field(default_factory=dict)
     prefill_args: dict = field(default_factory=dict)
 
 
@@ -174,12 +178,9 @@ class TrackingStrategy:
         """Per GDN layer, after the kernel: the rows whose SSM state to save, or None."""
         return md.track
 
-    def chunk_meta_args(self, plan: HostTrackIndices | None) -> dict:
-        """Extra host lists to upload with the kernels' chunk metadata."""
-        return {}
-
-    def kernel_track_args(self, md: ForwardMetadata) -> dict:
-        """Extra arguments of ``gdn_prefill`` (the fused strategy's in-kernel tracking)."""
+    def kernel_index_lists(self, plan: HostTrackIndices | None) -> dict:
+        """Extra index lists for the kernels (the fused strategy's in-kernel tracking), uploaded
+        with the chunk metadata and passed to ``conv1d_prefill`` and ``gdn_prefill``."""
         return {}
 
 
@@ -231,13 +232,13 @@ class SyncFreeTracking(TrackingStrategy):
 
 class FusedTracking(SyncFreeTracking):
     """The kernels write the snapshots themselves: the conv kernel the tracked conv window, the
-    GDN kernel the tracked SSM state (both read ``track_slots``/``track_chunks`` from the meta)."""
+    GDN kernel the tracked SSM state (both are given ``track_slots``/``track_chunks``)."""
 
     name = "fused"
     needs_checkpoints = False
 
     def prepare(self, md):
-        """Nothing to upload: the chunk meta already carries the kernels' two lists."""
+        """Nothing to upload: the kernels' two lists came with the chunk metadata."""
 
     def conv_indices(self, md):
         return None
@@ -245,11 +246,8 @@ class FusedTracking(SyncFreeTracking):
     def ssm_indices(self, md, conv_track):
         return None
 
-    def chunk_meta_args(self, plan):
+    def kernel_index_lists(self, plan):
         return {} if plan is None else {"track_slots": plan.dst, "track_chunks": plan.chunks}
-
-    def kernel_track_args(self, md):
-        return {"track_slots": md.chunk_meta.track_slots, "track_chunks": md.chunk_meta.track_chunks}
 
 
 STRATEGIES: dict[str, type[TrackingStrategy]] = {

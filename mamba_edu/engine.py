@@ -48,12 +48,22 @@ from mamba_edu.serving.batch import build_decode_batch, build_extend_batch
 from mamba_edu.serving.planning import check_cache_chunk, plan_decode
 
 
+def _equal_to_itself(value) -> bool:
+    """``value == value`` is ``True``, for the value and (in tuples and frozensets) every part:
+    a NaN inside a tuple compares equal only by identity, so a rebuilt id would not find it."""
+    if isinstance(value, (tuple, frozenset)):
+        return all(_equal_to_itself(v) for v in value)
+    if isinstance(value, float) and value != value:
+        return False
+    return (value == value) is True
+
+
 def check_rid(rid, name: str = "rid"):
-    """A request id: hashable and equal to itself (``rid == rid`` is ``True``: not NaN, not a
-    tensor or an array)."""
+    """A request id: hashable and equal to itself (``rid == rid`` is ``True``, parts included:
+    not NaN, not a tensor or an array)."""
     try:
         hash(rid)
-        equal = rid == rid
+        equal = _equal_to_itself(rid)
     except Exception:  # noqa: BLE001 - unhashable, or an == that raises: both refused alike
         equal = None
     if equal is not True:
@@ -438,6 +448,9 @@ class Engine:
             if batch.status == FINISHED:
                 raise ValueError(f"batch was finished: its requests are running and own its slots; "
                                  f"{action} cannot use it again (use release(rids), then prepare a new batch)")
+            if batch.status != ABORTED:
+                raise ValueError(f"batch is not a live batch of this engine (it was finished or aborted, "
+                                 f"whatever its status says now), so {action} cannot use it; prepare a new batch")
             raise ValueError(f"batch was already aborted: its slots were given back (other requests may "
                              f"own them now), so {action} cannot use it; prepare a new batch")
         return batch
@@ -460,11 +473,13 @@ class Engine:
         if batch._started:  # an earlier forward failed and its undo failed too
             self._restore_prepared_states(batch)
         batch._started = True
+        scratch = self.pool.conv[:, SCRATCH_SLOT].clone(), self.pool.ssm[:, SCRATCH_SLOT].clone()
         try:
             self.backend.init_forward_metadata(batch.forward_batch)
             out = self._run_model(batch.forward_batch)
         except BaseException:
             self._restore_prepared_states(batch)
+            self.pool.conv[:, SCRATCH_SLOT], self.pool.ssm[:, SCRATCH_SLOT] = scratch
             batch._started = False
             raise
         batch.logits, batch.kv, batch._status = out.logits, out.kv, FORWARDED
@@ -632,7 +647,8 @@ class Engine:
         plan = plan_decode([len(r.tokens) for r in reqs], [r.track_slots for r in reqs],
                            [r.next_track for r in reqs], steps, self.track_interval, SCRATCH_SLOT)
         rids, working = [r.rid for r in reqs], [r.working_slot for r in reqs]
-        idx = torch.tensor(working, device=self.pool.conv.device)
+        written = sorted(set(working) | {s for row in plan.dst for s in row})  # scratch included
+        idx = torch.tensor(written, device=self.pool.conv.device)
         saved = self.pool.conv[:, idx].clone(), self.pool.ssm[:, idx].clone()
         new_tracks = [list(r.track_slots) for r in reqs]  # a donation swaps a slot in here
         try:

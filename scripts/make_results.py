@@ -311,6 +311,45 @@ are each of our kernels replayed alone. Errors are relative to the fp32 torch re
 """
 
 
+def section_references() -> str:
+    """Ours against the field's fastest GDN prefills, same run (mamba_edu.benchmarks.references)."""
+    rel = "benchmarks/references.json"
+    if not (DATA / rel).exists():
+        return ""
+    d = load(rel)
+    arms = list(dict.fromkeys(a for r in d["rows"] for a in r.get("arms", {})))
+    rows = []
+    for r in d["rows"]:
+        if "skipped" in r:
+            rows.append([f"`{r['case']}`"] + [f"skipped: {r['skipped']}"] * len(arms) + ["–", "–"])
+            continue
+        cells = []
+        for a in arms:
+            e = r["arms"].get(a, {})
+            if "median_ms" in e:
+                cells.append(f"{e['median_ms']:.4f} (±{100 * e['spread'] / 2:.1f} %)")
+            else:
+                cells.append(e.get("error", "not run")[:80])
+        rows.append([f"`{r['case']}`"] + cells + [r.get("fastest_reference", "–"),
+                                                   f"**{r['ratio_best']:.2f}**" if "ratio_best" in r else "–"])
+    m = d["meta"]
+    clocks = [c for r in d["rows"] for e in r.get("arms", {}).values() for c in e.get("sm_mhz", []) if c]
+    clock = f"SM clock {min(clocks):.0f}–{max(clocks):.0f} MHz after the measurements" if clocks else "SM clock not read"
+    versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v and k not in ("torch", "python"))
+    return f"""## Kernels against the field's fastest, same run
+
+Our chunked prefill against the reference implementations, each checked against the fp32
+reference first, timed by one instrument ({m['instrument']}, {m['rotate']} input copies per
+graph), arms alternated over {m['rounds']} rounds; median ms per call and half the spread between
+rounds; `ratio_best` = ours / the fastest reference that agreed. {clock}. Versions: {versions}.
+How the references reach a machine without network: [`docs/references.md`](references.md).
+
+{run_line(rel)}
+
+{table(["shape"] + arms + ["fastest reference", "ratio_best"], rows)}
+"""
+
+
 def section_prefill_experiments() -> str:
     inv = load("benchmarks/inverse_blocks/inverse_blocks.json")
     inv_rows = []
@@ -585,7 +624,7 @@ def section_other() -> str:
 
 def results_md() -> str:
     READ.clear()
-    sections = [section_targets(), section_ttft(), section_tests(), section_kernels(), section_prefill_experiments(),
+    sections = [section_targets(), section_ttft(), section_tests(), section_kernels(), section_references(), section_prefill_experiments(),
                 section_layer_floor(), section_conv(), section_replay(), section_pdl(), section_serving(),
                 section_traces()]
     sections.append(section_other())

@@ -32,3 +32,9 @@ done
     | tee "$OUT/references.log" | grep -v "^\[FLA Backend\]" | tail -40
 grep -h "FLA Backend" "$OUT/references.log" | sort | uniq -c | head
 kill $SMI
+# Then the GPU tests of the same committed tree (they need no reference packages).
+if [ -n "${GPU_TESTS_S:-}" ]; then
+    (cd "$SRC" && timeout "$GPU_TESTS_S" python3 -m pytest tests -m gpu -q -p no:cacheprovider \
+        --continue-on-collection-errors -o addopts="" -rfE) > "$OUT/pytest_gpu.log" 2>&1
+    echo "GPU tests: exit $?"; tail -15 "$OUT/pytest_gpu.log"
+fi

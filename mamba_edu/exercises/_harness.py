@@ -86,13 +86,16 @@ def _cell_dir() -> str:
         return "\0"
 
 
-def _library_roots(folder: str) -> tuple:
+def _library_roots(folder: str, site_only: bool = False) -> tuple:
+    """Where code may come from: the installed libraries, the package, and (unless ``site_only``)
+    the notebook's folder."""
     import sysconfig
 
     roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     import mamba_edu
     roots.add(os.path.dirname(os.path.abspath(mamba_edu.__file__)))
-    roots.add(folder)
+    if not site_only:
+        roots.add(folder)
     return tuple(os.path.join(os.path.abspath(r), "") for r in roots)
 
 
@@ -275,6 +278,7 @@ def _serve(request: dict, own_file: str) -> dict:
         except Exception:  # noqa: BLE001 - a name this version does not have cannot be called
             pass
     roots = _library_roots(os.path.abspath(os.getcwd()))
+    libraries = _library_roots("", site_only=True)  # whose exec'd helpers (namedtuple, dataclasses) run
     cell_dir = os.path.join(os.path.abspath(request["cell_dir"]), "")
     seen_forbidden, foreign, cell_code, seen = [], [], [], set()
 
@@ -291,15 +295,18 @@ def _serve(request: dict, own_file: str) -> dict:
         filename = code.co_filename
         if filename == own_file:
             return
+        if filename.startswith("<"):  # exec'd or generated code
+            caller = frame.f_back.f_code.co_filename if frame.f_back is not None else ""
+            if not (filename.startswith("<frozen") or (code.co_name.startswith("__") and code.co_name.endswith("__"))
+                    or os.path.abspath(caller).startswith(libraries)):
+                foreign.append(f"{code.co_name} from {filename} (called from {os.path.basename(caller)})")
+            return  # else the import system, generated methods, or a library's own exec'd code
         path = os.path.abspath(filename)
         if path.startswith(cell_dir):
             try:
                 cell_code.append(inspect.getsource(code))
             except (OSError, TypeError):
                 cell_code.append("")
-        elif filename.startswith("<") and (filename.startswith("<frozen") or (
-                code.co_name.startswith("__") and code.co_name.endswith("__"))):
-            return  # the import system; methods that dataclasses and namedtuples generate
         elif not path.startswith(roots):
             foreign.append(f"{code.co_name} from {filename}")
 
@@ -325,6 +332,12 @@ def _serve(request: dict, own_file: str) -> dict:
             sys.setprofile(hook)
             try:
                 result = target(*args, **kwargs)
+            except Exception:
+                if seen_forbidden:  # the forbidden call is the verdict, not what it raised
+                    sys.setprofile(previous)
+                    return {"refused": f"the answer calls {', '.join(sorted(set(seen_forbidden)))}, "
+                                       "which this exercise asks you to write yourself"}
+                raise
             finally:
                 still = sys.getprofile() is hook
                 sys.setprofile(previous)

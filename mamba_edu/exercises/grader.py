@@ -14,15 +14,16 @@ mamba_edu.exercises.grader --worker``) that
    come back, references and verdicts are computed in the worker.
 
 The worker reports to this process on a pipe, each report tagged with a secret this process gave
-it on stdin, so a line the notebook writes cannot pass for one. A dead kernel, a timeout, a
-``BaseException`` (``os._exit``, ``exit()``, ``KeyboardInterrupt``), a worker killed from the
-kernel, or a notebook that edits the package gives that notebook 0 with the reason; the package's
-files are restored and grading goes on with the next notebook.
+it on stdin, so a line the notebook writes cannot pass for one. The worker and its kernel import a
+private copy of the package written for that notebook alone, so a notebook that edits "the
+package" edits a copy the next notebook never sees (the installed package is never written to; a
+change to its checks or sniffer while a notebook runs gives that notebook 0). A dead kernel, a
+timeout, a ``BaseException`` (``os._exit``, ``exit()``, ``KeyboardInterrupt``) or a worker killed
+from the kernel gives that notebook 0 with the reason, and grading goes on with the next one.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import secrets
@@ -132,24 +133,26 @@ def throwaway_copy(notebook: Path, workdir: Path) -> Path:
     return folder
 
 
-def bwrap_prefix(folder: Path, channel: Path, private: Path) -> list[str]:
+def bwrap_prefix(folder: Path, channel: Path, private: Path, hide: list[str] = ()) -> list[str]:
     """bubblewrap around the kernel: everything read-only but the copy, the channel and a private
     temp dir; no network; its own PID namespace; the solutions hidden."""
     bwrap = shutil.which("bwrap")
     args = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
             "--bind", str(private), str(private), "--bind", str(folder), str(folder),
             "--bind", str(channel), str(channel),
+            "--ro-bind", str(REPO_DIR), str(REPO_DIR),  # the grader's own package, also under /tmp
             "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-            "--die-with-parent", "--new-session"]
-    solutions = REPO_DIR / "notebooks" / "solutions"
-    if solutions.is_dir():
-        args += ["--tmpfs", str(solutions)]
+            "--die-with-parent", "--new-session",
+            "--unsetenv", "JPY_PARENT_PID"]  # its parent is the namespace's init: no parent polling
+    for path in [REPO_DIR / "notebooks" / "solutions", *map(Path, hide)]:
+        if path.is_dir():
+            args += ["--tmpfs", str(path)]
     return args
 
 
 # --- the worker (runs in its own process) -----------------------------------------------------
 
-def grade_one(notebook: Path, timeout: int, sandbox: bool) -> NotebookResult:
+def grade_one(notebook: Path, timeout: int, sandbox: bool, hide: list[str] = ()) -> NotebookResult:
     """Run and grade one notebook (already validated). Never raises for what the notebook does."""
     from mamba_edu.exercises import core
     from mamba_edu.exercises.core import KernelDied
@@ -169,7 +172,7 @@ def grade_one(notebook: Path, timeout: int, sandbox: bool) -> NotebookResult:
         os.environ.update(IPYTHONDIR=str(private / "ipython"), MPLCONFIGDIR=str(private / "mpl"),
                           TRITON_CACHE_DIR=str(private / "triton"), JUPYTER_RUNTIME_DIR=str(private / "rt"),
                           TMPDIR=str(private))
-        prefix = bwrap_prefix(folder, channel, private) if sandbox else None
+        prefix = bwrap_prefix(folder, channel, private, hide) if sandbox else None
         session = KernelSession(folder, timeout, prefix, channel)
         errors = session.run_notebook(cells)
         for number in sorted(registered):
@@ -208,13 +211,14 @@ def _worker_main(argv) -> int:
     parser.add_argument("--worker", type=Path, required=True)
     parser.add_argument("--timeout", type=int, required=True)
     parser.add_argument("--sandbox", action="store_true")
+    parser.add_argument("--hide", action="append", default=[])
     args = parser.parse_args(argv)
     secret = sys.stdin.readline().strip()
     sys.stdin.close()
     out = os.fdopen(os.dup(1), "w")
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)  # nothing else this process prints reaches the reporting pipe
-    result = grade_one(args.worker, args.timeout, args.sandbox)
+    result = grade_one(args.worker, args.timeout, args.sandbox, args.hide)
     out.write(secret + json.dumps(asdict(result)) + "\n")
     out.flush()
     return 0
@@ -222,35 +226,46 @@ def _worker_main(argv) -> int:
 
 # --- the grading process ----------------------------------------------------------------------
 
-def _package_snapshot() -> dict[Path, bytes]:
-    return {p: p.read_bytes() for p in PACKAGE_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+#: The modules a verdict depends on: a change to them in the installed package gives 0.
+GUARDED = ("exercises", "profiling/syncs.py", "probes.py")
 
 
-def restore_package(snapshot: dict[Path, bytes]) -> list[str]:
-    """Put back every package file that changed, was deleted or was added; the names touched."""
-    touched = []
-    now = {p for p in PACKAGE_DIR.rglob("*") if (p.is_file() or p.is_symlink()) and "__pycache__" not in p.parts}
-    for p in sorted(now - set(snapshot)):
-        touched.append(str(p.relative_to(REPO_DIR)))
-        p.unlink()
-    for p, data in snapshot.items():
-        if p.is_symlink() or not p.is_file() or hashlib.sha256(p.read_bytes()).digest() != hashlib.sha256(data).digest():
-            touched.append(str(p.relative_to(REPO_DIR)))
-            if p.is_symlink() or p.is_dir():
-                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_bytes(data)
-    return touched
+def _package_snapshot(root: Path = PACKAGE_DIR) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts}
 
 
-def _run_worker(path: Path, timeout: int, sandbox: bool) -> NotebookResult:
+def _changed(snapshot: dict[str, bytes], root: Path, only=None) -> list[str]:
+    now = _package_snapshot(root) if root.is_dir() else {}
+    names = sorted(set(snapshot) | set(now))
+    if only:
+        names = [n for n in names if n.startswith(only)]
+    return [n for n in names if snapshot.get(n) != now.get(n)]
+
+
+def private_package(snapshot: dict[str, bytes], workdir: Path) -> Path:
+    """A private copy of the package for one notebook's worker and kernel, written from the
+    snapshot taken when grading began: a notebook that edits "the package" edits this copy, which
+    the next notebook never sees; the installed package is never written to."""
+    for name, data in snapshot.items():
+        path = workdir / "mamba_edu" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    if (REPO_DIR / "data").is_dir():
+        (workdir / "data").symlink_to(REPO_DIR / "data")  # data_dir(): the recorded traces
+    return workdir
+
+
+def _run_worker(path: Path, timeout: int, sandbox: bool, package_root: Path) -> NotebookResult:
     secret = secrets.token_hex(16)
     cmd = [sys.executable, "-m", "mamba_edu.exercises.grader", "--worker", str(path.resolve()),
-           "--timeout", str(timeout)] + (["--sandbox"] if sandbox else [])
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+           "--timeout", str(timeout), "--hide", str(REPO_DIR / "notebooks" / "solutions")] + \
+        (["--sandbox"] if sandbox else [])
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1",
+           "PYTHONPATH": os.pathsep.join([str(package_root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     budget = timeout * (len(code_cells(path)) + 100) + 300
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env, start_new_session=True, text=True)
+                            env=env, start_new_session=True, text=True, cwd=package_root)
     try:
         out, err = proc.communicate(secret + "\n", timeout=budget)
     except subprocess.TimeoutExpired:
@@ -281,19 +296,27 @@ def grade_paths(paths: list[Path], timeout: int, sandbox: bool = False, report=N
     for path in paths:
         registered = core.REGISTRY[path.stem]
         refusal = _refusal(path)
+        touched = []
         if refusal:
-            result = NotebookResult(path.name, "refused", f"{path.name} {refusal}",
-                                    [ExerciseResult(n, registered[n].title, core.FAIL, "not graded")
-                                     for n in sorted(registered)])
+            result = NotebookResult(path.name, "refused", f"{path.name} {refusal}")
         else:
-            result = _run_worker(path, timeout, sandbox)
-        touched = restore_package(snapshot)
+            installed = _package_snapshot()
+            workdir = Path(tempfile.mkdtemp(prefix="mamba_edu-package-"))
+            try:
+                root = private_package(snapshot, workdir)
+                result = _run_worker(path, timeout, sandbox, root)
+                touched = _changed(snapshot, root / "mamba_edu")
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+            touched += [f"installed {n}" for n in _changed(installed, PACKAGE_DIR)
+                        if n.startswith(GUARDED)]
         if touched:
             result.status = "zero"
-            result.reason = (f"the notebook changed the package ({', '.join(touched[:5])}); the files "
-                             "were restored")
-            for e in result.exercises:
-                e.status, e.message = core.FAIL, "not graded: " + result.reason
+            result.reason = (f"the notebook changed the package ({', '.join(touched[:5])}); the "
+                             "grader's private copy is thrown away")
+        if result.status != "graded":
+            result.exercises = [ExerciseResult(n, registered[n].title, core.FAIL, "not graded: " + result.reason)
+                                for n in sorted(registered)]
         results.append(result)
         if report is not None:
             report(result)

@@ -17,6 +17,7 @@ import os
 import queue
 import secrets
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -83,9 +84,12 @@ class KernelSession:
             self.km.kernel_cmd = None
             from jupyter_client.kernelspec import KernelSpecManager
             argv = KernelSpecManager().get_kernel_spec("python3").argv
+            argv = [sys.executable if i == 0 and a in ("python", "python3") else a for i, a in enumerate(argv)]
             self.km.kernel_spec.argv = kernel_cmd_prefix + argv
+        log = os.environ.get("MAMBA_EDU_GRADER_KERNEL_LOG")  # debugging the grader: the kernel's stderr
+        self._log = open(log, "ab") if log else None  # noqa: SIM115 - closed in shutdown
         self.km.start_kernel(cwd=str(folder), env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+                             stderr=self._log or subprocess.DEVNULL, stdin=subprocess.DEVNULL)
         self.kc = self.km.client()
         self.kc.start_channels()
         try:
@@ -109,6 +113,9 @@ class KernelSession:
                 if time.monotonic() > deadline:
                     raise KernelDied(f"{what} ran longer than the timeout ({timeout:.0f} s)") from None
                 continue
+            if not (isinstance(msg, dict) and isinstance(msg.get("parent_header"), dict)
+                    and isinstance(msg.get("content"), dict)):
+                raise KernelDied("the kernel's messages are garbled (the notebook changed how it talks)")
             if msg["parent_header"].get("msg_id") == msg_id:
                 return msg["content"]
 
@@ -163,6 +170,8 @@ class KernelSession:
         return RemoteFunction(self, name, reply, forbidden, notebook_sources)
 
     def shutdown(self) -> None:
+        if self._log is not None:
+            self._log.close()
         try:
             self.kc.stop_channels()
         finally:
@@ -204,6 +213,8 @@ class RemoteFunction:
         return f"<the notebook's {self.name}>"
 
     def __getitem__(self, grid):
+        if self.refused:
+            raise Refused(self.refused)
         if self.kind != "triton":
             raise Refused(f"{self.name} is not a Triton kernel: it cannot be launched with a grid")
         return lambda *args, **kwargs: self._call("launch", args, kwargs, grid).result
@@ -241,7 +252,7 @@ class RemoteFunction:
                           "you to write yourself")
         if reply["foreign"]:
             raise Refused(f"the answer runs code that is not in the notebook's cells: "
-                          f"{'; '.join(reply['foreign'])}")
+                          f"{'; '.join(dict.fromkeys(reply['foreign']))}")
         for source in reply["cell_code"]:
             if source and not _in_notebook(source, self.notebook_sources):
                 first = source.strip().splitlines()[0][:80]

@@ -1,0 +1,216 @@
+"""The grader against hostile notebooks (issue 28): every cheat gets 0, every failure mode costs
+that notebook alone. The notebooks are in tests/hostile_notebooks/<cheat>/<stem>.ipynb."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+HOSTILE = ROOT / "tests" / "hostile_notebooks"
+SOLUTIONS = ROOT / "notebooks" / "solutions"
+
+pytestmark = pytest.mark.slow
+
+
+def _grade(path, *extra, env=None, json_report=True, timeout=900, cwd=None):
+    cmd = [sys.executable, "-m", "mamba_edu", "grade", str(path), *extra] + (["--json"] if json_report else [])
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                            env={**os.environ, **(env or {})})
+    report = json.loads(result.stdout) if json_report and result.stdout.strip().startswith("{") else None
+    return result, report
+
+
+def _messages(report) -> list[str]:
+    return [e["message"] for nb in report["notebooks"] for e in nb["exercises"]]
+
+
+def _bwrap_works() -> bool:
+    if shutil.which("bwrap") is None:
+        return False
+    return subprocess.run(["bwrap", "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "true"],
+                          capture_output=True).returncode == 0
+
+
+# --- the grader is not a boundary (it is now) -----------------------------------------------
+
+CHEATS = {
+    # cheat folder: a phrase one of its verdicts must carry (None: the stubs stay "not done")
+    "patch_grade_namespace": None,
+    "pre_run_cell_fake_marker": None,
+    "wrap_json_dumps": None,
+    "package_answers": "the package's own mamba_edu.gdn.gating.l2norm",
+    "tensor_subclass": "expected plain torch.Tensor",
+    "frame_reading": "relative error",
+    "exec_solutions": "not defined in a cell of the notebook",
+    "exec_solutions_wrapped": "runs code that is not in the notebook's cells",
+    "triton_stand_in_and_oracles": "a stand-in for a Triton kernel",
+    "private_oracle_nb00": "the answer calls mamba_edu.exercises.nb00",
+    "sync_sniffer_off": "np.asarray",
+}
+
+
+@pytest.mark.parametrize("cheat", sorted(CHEATS))
+def test_each_cheat_scores_zero(cheat):
+    # the exec cheats look for the solutions next to the package; the grader's private copy of
+    # the package has none, so they are told where the repository's are
+    result, report = _grade(HOSTILE / cheat, "--timeout", "120", env={"HOSTILE_SOLUTIONS": str(SOLUTIONS)})
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert report["passed"] == 0 and report["total"] >= 2, report
+    if cheat == "wrap_json_dumps":  # its kernel's own messages break: the notebook gets 0
+        assert report["notebooks"][0]["status"] == "zero", report
+        return
+    assert all(nb["status"] == "graded" for nb in report["notebooks"]), report
+    if CHEATS[cheat]:
+        assert any(CHEATS[cheat] in m for m in _messages(report)), _messages(report)
+    else:
+        assert {e["status"] for nb in report["notebooks"] for e in nb["exercises"]} == {"not done"}
+
+
+def test_more_cheat_verdicts():
+    """The other half of two cheat notebooks: a wrapper that calls the package's function, and
+    the private oracle of notebook 03 (what _expected_counts calls is refused, by name)."""
+    _, report = _grade(HOSTILE / "package_answers", "--timeout", "120")
+    assert "the answer calls mamba_edu.gdn.gating" in _messages(report)[1]
+    _, report = _grade(HOSTILE / "triton_stand_in_and_oracles", "--timeout", "120")
+    assert "mamba_edu.exercises.nb03" in _messages(report)[1]
+
+
+# --- a notebook can do damage (it cannot any more, or it costs it its grade) -----------------
+
+def test_writes_land_in_the_throwaway_copy(tmp_path):
+    folder = tmp_path / "submitted"
+    shutil.copytree(HOSTILE / "write_outside", folder)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    result, report = _grade(folder)
+    assert report["passed"] == 0
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing beside or in the folder
+
+
+def test_a_notebook_that_edits_the_package_gets_zero_and_the_next_one_is_safe(tmp_path):
+    """The notebook appends an always-pass judge to exercises/core.py; it edits the grader's
+    private copy, gets 0, and the next learner's untouched notebook still scores 0 (run on a copy
+    of the package, so that even a failure here leaves the repository alone)."""
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "mamba_edu", site / "mamba_edu", ignore=shutil.ignore_patterns("__pycache__"))
+    core = site / "mamba_edu" / "exercises" / "core.py"
+    original = core.read_bytes()
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    shutil.copy(HOSTILE / "edit_package" / "00_start_here.ipynb", folder)
+    shutil.copy(ROOT / "notebooks" / "01_gated_deltanet_recurrence.ipynb", folder)
+    env = {"PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    result, report = _grade(folder, env=env, cwd=tmp_path)
+    first, second = report["notebooks"]
+    assert first["status"] == "zero" and "changed the package (exercises/core.py)" in first["reason"], first
+    assert second["status"] == "graded" and second["passed"] == 0, second
+    assert {e["status"] for e in second["exercises"]} == {"not done"}
+    assert core.read_bytes() == original  # the installed package was never written to
+
+
+def test_a_fake_score_never_reaches_the_graders_output():
+    result, _ = _grade(HOSTILE / "fake_score_print", json_report=False)
+    assert result.returncode == 1
+    assert result.stdout.count("score:") == 1 and result.stdout.rstrip().endswith("score: 0/3 (0 %)")
+    assert "3/3" not in result.stdout + result.stderr
+
+
+def test_killing_its_parent_costs_the_notebook_alone(tmp_path):
+    shutil.copy(HOSTILE / "kill_grader" / "00_start_here.ipynb", tmp_path)
+    shutil.copy(SOLUTIONS / "01_gated_deltanet_recurrence.ipynb", tmp_path)
+    result, report = _grade(tmp_path)
+    killed, good = report["notebooks"]
+    assert killed["status"] == "zero" and "died" in killed["reason"], killed
+    assert good["status"] == "graded" and good["passed"] == good["total"] == 3, good
+    assert result.returncode == 1 and report["passed"] == 3 and report["total"] == 5
+
+
+# --- one notebook no longer stops the whole folder -------------------------------------------
+
+def _good_minimal(stem: str, target: Path) -> None:
+    """A notebook of the solution's cells that define the answers (quick to run)."""
+    solution = nbformat.read(SOLUTIONS / f"{stem}.ipynb", as_version=4)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import torch")] + [
+        nbformat.v4.new_code_cell(c.source) for c in solution.cells
+        if c.cell_type == "code" and "def my_" in c.source]
+    nbformat.write(nb, target / f"{stem}.ipynb")
+
+
+def test_failure_modes_cost_their_notebook_alone(tmp_path):
+    """os._exit, exit(), a symbolic link, a file that is not JSON, a folder named like a notebook,
+    a learner function raising KeyboardInterrupt and an endless loop past --timeout, each
+    followed by a good notebook that is still graded."""
+    shutil.copy(HOSTILE / "os_exit" / "00_start_here.ipynb", tmp_path)
+    shutil.copy(SOLUTIONS / "01_gated_deltanet_recurrence.ipynb", tmp_path)
+    shutil.copy(HOSTILE / "exit_call" / "02_chunked_prefill.ipynb", tmp_path)
+    (tmp_path / "03_triton_kernels.ipynb").symlink_to(SOLUTIONS / "03_triton_kernels.ipynb")
+    (tmp_path / "04_varlen_batches_and_conv.ipynb").write_text("this is not JSON {")
+    _good_minimal("05_state_pool_and_prefix_cache", tmp_path)
+    (tmp_path / "06_naive_tracking.ipynb").mkdir()
+    shutil.copy(HOSTILE / "keyboard_interrupt" / "07_precomputed_indices.ipynb", tmp_path)
+    shutil.copy(HOSTILE / "endless_loop" / "08_zero_syncs_and_graphs.ipynb", tmp_path)
+    _good_minimal("09_profiling_the_bubbles", tmp_path)
+    result, report = _grade(tmp_path, "--timeout", "20")
+    assert result.returncode == 1, result.stderr[-3000:]
+    by_file = {nb["file"]: nb for nb in report["notebooks"]}
+    assert list(by_file) == sorted(by_file) and len(by_file) == 10
+
+    def expect(stem, status, phrase=None, passed=0):
+        nb = by_file[f"{stem}.ipynb"]
+        assert nb["status"] == status and nb["passed"] == passed, nb
+        if phrase:
+            assert phrase in nb["reason"], nb["reason"]
+        assert all(e["status"] == "pass" for e in nb["exercises"]) == (passed == nb["total"] > 0)
+
+    expect("00_start_here", "zero", "died")
+    expect("01_gated_deltanet_recurrence", "graded", passed=3)
+    expect("02_chunked_prefill", "zero", "died")
+    expect("03_triton_kernels", "refused", "03_triton_kernels.ipynb is a symbolic link")
+    expect("04_varlen_batches_and_conv", "refused", "04_varlen_batches_and_conv.ipynb is not a JSON notebook")
+    expect("05_state_pool_and_prefix_cache", "graded", passed=2)
+    expect("06_naive_tracking", "refused", "06_naive_tracking.ipynb is not a regular file")
+    expect("07_precomputed_indices", "zero", "KeyboardInterrupt")
+    expect("08_zero_syncs_and_graphs", "zero", "longer than the timeout")
+    expect("09_profiling_the_bubbles", "graded", passed=2)
+    assert report["passed"] == 7 and report["total"] == 26
+
+
+def test_text_report_names_the_refused_file(tmp_path):
+    (tmp_path / "01_gated_deltanet_recurrence.ipynb").write_text("not json")
+    result, _ = _grade(tmp_path, json_report=False)
+    assert result.returncode == 1
+    assert "refused: 01_gated_deltanet_recurrence.ipynb is not a JSON notebook" in result.stdout
+    assert "score: 0/3 (0 %)" in result.stdout
+
+
+# --- the sandbox ------------------------------------------------------------------------------
+
+def test_sandbox_without_bubblewrap_is_refused_clearly(tmp_path):
+    shutil.copy(SOLUTIONS / "01_gated_deltanet_recurrence.ipynb", tmp_path)
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    result, _ = _grade(tmp_path, "--sandbox", json_report=False, env={"PATH": str(bare)})
+    assert result.returncode == 2 and "--sandbox needs bubblewrap (bwrap)" in result.stderr
+
+
+@pytest.mark.skipif(not _bwrap_works(), reason="bubblewrap (bwrap) is not installed or cannot make namespaces here")
+def test_sandbox_keeps_the_file_system_and_hides_the_solutions(tmp_path):
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "keep.txt").write_text("keep")
+    env = {"HOSTILE_TARGET": str(target)}
+    for cheat in ("write_outside", "delete_solutions"):
+        result, report = _grade(HOSTILE / cheat, "--sandbox", env=env)
+        assert report["passed"] == 0 and report["sandbox"], report
+    assert sorted(p.name for p in target.iterdir()) == ["keep.txt"]
+    _, report = _grade(HOSTILE / "exec_solutions", "--sandbox")
+    assert report["passed"] == 0
+    shutil.copy(SOLUTIONS / "01_gated_deltanet_recurrence.ipynb", tmp_path)
+    _, report = _grade(tmp_path / "01_gated_deltanet_recurrence.ipynb", "--sandbox")
+    assert report["passed"] == report["total"] == 3, report

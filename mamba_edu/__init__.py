@@ -6,7 +6,9 @@ Subpackages: :mod:`mamba_edu.gdn` (the math), :mod:`mamba_edu.kernels` (Triton),
 present (see :mod:`mamba_edu._runtime`).
 """
 
-from mamba_edu._runtime import data_dir, default_device, triton_interpreted
+from mamba_edu._runtime import (data_dir, default_device, needs_triton, triton_available,
+                                triton_interpreted)
 
 __version__ = "0.1.0"
-__all__ = ["data_dir", "default_device", "triton_interpreted", "__version__"]
+__all__ = ["data_dir", "default_device", "needs_triton", "triton_available", "triton_interpreted",
+           "__version__"]

@@ -23,7 +23,7 @@ from unittest import mock
 import torch
 import triton
 
-from mamba_edu._runtime import default_device
+from mamba_edu._runtime import default_device, triton_available, triton_missing_message
 from mamba_edu.exercises.core import checker, exercise
 from mamba_edu.gdn import l2norm, recurrent_gated_delta_rule
 from mamba_edu.testing import check as compare
@@ -35,6 +35,12 @@ except ImportError:  # the stand-in module where Triton is not installed
 
 NOTEBOOK = "03_triton_kernels"
 check = checker(NOTEBOOK)
+
+
+def _require_triton(number: int) -> None:
+    """Without Triton (macOS, Windows) the checks cannot launch or record kernels: say so."""
+    if not triton_available():
+        raise AssertionError(triton_missing_message(f"exercise {number}'s check"))
 
 
 def _require_kernel(fn, name: str) -> None:
@@ -58,6 +64,7 @@ def check_l2norm_kernel(kernel) -> str:
     slices of wider matrices (row stride ≠ D), D not a power of two, n_rows not a multiple of
     ROWS, one tiny row (Σx² < eps, where the place of eps decides), and guard rows after ``y``
     that must stay untouched (an unmasked store would write there)."""
+    _require_triton(1)
     _require_kernel(kernel, "my_l2norm_kernel")
     dev = default_device()  # CUDA tensors on a GPU, CPU tensors in the interpreter
     gen = torch.Generator().manual_seed(3)
@@ -140,6 +147,7 @@ def check_program_counts(fn) -> str:
     """Compare with the grids that ``gdn_prefill`` launches, at the real Qwen3-Next head shapes,
     the Qwen3.5 tensor-parallel-8 slice, the notebook's test batch, and a batch of 64 sequence-head
     chains with V not a power of two. A kernel that is not launched must have no entry."""
+    _require_triton(2)
     cases = [([8192], 16, 32, 128, 128), ([1024] * 8, 16, 32, 128, 128), ([512], 2, 8, 128, 128),
              ([1, 63, 64, 65, 150], 2, 4, 16, 32), ([200, 64], 4, 8, 64, 64),
              ([100, 30, 64, 5], 8, 16, 64, 96)]
@@ -164,6 +172,7 @@ def check_recurrent_kernel(kernel) -> str:
     packed batches (a 1-token sequence, 2 value heads per key head, K ≠ V) and compare o and the
     final states with the recurrent reference. ``o`` and ``ht`` start as NaN, so every element
     must be written."""
+    _require_triton(3)
     _require_kernel(kernel, "my_recurrent_kernel")
     dev = default_device()  # CUDA tensors on a GPU, CPU tensors in the interpreter
     gen = torch.Generator().manual_seed(9)

@@ -10,7 +10,10 @@
 ``prefill`` is ``prepare_prefill`` (host work) + ``forward_prefill`` (the timed forward:
 metadata, layers, tracking) + ``finish_prefill`` (cache insert, bookkeeping); benchmarks call
 the three parts themselves (``abort_prefill`` gives back a batch they do not finish), and
-``capture_prefill`` puts the forward into a CUDA graph.
+``capture_prefill`` puts the forward into a CUDA graph. What a caller hands in and gets back
+(:class:`Request`, its checks, the results) lives in :mod:`mamba_edu.serving.requests`; a
+prepared batch's life (:class:`PreparedPrefill`, the engine's record of its live batches,
+:class:`CapturedPrefill`) in :mod:`mamba_edu.serving.prepared`.
 
 Contracts (docs/architecture.md):
 
@@ -35,8 +38,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Hashable
 
 import torch
 
@@ -46,214 +48,10 @@ from mamba_edu.serving import (SCRATCH_SLOT, ForwardBatch, LinearAttentionBacken
                                RadixCache, StatePool, plan_tracking)
 from mamba_edu.serving.batch import build_decode_batch, build_extend_batch
 from mamba_edu.serving.planning import check_cache_chunk, plan_decode
-
-
-def _equal_to_itself(value) -> bool:
-    """``value == value`` is ``True``, for the value and (in tuples and frozensets) every part:
-    a NaN inside a tuple compares equal only by identity, so a rebuilt id would not find it."""
-    if isinstance(value, (tuple, frozenset)):
-        return all(_equal_to_itself(v) for v in value)
-    if isinstance(value, float) and value != value:
-        return False
-    return (value == value) is True
-
-
-def check_rid(rid, name: str = "rid"):
-    """A request id: hashable and equal to itself (``rid == rid`` is ``True``, parts included:
-    not NaN, not a tensor or an array)."""
-    try:
-        hash(rid)
-        equal = _equal_to_itself(rid)
-    except Exception:  # noqa: BLE001 - unhashable, or an == that raises: both refused alike
-        equal = None
-    if equal is not True:
-        raise ValueError(f"{name} must be hashable and equal to itself (a str, an int, a tuple; not "
-                         f"NaN, a tensor or an array); got {rid!r}")
-    return rid
-
-
-def _materialise(name: str, values, what: str) -> list:
-    """An argument that must be a collection, read once into a list (a generator is read here,
-    not again later); strings, mappings and tensors are refused."""
-    if isinstance(values, (str, bytes, Mapping, torch.Tensor, Request)) or not isinstance(values, Iterable):
-        raise ValueError(f"{name} must be a list of {what}; got {type(values).__name__}")
-    return list(values)
-
-
-@dataclass(frozen=True)
-class Request:
-    """A prompt to prefill: a unique id and its token ids.
-
-    The prompt is copied once, here, into a tuple of Python ints: changing the list it came
-    from afterwards changes nothing. ``rid`` must be hashable and equal to itself."""
-
-    rid: Hashable
-    token_ids: tuple[int, ...]
-
-    def __post_init__(self):
-        check_rid(self.rid)
-        ids = self.token_ids
-        if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable):
-            raise ValueError(f"token_ids of request {self.rid!r} must be a non-empty list of ints; "
-                             f"got {type(ids).__name__}")
-        ids = tuple(ids.tolist()) if isinstance(ids, torch.Tensor) and ids.dim() == 1 else tuple(ids)
-        bad = next((t for t in ids if type(t) is not int or t < 0), None)
-        if not ids or bad is not None:
-            raise ValueError(f"token_ids of request {self.rid!r} must be a non-empty list of ints >= 0 "
-                             f"(not bools, floats or numpy ints); got {bad if ids else ids!r}")
-        object.__setattr__(self, "token_ids", ids)
-
-    def check(self, vocab: int) -> Request:
-        """This request, if every token is below ``vocab``."""
-        bad = next((t for t in self.token_ids if t >= vocab), None)
-        if bad is not None:
-            raise ValueError(f"token_ids of request {self.rid!r} must be ints in [0, vocab={vocab}); "
-                             f"got {bad!r}")
-        return self
-
-
-@dataclass
-class RunningRequest:
-    """Host bookkeeping of one request between forwards.
-
-    ``tokens``: prompt + generated tokens that have been fed; ``kv``: per attention layer
-    ``(k, v)`` of those tokens; ``next_token``: ``[1]`` device tensor, the greedy token to feed next;
-    ``track_slots``: 1 (or 2, ping-pong) slots, ``next_track`` the one the next tracking writes.
-    """
-
-    rid: Hashable
-    tokens: list[int]
-    working_slot: int
-    track_slots: list[int]
-    next_track: int
-    kv: list
-    next_token: torch.Tensor
-
-
-@dataclass
-class PrefillResult:
-    """``logits [N, vocab]`` fp32 of each prompt's last token, ``next_tokens`` (greedy),
-    ``prefix_lens`` (tokens served from the cache) and ``track_lens`` (P + A, or −1)."""
-
-    logits: torch.Tensor
-    next_tokens: list[int]
-    prefix_lens: list[int]
-    track_lens: list[int]
-
-
-@dataclass
-class DecodeResult:
-    """``tokens[rid]``: the generated tokens; ``logits [steps, N, vocab]`` in ``rids`` order."""
-
-    rids: list
-    tokens: dict
-    logits: torch.Tensor
-
-
-@dataclass
-class EngineStats:
-    requests: int = 0
-    prefix_hits: int = 0
-    cached_tokens: int = 0
-    computed_tokens: int = 0
-
-
-class _NoCopy:
-    """Lifecycle objects have one life: copying or pickling one is refused."""
-
-    def __copy__(self):
-        raise TypeError(f"a {type(self).__name__} cannot be copied: it stands for slots its engine "
-                        f"holds, used once")
-
-    def __deepcopy__(self, memo):
-        self.__copy__()
-
-    def __reduce_ex__(self, protocol):
-        self.__copy__()
-
-
-class CapturedPrefill(_NoCopy):
-    """A prefill forward captured in a CUDA graph. ``replay()`` reruns it (same batch, same
-    slots) and returns the static ``logits``; ``kv`` is the graph's attention KV per sequence
-    (static too, rewritten by each replay); ``restore_states()`` puts back the states the
-    batch's slots held before capture, so the next replay starts where eager would. Both are
-    refused once the batch is finished or aborted (its slots are then someone else's)."""
-
-    def __init__(self, batch: PreparedPrefill, slots: torch.Tensor, saved: tuple, metadata):
-        self._batch, self._slots, self._saved, self._metadata = batch, slots, saved, metadata
-        self.graph, self.logits, self.kv = None, None, None
-
-    def _check_live(self, action: str) -> None:
-        if not self._batch._engine._is_live(self._batch):
-            raise ValueError(f"captured.{action}(): its batch was {self._batch.status}, so its slots "
-                             f"may belong to other requests now; capture a new prepared batch")
-
-    def replay(self) -> torch.Tensor:
-        self._check_live("replay")
-        self.graph.replay()
-        return self.logits
-
-    def restore_states(self) -> None:
-        self._check_live("restore_states")
-        pool = self._batch._engine.pool
-        pool.conv[:, self._slots] = self._saved[0]
-        pool.ssm[:, self._slots] = self._saved[1]
-
-
-PREPARED, FORWARDED, FINISHED, ABORTED = "prepared", "forwarded", "finished", "aborted"
-_BATCH_FIELDS = frozenset(f.name for f in fields(ForwardBatch))
-_MAKE = object()  # only the engine makes a PreparedPrefill
-
-
-class PreparedPrefill(_NoCopy):
-    """A prefill batch prepared by :meth:`Engine.prepare_prefill`: the forward's inputs
-    (``forward_batch``, a :class:`~mamba_edu.serving.ForwardBatch`) and the engine's bookkeeping,
-    which the forward never reads. The batch's fields read through (``batch.rids``,
-    ``batch.extend_lens``, …) as copies: changing them changes nothing.
-
-    Lifecycle (``status``): ``prepared`` → :meth:`Engine.forward_prefill` → ``forwarded`` →
-    :meth:`Engine.finish_prefill` → ``finished``; or :meth:`Engine.abort_prefill` from
-    ``prepared``/``forwarded`` → ``aborted``. It belongs to the engine that made it and each step
-    happens at most once; anything else raises before changing state. It cannot be copied.
-
-    ``requests``: the prompts; ``matches``: their locked prefix matches; ``track_slot_lists``:
-    each request's 1 (or 2, ping-pong) track slots; ``logits`` and ``kv``: what the forward
-    returned (None before it).
-    """
-
-    def __init__(self, key, engine, forward_batch, requests, matches, track_slot_lists):
-        if key is not _MAKE:
-            raise TypeError("a PreparedPrefill is made by engine.prepare_prefill(requests)")
-        self._engine, self.forward_batch = engine, forward_batch
-        self._requests, self._matches = tuple(requests), tuple(matches)
-        self._track_slot_lists = [list(t) for t in track_slot_lists]
-        self._status, self._started = PREPARED, False
-        self.logits, self.kv, self.captured = None, None, None
-
-    engine = property(lambda self: self._engine)
-    status = property(lambda self: self._status, doc="prepared, forwarded, finished or aborted")
-    requests = property(lambda self: list(self._requests))
-    matches = property(lambda self: list(self._matches))
-    track_slot_lists = property(lambda self: [list(t) for t in self._track_slot_lists])
-
-    def __getattr__(self, name):
-        if name in _BATCH_FIELDS or name == "size":
-            value = getattr(self.__dict__["forward_batch"], name)
-            if isinstance(value, list):
-                return list(value)
-            return value.clone() if isinstance(value, torch.Tensor) else value
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    @property
-    def owned_slots(self) -> list[int]:
-        """Every slot this batch holds: working slots, then each request's track slots."""
-        return self.forward_batch.working_slots + [s for lst in self._track_slot_lists for s in lst]
-
-    def __repr__(self) -> str:
-        fb = self.forward_batch
-        return (f"PreparedPrefill(rids={fb.rids}, status={self.status!r}, prefix_lens={fb.prefix_lens}, "
-                f"extend_lens={fb.extend_lens}, working_slots={fb.working_slots}, "
-                f"track_slots={fb.track_slots}, track_mask={fb.track_mask}, track_lens={fb.track_lens})")
+from mamba_edu.serving.prepared import (ABORTED, FINISHED, FORWARDED, PREPARED, CapturedPrefill,
+                                        LiveBatches, PreparedPrefill)
+from mamba_edu.serving.requests import (DecodeResult, EngineStats, PrefillResult, Request, RunningRequest,
+                                        check_rid)
 
 
 def _positive_int(name: str, value) -> int:
@@ -337,7 +135,7 @@ class Engine:
         self._owner = _Owner()
         self.running: dict[Hashable, RunningRequest] = {}
         self.pending: dict[Hashable, int] = {}  # rid -> working slot, prepared and not finished/aborted
-        self._live: list[PreparedPrefill] = []  # the prepared batches not finished or aborted
+        self._live = LiveBatches(self)  # the prepared batches not finished or aborted
         self.stats = EngineStats()
 
     @property
@@ -347,9 +145,6 @@ class Engine:
     def _working_slots(self) -> set[int]:
         """The slots forwards write now: running requests' and prepared batches' working slots."""
         return {r.working_slot for r in self.running.values()} | set(self.pending.values())
-
-    def _is_live(self, batch) -> bool:
-        return any(b is batch for b in self._live)
 
     # ---- prefill ------------------------------------------------------------------------
     def _check_requests(self, requests) -> list[Request]:
@@ -428,31 +223,9 @@ class Engine:
         for m in matches:
             self.cache.lock(m.node, self._owner)
             self.cache.touch(m)
-        batch = PreparedPrefill(_MAKE, self, inputs, requests, matches,
+        batch = self._live.open(inputs, requests, matches,
                                 [slots[i * per_request + 1:(i + 1) * per_request] for i in range(len(requests))])
-        self._live.append(batch)
         self.pending.update(zip(inputs.rids, working))
-        return batch
-
-    def _check_prepared(self, batch, action: str) -> PreparedPrefill:
-        """``batch`` must be a live prepared prefill of this engine; raises (naming the problem)
-        before anything changes."""
-        if not isinstance(batch, PreparedPrefill):
-            raise TypeError(f"batch must be the PreparedPrefill that engine.prepare_prefill(...) returned; "
-                            f"got {type(batch).__name__}")
-        if batch.__dict__.get("_engine") is not self:
-            raise ValueError(f"batch was prepared by another Engine: its slots and prefix locks are that "
-                             f"engine's, so {action} must be called on it (engine.{action}(batch) on the "
-                             f"engine whose prepare_prefill made it)")
-        if not self._is_live(batch):
-            if batch.status == FINISHED:
-                raise ValueError(f"batch was finished: its requests are running and own its slots; "
-                                 f"{action} cannot use it again (use release(rids), then prepare a new batch)")
-            if batch.status != ABORTED:
-                raise ValueError(f"batch is not a live batch of this engine (it was finished or aborted, "
-                                 f"whatever its status says now), so {action} cannot use it; prepare a new batch")
-            raise ValueError(f"batch was already aborted: its slots were given back (other requests may "
-                             f"own them now), so {action} cannot use it; prepare a new batch")
         return batch
 
     @_single_threaded
@@ -464,7 +237,7 @@ class Engine:
         half-way (e.g. stopped by ``cuda_sync_guard``) puts the batch's slots back to their
         prepared states, so it may be retried.
         """
-        self._check_prepared(batch, "forward_prefill")
+        self._live.check(batch, "forward_prefill")
         if batch.status == FORWARDED:
             raise ValueError("forward_prefill already ran on this batch: its working slots now hold the "
                              "states after its prompts, so a second forward would continue from them "
@@ -499,7 +272,7 @@ class Engine:
     def reset_prefill(self, batch: PreparedPrefill) -> None:
         """Re-arm a prepared batch for one more forward (benchmarks that rerun one batch): its
         working and track slots get back the states ``prepare_prefill`` gave them."""
-        self._check_prepared(batch, "reset_prefill")
+        self._live.check(batch, "reset_prefill")
         self._restore_prepared_states(batch)
         batch._status, batch.logits, batch.kv, batch._started = PREPARED, None, None, False
 
@@ -535,7 +308,7 @@ class Engine:
         ``logits``); None means the batch's own. If it fails half way (out of memory), the batch
         stays forwarded and can be finished (or aborted) again.
         """
-        self._check_prepared(batch, "finish_prefill")
+        self._live.check(batch, "finish_prefill")
         runs = [run for run in (batch, batch.captured) if run is not None and run.logits is not None]
         if not runs:
             raise ValueError("batch has not been run: call forward_prefill(batch) before finish_prefill "
@@ -567,15 +340,14 @@ class Engine:
         """Give back a prepared batch that will not be finished (never run, or its forward
         failed): free its working and track slots and unlock its prefix matches. Nothing is
         cached and no request starts running. Call it at most once, instead of ``finish_prefill``."""
-        self._check_prepared(batch, "abort_prefill")
+        self._live.check(batch, "abort_prefill")
         self.pool.free(batch.owned_slots, self._owner)
         self._close_prepared(batch, ABORTED)
 
     def _close_prepared(self, batch: PreparedPrefill, status: str) -> None:
         """End a prepared batch (finished or aborted): it is no longer live nor pending and its
         prefix matches are unlocked."""
-        batch._status = status
-        self._live = [b for b in self._live if b is not batch]
+        self._live.close(batch, status)
         for rid in batch.forward_batch.rids:
             del self.pending[rid]
         for m in batch._matches:
@@ -589,7 +361,7 @@ class Engine:
             logits = self.forward_prefill(batch)
             self.finish_prefill(batch, logits)
         except BaseException:
-            if self._is_live(batch):
+            if batch in self._live:
                 self.abort_prefill(batch)
             raise
         fb = batch.forward_batch
@@ -603,7 +375,7 @@ class Engine:
         graph holds every layer with its tracking. The batch's slots are restored after the
         warm-up and the capture, so they hold their pre-capture states.
         """
-        self._check_prepared(batch, "capture_prefill")
+        self._live.check(batch, "capture_prefill")
         if self.strategy not in ("sync_free", "fused"):
             raise ValueError(f"strategy must be 'sync_free' or 'fused' to capture a prefill (a sync "
                              f"cannot be captured); engine strategy is {self.strategy!r}")

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_misuse import P, busy_engine, state  # noqa: E402
 
-from mamba_edu.engine import Engine, PreparedPrefill, Request  # noqa: E402
+from mamba_edu.engine import Engine, Request  # noqa: E402
 from mamba_edu.gdn import (causal_conv1d, causal_conv1d_update, checkpoint_offsets,  # noqa: E402
                            chunk_counts, chunk_gated_delta_rule, cu_offsets, gdn_gating, l2norm,
                            recurrent_gated_delta_rule, seq_lengths)
@@ -41,6 +41,7 @@ from mamba_edu.model import build_model  # noqa: E402
 from mamba_edu.serving import (LinearAttentionBackend, PoolExhausted, RadixCache,  # noqa: E402
                                StatePool, plan_tracking)
 from mamba_edu.serving.planning import plan_decode  # noqa: E402
+from mamba_edu.serving.prepared import PreparedPrefill  # noqa: E402
 
 CLEAR_TYPES = (ValueError, TypeError, PoolExhausted)
 CASES: list[tuple[str, object, str]] = []  # (name, thunk() -> engine or None after the call, pattern)

@@ -14,13 +14,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mamba_edu.engine import Engine, PreparedPrefill, Request
+from mamba_edu.engine import Engine, Request
 from mamba_edu.gdn import (causal_conv1d, checkpoint_offsets, chunk_counts, chunk_gated_delta_rule,
                            gdn_gating, recurrent_gated_delta_rule, seq_lengths)
 from mamba_edu.model import ModelConfig, build_model, get_config
 from mamba_edu.serving import (SCRATCH_SLOT, STRATEGIES, PoolExhausted, RadixCache, StatePool, build_batch,
                                plan_tracking)
 from mamba_edu.serving.batch import build_decode_batch, build_extend_batch
+from mamba_edu.serving.prepared import PreparedPrefill
 
 P = torch.randint(0, 128, (400,), generator=torch.Generator().manual_seed(11)).tolist()
 MODEL = build_model("tiny", device="cpu")  # module level: hypothesis tests cannot take fixtures

@@ -239,5 +239,6 @@ def test_engine_module_has_no_hidden_caches():
     import re
 
     from mamba_edu.kernels import metadata, validation
-    for module in (engine_module, metadata, validation):
+    from mamba_edu.serving import prepared, requests
+    for module in (engine_module, prepared, requests, metadata, validation):
         assert not re.search(r"\bid\(", Path(module.__file__).read_text()), module.__name__

@@ -40,7 +40,7 @@ class ForwardBatch:
     It holds the forward's inputs only: the model returns its outputs (logits and each
     sequence's KV, :class:`mamba_edu.model.ModelOutput`). The engine's bookkeeping of a prepared
     prefill (its requests, prefix matches, track slots, lifecycle) lives in
-    :class:`mamba_edu.engine.PreparedPrefill`, a subclass.
+    :class:`mamba_edu.serving.prepared.PreparedPrefill`, which holds one.
     """
 
     mode: str

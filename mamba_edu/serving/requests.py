@@ -1,0 +1,117 @@
+"""What a caller hands the engine and what it gets back: requests, their checks, the results.
+
+A :class:`Request` checks itself when it is made (its id and its prompt) and against a model's
+vocabulary with :meth:`Request.check`; :func:`check_rid` is the one check of a request id, also
+used by ``Engine.release``. :class:`RunningRequest` is the engine's bookkeeping of one request
+between forwards; :class:`PrefillResult`, :class:`DecodeResult` and :class:`EngineStats` are what
+``Engine.prefill``, ``Engine.decode`` and ``Engine.stats`` return.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+
+def _equal_to_itself(value) -> bool:
+    """``value == value`` is ``True``, for the value and (in tuples and frozensets) every part:
+    a NaN inside a tuple compares equal only by identity, so a rebuilt id would not find it."""
+    if isinstance(value, (tuple, frozenset)):
+        return all(_equal_to_itself(v) for v in value)
+    if isinstance(value, float) and value != value:
+        return False
+    return (value == value) is True
+
+
+def check_rid(rid, name: str = "rid"):
+    """A request id: hashable and equal to itself (``rid == rid`` is ``True``, parts included:
+    not NaN, not a tensor or an array)."""
+    try:
+        hash(rid)
+        equal = _equal_to_itself(rid)
+    except Exception:  # noqa: BLE001 - unhashable, or an == that raises: both refused alike
+        equal = None
+    if equal is not True:
+        raise ValueError(f"{name} must be hashable and equal to itself (a str, an int, a tuple; not "
+                         f"NaN, a tensor or an array); got {rid!r}")
+    return rid
+
+
+@dataclass(frozen=True)
+class Request:
+    """A prompt to prefill: a unique id and its token ids.
+
+    The prompt is copied once, here, into a tuple of Python ints: changing the list it came
+    from afterwards changes nothing. ``rid`` must be hashable and equal to itself."""
+
+    rid: Hashable
+    token_ids: tuple[int, ...]
+
+    def __post_init__(self):
+        check_rid(self.rid)
+        ids = self.token_ids
+        if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable):
+            raise ValueError(f"token_ids of request {self.rid!r} must be a non-empty list of ints; "
+                             f"got {type(ids).__name__}")
+        ids = tuple(ids.tolist()) if isinstance(ids, torch.Tensor) and ids.dim() == 1 else tuple(ids)
+        bad = next((t for t in ids if type(t) is not int or t < 0), None)
+        if not ids or bad is not None:
+            raise ValueError(f"token_ids of request {self.rid!r} must be a non-empty list of ints >= 0 "
+                             f"(not bools, floats or numpy ints); got {bad if ids else ids!r}")
+        object.__setattr__(self, "token_ids", ids)
+
+    def check(self, vocab: int) -> Request:
+        """This request, if every token is below ``vocab``."""
+        bad = next((t for t in self.token_ids if t >= vocab), None)
+        if bad is not None:
+            raise ValueError(f"token_ids of request {self.rid!r} must be ints in [0, vocab={vocab}); "
+                             f"got {bad!r}")
+        return self
+
+
+@dataclass
+class RunningRequest:
+    """Host bookkeeping of one request between forwards.
+
+    ``tokens``: prompt + generated tokens that have been fed; ``kv``: per attention layer
+    ``(k, v)`` of those tokens; ``next_token``: ``[1]`` device tensor, the greedy token to feed next;
+    ``track_slots``: 1 (or 2, ping-pong) slots, ``next_track`` the one the next tracking writes.
+    """
+
+    rid: Hashable
+    tokens: list[int]
+    working_slot: int
+    track_slots: list[int]
+    next_track: int
+    kv: list
+    next_token: torch.Tensor
+
+
+@dataclass
+class PrefillResult:
+    """``logits [N, vocab]`` fp32 of each prompt's last token, ``next_tokens`` (greedy),
+    ``prefix_lens`` (tokens served from the cache) and ``track_lens`` (P + A, or −1)."""
+
+    logits: torch.Tensor
+    next_tokens: list[int]
+    prefix_lens: list[int]
+    track_lens: list[int]
+
+
+@dataclass
+class DecodeResult:
+    """``tokens[rid]``: the generated tokens; ``logits [steps, N, vocab]`` in ``rids`` order."""
+
+    rids: list
+    tokens: dict
+    logits: torch.Tensor
+
+
+@dataclass
+class EngineStats:
+    requests: int = 0
+    prefix_hits: int = 0
+    cached_tokens: int = 0
+    computed_tokens: int = 0

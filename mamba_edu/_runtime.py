@@ -279,7 +279,7 @@ def install_triton_stand_in() -> bool:
     """Register the stand-in when Triton is not installed; True when it is (now) in use."""
     if any(isinstance(f, _TritonStandInFinder) for f in sys.meta_path):
         return True
-    if os.environ.get("MAMBA_EDU_NO_TRITON_STAND_IN") == "1" or _real_triton_spec() is not None:
+    if _real_triton_spec() is not None:
         return False
     sys.meta_path.append(_TritonStandInFinder())
     return True

@@ -86,10 +86,8 @@ class KernelSession:
             argv = KernelSpecManager().get_kernel_spec("python3").argv
             argv = [sys.executable if i == 0 and a in ("python", "python3") else a for i, a in enumerate(argv)]
             self.km.kernel_spec.argv = kernel_cmd_prefix + argv
-        log = os.environ.get("MAMBA_EDU_GRADER_KERNEL_LOG")  # debugging the grader: the kernel's stderr
-        self._log = open(log, "ab") if log else None  # noqa: SIM115 - closed in shutdown
         self.km.start_kernel(cwd=str(folder), env=env, stdout=subprocess.DEVNULL,
-                             stderr=self._log or subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
         self.kc = self.km.client()
         self.kc.start_channels()
         try:
@@ -170,8 +168,6 @@ class KernelSession:
         return RemoteFunction(self, name, reply, forbidden, notebook_sources)
 
     def shutdown(self) -> None:
-        if self._log is not None:
-            self._log.close()
         try:
             self.kc.stop_channels()
         finally:

@@ -144,6 +144,11 @@ def bwrap_prefix(folder: Path, channel: Path, private: Path, hide: list[str] = (
             "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
             "--die-with-parent", "--new-session",
             "--unsetenv", "JPY_PARENT_PID"]  # its parent is the namespace's init: no parent polling
+    # Read-only too, wherever they live (a clone or a venv under /tmp): the kernel's Python and
+    # the recorded data the private package copy links to.
+    for path in (Path(sys.prefix), (REPO_DIR / "data").resolve()):
+        if path.is_dir():
+            args += ["--ro-bind", str(path), str(path)]
     for path in [REPO_DIR / "notebooks" / "solutions", *map(Path, hide)]:
         if path.is_dir():
             args += ["--tmpfs", str(path)]

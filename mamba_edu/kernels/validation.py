@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from mamba_edu._runtime import triton_interpreted
+from mamba_edu._runtime import triton_available, triton_interpreted
 from mamba_edu.kernels.metadata import ChunkMeta, check_unchanged, checked_indices, upload_indices
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -80,6 +80,9 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype, name
     if backend == "auto":
         return "triton" if device.type == "cuda" else "torch"
     if backend == "triton" and device.type != "cuda":
+        if not triton_available():
+            raise ValueError("backend='triton' needs Triton, which is not installed here; use "
+                             "backend='torch' (docs/install.md says where Triton installs)")
         if not triton_interpreted():
             raise ValueError("backend='triton' on CPU needs TRITON_INTERPRET=1, set before "
                              "mamba_edu.kernels is imported")

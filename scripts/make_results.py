@@ -151,8 +151,11 @@ def headline_rows():
     return [r for r in d["results"] if r["group"] == "headline" and r.get("error") is None]
 
 
+MODE_LABELS = {"eager": "", "piecewise": " + piecewise graphs", "graph": " + CUDA graph"}
+
+
 def label(r) -> str:
-    return r["strategy"] + (" + CUDA graph" if r["mode"] == "graph" else "")
+    return r["strategy"] + MODE_LABELS[r["mode"]]
 
 
 def section_ttft() -> str:
@@ -164,7 +167,7 @@ def section_ttft() -> str:
                      f(r["host_ms"]), f(r["gpu_busy_ms"]), f(ratio, 3),
                      f(100 * r["idle_fraction"], 1), r["syncs"], f"{r['speedup']:.2f}×"])
     sweeps = [r for r in d["results"] if r["group"] != "headline" and r.get("error") is None]
-    cols = [(s, m) for s in STRATEGIES for m in ("eager", "graph")
+    cols = [(s, m) for s in STRATEGIES for m in MODE_LABELS
             if any(r["strategy"] == s and r["mode"] == m for r in sweeps)]
     sweep_rows = []
     for case in dict.fromkeys(r["case"] for r in sweeps):
@@ -192,7 +195,7 @@ Console log: [`data/bench/bench.log`](../data/bench/bench.log).
 Sweeps of the same run, TTFT ms (the token sweep varies the prompt length, the tracked sweep the
 fraction of tracked requests):
 
-{table(["case"] + [s + (" + graph" if m == "graph" else "") for s, m in cols], sweep_rows)}
+{table(["case"] + [s + MODE_LABELS[m] for s, m in cols], sweep_rows)}
 
 {fig_md}
 """
@@ -649,11 +652,11 @@ def readme_block() -> str:
     cases = ["gpu_bound_8x1024", "launch_bound_1x512"]
     body = []
     for s in STRATEGIES:
-        for m in ("eager", "graph"):
+        for m in MODE_LABELS:
             cells = [rows.get((c, s, m)) for c in cases]
             if not any(cells):
                 continue
-            line = [s + (" + CUDA graph" if m == "graph" else "")]
+            line = [s + MODE_LABELS[m]]
             for r in cells:
                 line += [f(r["ttft_ms"]), f"{r['speedup']:.2f}×"] if r else ["–", "–"]
             line.append(" / ".join(dict.fromkeys(str(r["syncs"]) for r in cells if r)))

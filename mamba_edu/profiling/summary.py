@@ -32,9 +32,13 @@ def trace_files(path: Path) -> list[Path]:
 
 
 def label_of(path: Path) -> str:
-    """``naive`` for ``naive.pt.trace.json.gz``, ``sync_free+graph`` for ``sync_free_graph…``."""
+    """``naive`` for ``naive.pt.trace.json.gz``, ``sync_free+graph`` for ``sync_free_graph…``,
+    ``precomputed+piecewise`` for ``precomputed_piecewise…``."""
     name = path.name.split(".")[0]
-    return name[: -len("_graph")] + "+graph" if name.endswith("_graph") else name
+    for mode in ("graph", "piecewise"):
+        if name.endswith("_" + mode):
+            return name[: -len(mode) - 1] + "+" + mode
+    return name
 
 
 def pick_range(trace: dict, wanted: str | None) -> str:

@@ -10,8 +10,8 @@
 ``prefill`` is ``prepare_prefill`` (host work) + ``forward_prefill`` (the timed forward:
 metadata, layers, tracking) + ``finish_prefill`` (cache insert, bookkeeping); benchmarks call
 the three parts themselves (``abort_prefill`` gives back a batch they do not finish), and
-``capture_prefill`` puts the forward into a CUDA graph. What a caller hands in and gets back
-(:class:`Request`, its checks, the results) lives in :mod:`mamba_edu.serving.requests`; a
+``capture_prefill`` captures the forward for replay (in one CUDA graph, or in SGLang's pieces).
+What a caller hands in and gets back (:class:`Request`, its checks, the results) lives in :mod:`mamba_edu.serving.requests`; a
 prepared batch's life (:class:`PreparedPrefill`, the engine's record of its live batches,
 :class:`CapturedPrefill`) in :mod:`mamba_edu.serving.prepared`.
 
@@ -47,6 +47,7 @@ from mamba_edu.model.hybrid import ModelOutput
 from mamba_edu.serving import (SCRATCH_SLOT, ForwardBatch, LinearAttentionBackend, PoolExhausted,
                                RadixCache, StatePool, plan_tracking)
 from mamba_edu.serving.batch import build_decode_batch, build_extend_batch
+from mamba_edu.serving.piecewise import CudaGraphPieces, run_in_pieces
 from mamba_edu.serving.planning import check_cache_chunk, plan_decode
 from mamba_edu.serving.prepared import (ABORTED, FINISHED, FORWARDED, PREPARED, CapturedPrefill,
                                         LiveBatches, PreparedPrefill)
@@ -368,15 +369,23 @@ class Engine:
         return PrefillResult(logits, logits.argmax(-1).tolist(), list(fb.prefix_lens), list(fb.track_lens))
 
     @_single_threaded
-    def capture_prefill(self, batch: PreparedPrefill) -> CapturedPrefill:
-        """Capture the prefill forward of ``batch`` in a CUDA graph (``sync_free``/``fused`` only).
+    def capture_prefill(self, batch: PreparedPrefill, mode: str = "graph") -> CapturedPrefill:
+        """Capture the prefill forward of ``batch`` for replay (``captured.replay()``).
 
-        The metadata of a fixed batch is constant, so it is built once, outside the graph; the
-        graph holds every layer with its tracking. The batch's slots are restored after the
-        warm-up and the capture, so they hold their pre-capture states.
+        ``mode="graph"``: the whole forward, every layer with its tracking, in one CUDA graph
+        (``sync_free``/``fused`` only: a sync cannot be captured). The metadata of a fixed batch
+        is constant, so it is built once, outside the graph.
+        ``mode="piecewise"``: what SGLang does today (:mod:`mamba_edu.serving.piecewise`): the
+        work between GDN layers in graphs, each GDN layer's core eager between them, and the
+        forward's metadata rebuilt eagerly at every replay; every strategy.
+
+        The batch's slots are restored after the warm-up and the capture, so they hold their
+        pre-capture states.
         """
         self._live.check(batch, "capture_prefill")
-        if self.strategy not in ("sync_free", "fused"):
+        if mode not in ("graph", "piecewise"):
+            raise ValueError(f"mode must be 'graph' or 'piecewise'; got {mode!r}")
+        if mode == "graph" and self.strategy not in ("sync_free", "fused"):
             raise ValueError(f"strategy must be 'sync_free' or 'fused' to capture a prefill (a sync "
                              f"cannot be captured); engine strategy is {self.strategy!r}")
         if self.model.device.type != "cuda":
@@ -385,7 +394,7 @@ class Engine:
         owned = batch.owned_slots + [SCRATCH_SLOT]
         slots = torch.tensor(owned, device=self.model.device)
         saved = (self.pool.conv[:, slots].clone(), self.pool.ssm[:, slots].clone())
-        captured = CapturedPrefill(batch, slots, saved, self.backend.init_forward_metadata(fb))
+        captured = CapturedPrefill(batch, slots, saved, self.backend.init_forward_metadata(fb), mode)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -393,9 +402,13 @@ class Engine:
                 self._run_model(fb)
         torch.cuda.current_stream().wait_stream(stream)
         captured.restore_states()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = self._run_model(fb)
+        if mode == "graph":
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = self._run_model(fb)
+        else:
+            graph = CudaGraphPieces()
+            out = run_in_pieces(self.model, fb, self.backend, graph)
         captured.graph, captured.logits, captured.kv = graph, out.logits, out.kv
         captured.restore_states()
         batch.captured = captured  # its replays are this batch's forwards: finish_prefill accepts their logits

@@ -126,3 +126,37 @@ def test_a_failing_break_closes_its_piece(hybrid):
         engine.backend.forward = real
     assert opened == []
     engine.abort_prefill(batch)
+
+
+def test_capture_modes_are_checked(hybrid):
+    engine = Engine(hybrid, strategy="precomputed", max_requests=2)
+    batch = engine.prepare_prefill([Request("a", SEQ[:10])])
+    with pytest.raises(ValueError, match="mode must be 'graph' or 'piecewise'"):
+        engine.capture_prefill(batch, mode="pieces")
+    with pytest.raises(ValueError, match="strategy must be 'sync_free' or 'fused'"):
+        engine.capture_prefill(batch)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA"):
+            engine.capture_prefill(batch, mode="piecewise")
+    engine.abort_prefill(batch)
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_piecewise_replay_matches_eager(strategy):
+    model = build_model("tiny", device="cuda")
+    engine, batch = _engine_and_batch(model, strategy)
+    captured = engine.capture_prefill(batch, mode="piecewise")
+    n_gdn = sum(layer.kind == "gdn" for layer in model.layers)
+    assert captured.graph.n_pieces == n_gdn + 1 and len(captured.graph.graphs) == n_gdn + 1
+    eager = engine.forward_prefill(batch).clone()
+    pools = engine.pool.conv[:, 1:].clone(), engine.pool.ssm[:, 1:].clone()
+    for _ in range(2):  # a second replay starts from the restored states again
+        captured.restore_states()
+        replayed = captured.replay().clone()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(replayed, eager, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(engine.pool.conv[:, 1:], pools[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(engine.pool.ssm[:, 1:], pools[1], rtol=1e-5, atol=1e-5)
+    engine.finish_prefill(batch, captured.logits)

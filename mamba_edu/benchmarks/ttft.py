@@ -11,8 +11,10 @@ one machine:
   a GPU also read from the trace (``cudaStreamSynchronize`` and friends);
 * **GPU busy time and idle fraction** — from one forward recorded with ``torch.profiler``;
 * **speedup** over ``naive`` in the same case;
-* for the sync-free strategies on a GPU, the same prefill **captured in a CUDA graph** and
-  replayed: one graph per batch shape, as a serving engine captures one per batch bucket.
+* on a GPU, the same prefill **captured** and replayed, one capture per batch shape as a serving
+  engine captures one per batch bucket: ``piecewise`` (every strategy; the pieces between GDN
+  layers in graphs, each GDN layer's core and the forward's metadata eager: SGLang today) and,
+  for the sync-free strategies, ``graph`` (the whole forward in one graph).
 
 Headline cases (docs/conventions.md): GPU-bound ``qwen3-next`` 8 × 1024 tokens; launch-bound
 ``qwen3.5-tp8`` 1 × 512, 16 × 256 and 8 × 1024. Sweeps: total tokens 512 … 16384 and the
@@ -129,7 +131,7 @@ class Result:
     tokens: int
     tracked: int
     strategy: str
-    mode: str                        # "eager" or "graph" (CUDA-graph replay)
+    mode: str                        # "eager", "piecewise" or "graph" (see Engine.capture_prefill)
     repeats: int = 0
     ttft_ms: float | None = None     # median
     ttft_min_ms: float | None = None
@@ -145,7 +147,7 @@ class Result:
 
     @property
     def label(self) -> str:
-        return self.strategy if self.mode == "eager" else f"{self.strategy}+graph"
+        return self.strategy if self.mode == "eager" else f"{self.strategy}+{self.mode}"
 
 
 class ModelBench:
@@ -169,16 +171,16 @@ def measure(bench: ModelBench, case: Case, preset: str, strategy: str, mode: str
             trace_dir: Path | None) -> Result:
     """All numbers of one (case, strategy, mode); ``trace_dir`` keeps its trimmed trace.
 
-    In ``graph`` mode the prefill of one batch is captured (one graph per batch shape) and
-    replayed; the replays recompute that batch in its own slots.
+    In ``piecewise`` and ``graph`` mode the prefill of one batch is captured (one capture per
+    batch shape) and replayed; the replays recompute that batch in its own slots.
     """
     row = Result(case.name, case.group, case.x, preset, case.shape, len(case.lengths),
                  sum(case.lengths), case.tracked, strategy, mode, repeats=args.repeats)
     prefills = Prefills(bench.engine(strategy, case.cache_chunk), case.lengths, args.seed)
     forward, setup = prefills.forward, prefills.next
     try:
-        if mode == "graph":
-            captured = prefills.engine.capture_prefill(prefills.next())
+        if mode != "eager":
+            captured = prefills.engine.capture_prefill(prefills.next(), mode=mode)
             prefills.logits = captured.logits
             forward, setup = (lambda _: captured.replay()), (lambda: None)
         for _ in range(args.warmup):
@@ -228,7 +230,7 @@ def profile_into(row: Result, forward, setup, trace_dir: Path | None) -> None:
 
 
 def run_case(bench: ModelBench, case: Case, preset: str, args, bar: tqdm) -> list[Result]:
-    """Every requested strategy (eager, then graph-replayed where it can be) on one case."""
+    """Every requested strategy (eager, then captured in the modes it allows) on one case."""
     trace_dir = args.out / "runs" / case.name if case.group == "headline" else None
     rows = []
     for strategy in args.strategies:
@@ -249,7 +251,9 @@ def run_case(bench: ModelBench, case: Case, preset: str, args, bar: tqdm) -> lis
 
 
 def modes(strategy: str, graphs: bool) -> list[str]:
-    return ["eager", "graph"] if graphs and strategy in CAPTURABLE else ["eager"]
+    if not graphs:
+        return ["eager"]
+    return ["eager", "piecewise", "graph"] if strategy in CAPTURABLE else ["eager", "piecewise"]
 
 
 def preset_for(case: Case, device: torch.device, preset: str | None = None) -> str:

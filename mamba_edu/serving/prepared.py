@@ -136,15 +136,19 @@ class LiveBatches:
 
 
 class CapturedPrefill(_NoCopy):
-    """A prefill forward captured in a CUDA graph. ``replay()`` reruns it (same batch, same
-    slots) and returns the static ``logits``; ``kv`` is the graph's attention KV per sequence
-    (static too, rewritten by each replay); ``restore_states()`` puts back the states the
-    batch's slots held before capture, so the next replay starts where eager would. Both are
-    refused once the batch is finished or aborted (its slots are then someone else's)."""
+    """A prefill forward captured for replay: in one CUDA graph (``mode="graph"``) or in pieces
+    around eager GDN layers (``"piecewise"``, :class:`~mamba_edu.serving.piecewise.CudaGraphPieces`,
+    whose replay first rebuilds the forward's metadata, as each forward does in SGLang).
+    ``replay()`` reruns it (same batch, same slots) and returns the static ``logits``; ``kv`` is
+    the attention KV per sequence (static too, rewritten by each replay); ``restore_states()``
+    puts back the states the batch's slots held before capture, so the next replay starts where
+    eager would. Both are refused once the batch is finished or aborted (its slots are then
+    someone else's)."""
 
-    def __init__(self, batch: PreparedPrefill, slots: torch.Tensor, saved: tuple, metadata):
+    def __init__(self, batch: PreparedPrefill, slots: torch.Tensor, saved: tuple, metadata,
+                 mode: str = "graph"):
         self._batch, self._slots, self._saved, self._metadata = batch, slots, saved, metadata
-        self.graph, self.logits, self.kv = None, None, None
+        self.mode, self.graph, self.logits, self.kv = mode, None, None, None
 
     def _check_live(self, action: str) -> None:
         if self._batch not in self._batch._live:
@@ -153,6 +157,9 @@ class CapturedPrefill(_NoCopy):
 
     def replay(self) -> torch.Tensor:
         self._check_live("replay")
+        if self.mode == "piecewise":
+            engine = self._batch.engine
+            engine.backend.init_forward_metadata(self._batch.forward_batch)
         self.graph.replay()
         return self.logits
 

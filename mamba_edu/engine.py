@@ -11,9 +11,9 @@
 metadata, layers, tracking) + ``finish_prefill`` (cache insert, bookkeeping); benchmarks call
 the three parts themselves (``abort_prefill`` gives back a batch they do not finish), and
 ``capture_prefill`` captures the forward for replay (in one CUDA graph, or in SGLang's pieces).
-What a caller hands in and gets back (:class:`Request`, its checks, the results) lives in :mod:`mamba_edu.serving.requests`; a
-prepared batch's life (:class:`PreparedPrefill`, the engine's record of its live batches,
-:class:`CapturedPrefill`) in :mod:`mamba_edu.serving.prepared`.
+What a caller hands in and gets back (:class:`Request`, its checks, the results) lives in
+:mod:`mamba_edu.serving.requests`; a prepared batch's life (:class:`PreparedPrefill`, the
+engine's record of its live batches, :class:`CapturedPrefill`) in :mod:`mamba_edu.serving.prepared`.
 
 Contracts (docs/architecture.md):
 

@@ -1,11 +1,16 @@
-"""Notebook 02's checks reject plausible wrong answers and report a stub as not done."""
+"""Notebook 02's checks: the right answers pass, plausible wrong ones fail, a stub is "not done".
+
+Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`).
+"""
 
 import pytest
 import torch
+from exercise_judge import remote_judge
 
 from mamba_edu.exercises import nb02
-from mamba_edu.exercises.core import FAIL, NOT_DONE, judge, lookup
+from mamba_edu.exercises.core import FAIL, NOT_DONE, PASS
 from mamba_edu.gdn import checkpoint_offsets
+from mamba_edu.gdn.chunked import intra_chunk
 
 NB = nb02.NOTEBOOK
 
@@ -16,61 +21,114 @@ def stub(*args):
 
 @pytest.mark.parametrize("number", [1, 2, 3])
 def test_stub_is_not_done(number):
-    assert judge(lookup(NB, number), stub).status == NOT_DONE
+    assert remote_judge(NB, number, stub).status == NOT_DONE
 
 
 # --- exercise 1: the triangular inverse -------------------------------------------------------
 
-def test_inverse_rejects_first_order_guess():
-    """``I − L`` is only the first term of the series (I + L)⁻¹ = I − L + L² − …"""
-    verdict = judge(lookup(NB, 1), lambda L: torch.eye(L.shape[0]) - L)
-    assert verdict.status == FAIL and "C=7" in verdict.message
+def forward_substitution(L, rows=None, dtype=None, transposed=False):
+    """A right answer, with switches for the mistakes the check must catch."""
+    C = L.shape[0]
+    T = torch.eye(C, dtype=L.dtype)
+    for s in range(1, C if rows is None else rows(C)):
+        T[s] -= (L[:s, s] if transposed else L[s, :s]) @ T[:s]
+    return T if dtype is None else T.to(dtype)
 
 
-def test_inverse_rejects_backward_substitution():
-    """Solving from the bottom row up (the transposed system) gives (I + L)⁻ᵀ."""
-    def backward(L):
-        C = L.shape[0]
-        T = torch.eye(C)
-        for s in range(C - 2, -1, -1):
-            T[s] -= L[s + 1:, s] @ T[s + 1:]
-        return T
-    assert judge(lookup(NB, 1), backward).status == FAIL
+def inverse_right(L):
+    return forward_substitution(L)
 
 
-def test_inverse_rejects_a_library_solve():
-    def library(L):
-        eye = torch.eye(L.shape[0])
-        return torch.linalg.solve_triangular(eye + L, eye, upper=False, unitriangular=True)
-    verdict = judge(lookup(NB, 1), library)
-    assert verdict.status == FAIL and "linalg_solve_triangular" in verdict.message
+def backward(L):                   # from the bottom row up: the transposed system, (I + L)⁻ᵀ
+    C = L.shape[0]
+    T = torch.eye(C)
+    for s in range(C - 2, -1, -1):
+        T[s] -= L[s + 1:, s] @ T[s + 1:]
+    return T
+
+
+def library_solve(L):              # the forbidden call: torch.linalg
+    eye = torch.eye(L.shape[0])
+    return torch.linalg.solve_triangular(eye + L, eye, upper=False, unitriangular=True)
+
+
+WRONG_1 = {
+    "I - L (first-order series)": lambda L: torch.eye(L.shape[0]) - L,
+    "I - L + L² (second order)": lambda L: torch.eye(L.shape[0]) - L + L @ L,
+    "backward substitution": backward,
+    "the last row forgotten (off by one)": lambda L: forward_substitution(L, rows=lambda C: C - 1),
+    "L's columns instead of its rows": lambda L: forward_substitution(L, transposed=True),
+    "float64 result": lambda L: forward_substitution(L, dtype=torch.float64),
+    "torch.linalg.solve_triangular (forbidden)": library_solve,
+    "torch.linalg.inv (forbidden)": lambda L: torch.linalg.inv(torch.eye(L.shape[0]) + L),
+}
+
+
+def test_inverse_accepts_the_right_answer():
+    assert remote_judge(NB, 1, inverse_right).status == PASS
+
+
+@pytest.mark.parametrize("mistake", sorted(WRONG_1))
+def test_inverse_rejects(mistake):
+    verdict = remote_judge(NB, 1, WRONG_1[mistake])
+    assert verdict.status == FAIL, verdict
+
+
+def test_inverse_says_why():
+    assert "C=7" in remote_judge(NB, 1, WRONG_1["I - L (first-order series)"]).message
+    assert "linalg_solve_triangular" in remote_judge(NB, 1, library_solve).message
 
 
 # --- exercise 2: the checkpoint row ---------------------------------------------------------------
 
-def test_checkpoint_row_rejects_off_by_one_chunk():
-    """Counting the chunk a prefix *ends in* instead of the number of whole chunks before it."""
-    def off_by_one(lengths, n, tokens):
-        if tokens % 64 or tokens >= lengths[n]:
-            return None
-        return checkpoint_offsets(lengths)[n] + tokens // 64 + 1
-    verdict = judge(lookup(NB, 2), off_by_one)
-    assert verdict.status == FAIL and "expected" in verdict.message
+def checkpoint_row(lengths, n, tokens, chunks=lambda L: -(-L // 64), final_too=False, shift=0, as_type=int):
+    """A right answer, with switches for the mistakes the check must catch."""
+    if tokens % 64 or tokens > lengths[n] or (tokens == lengths[n] and not final_too):
+        return None
+    return as_type(sum(chunks(L) for L in lengths[:n]) + tokens // 64 + shift)
 
 
-def test_checkpoint_row_rejects_final_state_as_a_row():
-    """The state after all of a 64-token prompt is its final state, not a checkpoint row."""
-    def final_too(lengths, n, tokens):
-        if tokens % 64 or tokens > lengths[n]:
-            return None
-        return checkpoint_offsets(lengths)[n] + tokens // 64
-    verdict = judge(lookup(NB, 2), final_too)
-    assert verdict.status == FAIL and "expected None" in verdict.message
+def checkpoint_row_right(lengths, n, tokens):
+    return checkpoint_row(lengths, n, tokens)
+
+
+def _row(**switch):
+    return lambda lengths, n, tokens: checkpoint_row(lengths, n, tokens, **switch)
+
+
+WRONG_2 = {
+    "L // 64 + 1 rows per sequence": _row(chunks=lambda L: L // 64 + 1),
+    "L // 64 rows per sequence": _row(chunks=lambda L: L // 64),
+    "the chunk a prefix ends in (off by one)": _row(shift=1),
+    "the final state as a row": _row(final_too=True),
+    "rows counted over the packed batch (T // 64)": lambda lengths, n, tokens: (
+        None if tokens % 64 or tokens >= lengths[n] else (sum(lengths[:n]) + tokens) // 64),
+    "a float row": _row(as_type=float),
+    "checkpoint_offsets (forbidden)": lambda lengths, n, tokens: (
+        None if tokens % 64 or tokens >= lengths[n] else checkpoint_offsets(lengths)[n] + tokens // 64),
+}
+
+
+def test_checkpoint_row_accepts_the_right_answer():
+    assert remote_judge(NB, 2, checkpoint_row_right).status == PASS
+
+
+@pytest.mark.parametrize("mistake", sorted(WRONG_2))
+def test_checkpoint_row_rejects(mistake):
+    verdict = remote_judge(NB, 2, WRONG_2[mistake])
+    assert verdict.status == FAIL, verdict
+
+
+def test_checkpoint_row_says_why():
+    assert "expected None" in remote_judge(NB, 2, WRONG_2["the final state as a row"]).message
+    assert "checkpoint_offsets" in remote_judge(NB, 2, WRONG_2["checkpoint_offsets (forbidden)"]).message
+    assert "expected an int" in remote_judge(NB, 2, WRONG_2["a float row"]).message
 
 
 # --- exercise 3: one chunk ----------------------------------------------------------------------------
 
-def wy_chunk(q, k, v, g, beta, S0, scale, mask_first=True, decay_to_end=True, inclusive=True):
+def wy_chunk(q, k, v, g, beta, S0, scale, mask_first=True, decay_to_end=True, inclusive=True,
+             inter=True, carry=True, dtype=torch.float32):
     """One chunk in the WY form, with switches for the mistakes the check must catch."""
     C = g.shape[0]
     gamma = g.double().cumsum(0)
@@ -88,23 +146,50 @@ def wy_chunk(q, k, v, g, beta, S0, scale, mask_first=True, decay_to_end=True, in
     U, W = T @ (beta[:, None] * v), T @ ((beta * gamma.exp().float())[:, None] * k)
     v_new = U - W @ S0
     causal = torch.ones(C, C, dtype=torch.bool).tril(0 if inclusive else -1)
-    O = scale * ((q * gamma.exp().float()[:, None]) @ S0 + ((q @ k.T) * masked_exp(causal)) @ v_new)
+    O = scale * ((q * gamma.exp().float()[:, None]) @ S0 * inter + ((q @ k.T) * masked_exp(causal)) @ v_new)
     # Each token's write decays from its own position to the chunk's end: exp(Γ_C − Γ_s).
     to_end = (gamma[-1] - gamma) if decay_to_end else gamma
-    S_next = gamma[-1].exp().float() * S0 + (k * to_end.exp().float()[:, None]).T @ v_new
+    S_next = gamma[-1].exp().float() * S0 * carry + (k * to_end.exp().float()[:, None]).T @ v_new
+    return O.to(dtype), S_next.to(dtype)
+
+
+def chunk_right(q, k, v, g, beta, S0, scale):
+    return wy_chunk(q, k, v, g, beta, S0, scale)
+
+
+def chunk_with_package_factors(q, k, v, g, beta, S0, scale):
+    """The forbidden call: U and W from the package's intra_chunk."""
+    gamma, U, W = intra_chunk(k, v, g, beta)
+    C = g.shape[0]
+    v_new = U - W @ S0
+    keep = torch.ones(C, C, dtype=torch.bool).tril()
+    M = (gamma[:, None] - gamma[None, :]).masked_fill(~keep, float("-inf")).exp().float()
+    O = scale * ((q * gamma.exp().float()[:, None]) @ S0 + ((q @ k.T) * M) @ v_new)
+    S_next = gamma[-1].exp().float() * S0 + (k * (gamma[-1] - gamma).exp().float()[:, None]).T @ v_new
     return O, S_next
 
 
 def test_chunk_helper_is_right():
     """The wrong answers below differ from a right one by one switch each."""
-    assert judge(lookup(NB, 3), wy_chunk).status == "pass"
+    assert remote_judge(NB, 3, chunk_right).status == PASS
 
 
-@pytest.mark.parametrize("mistake", [
-    dict(mask_first=False),      # exponential before the mask: NaN with strong gates
-    dict(decay_to_end=False),    # decay applied from the chunk's start instead of to its end
-    dict(inclusive=False),       # a token does not read its own write
-])
+def _chunk(**switch):
+    return lambda q, k, v, g, beta, S0, scale: wy_chunk(q, k, v, g, beta, S0, scale, **switch)
+
+
+WRONG_3 = {
+    "exponential before the mask (NaN with strong gates)": _chunk(mask_first=False),
+    "writes decayed from the chunk's start": _chunk(decay_to_end=False),
+    "M without its diagonal": _chunk(inclusive=False),
+    "O without the entering state's part": _chunk(inter=False),
+    "S_next without the decayed S0": _chunk(carry=False),
+    "float64 results": _chunk(dtype=torch.float64),
+    "the package's intra_chunk (forbidden)": chunk_with_package_factors,
+}
+
+
+@pytest.mark.parametrize("mistake", sorted(WRONG_3))
 def test_chunk_rejects(mistake):
-    verdict = judge(lookup(NB, 3), lambda *a: wy_chunk(*a, **mistake))
-    assert verdict.status == FAIL, mistake
+    verdict = remote_judge(NB, 3, WRONG_3[mistake])
+    assert verdict.status == FAIL, verdict

@@ -63,6 +63,8 @@ def _codes(obj) -> list:
     obj = getattr(obj, "__wrapped__", obj)
     if isinstance(obj, types.FunctionType):
         return [obj.__code__]
+    if isinstance(getattr(obj, "fn", None), types.FunctionType) and not isinstance(obj, (type, types.ModuleType)):
+        return [obj.fn.__code__]  # a Triton kernel or @triton.jit helper (the interpreter recompiles it)
     if isinstance(obj, types.MethodType):
         return _codes(obj.__func__)
     if isinstance(obj, type):
@@ -277,6 +279,9 @@ def _serve(request: dict, own_file: str) -> dict:
                 forbidden[code] = dotted
         except Exception:  # noqa: BLE001 - a name this version does not have cannot be called
             pass
+    # Triton's interpreter runs a recompiled copy of a @triton.jit function (same file and name)
+    forbidden_by_name = {(code.co_filename, code.co_name): dotted for code, dotted in forbidden.items()
+                         if not code.co_filename.startswith("<")}
     roots = _library_roots(os.path.abspath(os.getcwd()))
     libraries = _library_roots("", site_only=True)  # whose exec'd helpers (namedtuple, dataclasses) run
     cell_dir = os.path.join(os.path.abspath(request["cell_dir"]), "")
@@ -289,8 +294,8 @@ def _serve(request: dict, own_file: str) -> dict:
         if code in seen:
             return
         seen.add(code)
-        if code in forbidden:
-            seen_forbidden.append(forbidden[code])
+        if code in forbidden or (code.co_filename, code.co_name) in forbidden_by_name:
+            seen_forbidden.append(forbidden.get(code) or forbidden_by_name[(code.co_filename, code.co_name)])
             return
         filename = code.co_filename
         if filename == own_file:

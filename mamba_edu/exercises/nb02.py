@@ -53,6 +53,8 @@ def check_unit_lower_inverse(fn) -> str:
             raise AssertionError(f"the answer calls {', '.join(sorted(solvers))}: do the forward "
                                  "substitution yourself, one row at a time")
         expected = torch.linalg.solve_triangular(eye + L, eye, upper=False, unitriangular=True)
+        if isinstance(T, torch.Tensor) and T.dtype != L.dtype:
+            raise AssertionError(f"T has dtype {T.dtype}; expected {L.dtype}, the dtype of L")
         compare(T, expected, name=f"T = (I + L)⁻¹ for C={C}")
     return "(I + L)·T = I for chunk sizes 1, 7 and 64, without torch.linalg"
 
@@ -74,38 +76,45 @@ def packed_checkpoints(lengths: list[int], H: int, HV: int, K: int, V: int, *, s
 @exercise(NOTEBOOK, 2, "find a checkpoint row", "my_checkpoint_row",
           forbidden=("mamba_edu.gdn.varlen.checkpoint_offsets", "mamba_edu.kernels"))
 def check_checkpoint_row(fn) -> str:
-    """Ask ``fn`` for every (sequence, token count) of a packed batch. The checkpoint tensor of a
+    """Ask ``fn`` for every (sequence, token count) of packed batches. The checkpoint tensor of a
     real run decides: every row named must hold the recurrence's state after that many tokens,
-    and ``None`` is right exactly where no row holds it."""
-    lengths = [70, 5, 130, 64]
-    (q, k, v, g, beta), cu, ckpts = packed_checkpoints(lengths, 1, 1, 4, 4, seed=4)
-    # What the run holds: rows offsets[n] … offsets[n+1]-1 are the states after 0, 64, 128, … tokens.
-    offsets = checkpoint_offsets(lengths)
-    held = {(n, 64 * j): offsets[n] + j for n in range(len(lengths)) for j in range(offsets[n + 1] - offsets[n])}
-    for n, length in enumerate(lengths):
-        start = int(cu[n])
-        for tokens in range(length + 1):
-            row, expected = fn(lengths, n, tokens), held.get((n, tokens))
-            if row != expected:
-                raise AssertionError(f"my_checkpoint_row({lengths}, n={n}, tokens={tokens}) = {row!r}; "
-                                     f"expected {expected!r}")
-            if row is not None and tokens > 0:
-                sl = slice(start, start + tokens)
-                state = recurrent_gated_delta_rule(q[sl], k[sl], v[sl], g[sl], beta[sl],
-                                                   use_qk_l2norm=True).final_state[0]
-                compare(ckpts[row], state, name=f"checkpoint row {row}")
-    return f"the right row (or None) for every prefix of lengths {lengths}"
+    and ``None`` is right exactly where no row holds it. Sequences whose length is a multiple of
+    64 come before others (where ``L // 64 + 1`` rows per sequence shifts every later row), and
+    a row must be a Python ``int``."""
+    for seed, lengths in enumerate(([70, 5, 130, 64], [64, 128, 3, 65, 1])):
+        (q, k, v, g, beta), cu, ckpts = packed_checkpoints(lengths, 1, 1, 4, 4, seed=4 + seed)
+        # What the run holds: rows offsets[n] … offsets[n+1]-1 are the states after 0, 64, 128, … tokens.
+        offsets = checkpoint_offsets(lengths)
+        held = {(n, 64 * j): offsets[n] + j for n in range(len(lengths))
+                for j in range(offsets[n + 1] - offsets[n])}
+        for n, length in enumerate(lengths):
+            start = int(cu[n])
+            for tokens in range(length + 1):
+                row, expected = fn(lengths, n, tokens), held.get((n, tokens))
+                if row is not None and type(row) is not int:
+                    raise AssertionError(f"my_checkpoint_row({lengths}, n={n}, tokens={tokens}) returned "
+                                         f"a {type(row).__name__}; expected an int or None")
+                if row != expected:
+                    raise AssertionError(f"my_checkpoint_row({lengths}, n={n}, tokens={tokens}) = {row!r}; "
+                                         f"expected {expected!r}")
+                if row is not None and tokens > 0:
+                    sl = slice(start, start + tokens)
+                    state = recurrent_gated_delta_rule(q[sl], k[sl], v[sl], g[sl], beta[sl],
+                                                       use_qk_l2norm=True).final_state[0]
+                    compare(ckpts[row], state, name=f"checkpoint row {row}")
+    return "the right row (or None) for every prefix of two packed batches"
 
 
 @exercise(NOTEBOOK, 3, "one chunk of the chunked pass", "my_chunk",
           forbidden=("mamba_edu.gdn.chunked", "mamba_edu.gdn.recurrent", "mamba_edu.kernels"))
 def check_chunk(fn) -> str:
     """Chunks of 64 tokens with slow and with strong gates (where an exponential taken before the
-    mask overflows), and a partial chunk of 23 tokens, each from a random entering state;
+    mask overflows), a partial chunk of 23 tokens, and 16 tokens with gates so weak that the
+    entering state still counts at the chunk's end, each from a random entering state;
     outputs and leaving state against the package's token-by-token recurrence."""
     gen = torch.Generator().manual_seed(5)
     K, V = 16, 8
-    for C, A_log in ((64, -1.0), (64, 3.0), (23, 1.0)):
+    for C, A_log in ((64, -1.0), (64, 3.0), (23, 1.0), (16, -4.0)):  # the last: S0 still counts at the end
         q, k = l2norm(torch.randn(2, C, K, generator=gen))
         v = torch.randn(C, V, generator=gen)
         g, beta = gdn_gating(torch.tensor([A_log]), torch.randn(C, 1, generator=gen),
@@ -120,6 +129,10 @@ def check_chunk(fn) -> str:
             raise AssertionError(f"my_chunk returned {type(result).__name__}; expected a tuple (O, S_next)")
         O, S_next = result
         where = f"C={C}, A_log={A_log:+.0f}"
+        for t, name in ((O, "O"), (S_next, "S_next")):
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+                raise AssertionError(f"{name} ({where}) is {getattr(t, 'dtype', type(t).__name__)}; "
+                                     "expected a torch.float32 tensor")
         compare(O, ref.o[:, 0], name=f"O ({where})")
         compare(S_next, ref.final_state[0, 0], name=f"S_next ({where})")
-    return "O and S_next match the recurrence: slow and strong gates, a partial chunk"
+    return "O and S_next match the recurrence: weak, slow and strong gates, partial chunks"

@@ -1,45 +1,179 @@
-"""Notebook 01's checks reject plausible wrong answers and report stubs as not done."""
+"""Notebook 01's checks: the right answers pass, plausible wrong ones fail, a stub is "not done".
+
+Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`).
+"""
 
 import pytest
 import torch
+from exercise_judge import remote_judge
 
-from mamba_edu.exercises.core import FAIL, NOT_DONE, judge, lookup
+from mamba_edu.exercises.core import FAIL, NOT_DONE, PASS
+from mamba_edu.gdn import gdn_gating, l2norm, recurrent_gated_delta_rule
 
-NOTEBOOK = "01_gated_deltanet_recurrence"
-
-
-def eps_outside_the_root(x):
-    x = x.float()
-    return x / (x.norm(dim=-1, keepdim=True) + 1e-6)
+NB = "01_gated_deltanet_recurrence"
 
 
-def softplus_without_threshold(A_log, a, b, dt_bias):
-    x = a.float() + dt_bias.float()
-    return -A_log.float().exp() * torch.log1p(x.exp()), torch.sigmoid(b.float())  # inf above 88
-
-
-def beta_as_softplus(A_log, a, b, dt_bias):
-    x = a.float() + dt_bias.float()
-    return -A_log.float().exp() * torch.nn.functional.softplus(x), torch.nn.functional.softplus(b.float())
-
-
-WRONG = [
-    (1, eps_outside_the_root),
-    (1, lambda x: x.float() / x.float().norm(dim=-1, keepdim=True)),           # no eps at all
-    (2, softplus_without_threshold),
-    (2, beta_as_softplus),
-    (3, lambda value_head, H, HV: value_head % H),                              # interleaved heads
-    (3, lambda value_head, H, HV: float(value_head // (HV // H))),              # not an int
-]
-
-
-@pytest.mark.parametrize("number,wrong", WRONG, ids=[f"ex{n}-{i}" for i, (n, _) in enumerate(WRONG)])
-def test_check_rejects_wrong_answer(number, wrong):
-    assert judge(lookup(NOTEBOOK, number), wrong).status == FAIL
+def stub(*args):
+    raise NotImplementedError("hint")
 
 
 @pytest.mark.parametrize("number", [1, 2, 3])
 def test_stub_is_not_done(number):
-    def stub(*args):
-        raise NotImplementedError("hint")
-    assert judge(lookup(NOTEBOOK, number), stub).status == NOT_DONE
+    assert remote_judge(NB, number, stub).status == NOT_DONE
+
+
+def _judged(number, right, wrong):
+    assert remote_judge(NB, number, right).status == PASS
+    verdict = remote_judge(NB, number, wrong)
+    assert verdict.status == FAIL, verdict
+    return verdict
+
+
+# --- exercise 1: the L2 norm ----------------------------------------------------------------------
+
+def l2norm_right(x):
+    x = x.float()
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+WRONG_1 = {
+    "eps outside the root": lambda x: x.float() / (x.float().norm(dim=-1, keepdim=True) + 1e-6),
+    "no eps": lambda x: x.float() / x.float().norm(dim=-1, keepdim=True),
+    "eps as a floor (max)": lambda x: x.float() / x.float().norm(dim=-1, keepdim=True).clamp(min=1e-6),
+    "the wrong dim": lambda x: x.float() * torch.rsqrt((x.float() ** 2).sum(0, keepdim=True) + 1e-6),
+    "the input's dtype (bf16 stays bf16)": lambda x: x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6),
+    "F.normalize (forbidden)": lambda x: torch.nn.functional.normalize(x.float(), dim=-1, eps=1e-3),
+    "the package's l2norm (forbidden)": lambda x: l2norm(x),
+    "the package's function itself": l2norm,
+}
+
+
+@pytest.mark.parametrize("mistake", sorted(WRONG_1))
+def test_l2norm_rejects(mistake):
+    _judged(1, l2norm_right, WRONG_1[mistake])
+
+
+# --- exercise 2: gating ---------------------------------------------------------------------------
+
+def gating(A_log, a, b, dt_bias, threshold=20.0, sign=-1.0, exp_A=True, bias=True, beta_fn=torch.sigmoid,
+           dtype=torch.float32):
+    x = a.float() + (dt_bias.float() if bias else 0.0)
+    softplus = torch.where(x > threshold, x, torch.log1p(x.clamp(max=threshold).exp()))
+    A = A_log.float().exp() if exp_A else A_log.float()
+    return (sign * A * softplus).to(dtype), beta_fn(b.float()).to(dtype)
+
+
+def gating_right(A_log, a, b, dt_bias):
+    return gating(A_log, a, b, dt_bias)
+
+
+def softplus_without_threshold(A_log, a, b, dt_bias):       # inf above 88
+    x = a.float() + dt_bias.float()
+    return -A_log.float().exp() * torch.log1p(x.exp()), torch.sigmoid(b.float())
+
+
+WRONG_2 = {
+    "softplus without threshold": softplus_without_threshold,
+    "threshold at 0": lambda A_log, a, b, dt_bias: gating(A_log, a, b, dt_bias, threshold=0.0),
+    "g positive": lambda A_log, a, b, dt_bias: gating(A_log, a, b, dt_bias, sign=1.0),
+    "A_log not exponentiated": lambda A_log, a, b, dt_bias: gating(A_log, a, b, dt_bias, exp_A=False),
+    "dt_bias forgotten": lambda A_log, a, b, dt_bias: gating(A_log, a, b, dt_bias, bias=False),
+    "beta as softplus": lambda A_log, a, b, dt_bias: gating(A_log, a, b, dt_bias,
+                                                           beta_fn=torch.nn.functional.softplus),
+    "float64 results": lambda A_log, a, b, dt_bias: gating(A_log, a, b, dt_bias, dtype=torch.float64),
+    "torch's softplus (forbidden)": lambda A_log, a, b, dt_bias: (
+        -A_log.exp() * torch.nn.functional.softplus(a + dt_bias), torch.sigmoid(b)),
+    "the package's gdn_gating (forbidden)": lambda A_log, a, b, dt_bias: gdn_gating(A_log, a, b, dt_bias),
+}
+
+
+@pytest.mark.parametrize("mistake", sorted(WRONG_2))
+def test_gating_rejects(mistake):
+    _judged(2, gating_right, WRONG_2[mistake])
+
+
+def test_gating_says_why():
+    assert "softplus" in remote_judge(NB, 2, WRONG_2["torch's softplus (forbidden)"]).message
+    assert "mamba_edu.gdn.gating" in remote_judge(NB, 2, WRONG_2["the package's gdn_gating (forbidden)"]).message
+
+
+# --- exercise 3: one value head's recurrence --------------------------------------------------
+
+def head_recurrence(q, k, v, g, beta, S0, value_head, scale, key_head=lambda i, H, HV: i // (HV // H),
+                    order="decay, correct, write, read", own_scale=None, start=None, in_place=False,
+                    beta_on_v_only=False, shape=None, dtype=torch.float32):
+    """A right answer, with switches for the mistakes the check must catch."""
+    H, HV, K = q.shape[1], v.shape[1], q.shape[2]
+    hk = key_head(value_head, H, HV)
+    scale = own_scale(K) if own_scale else scale
+    S = S0 if in_place else (S0.clone() if start is None else start(S0))
+    o = []
+    for t in range(q.shape[0]):
+        kt, qt, vt = k[t, hk], q[t, hk], v[t, value_head]
+        decay, b = g[t, value_head].exp(), beta[t, value_head]
+        steps = order.split(", ")
+        read_before = None
+        for step in steps:
+            if step == "decay":
+                S.mul_(decay) if in_place else None
+                S = S if in_place else decay * S
+            elif step == "correct":
+                v_new = (b * vt - S.T @ kt) if beta_on_v_only else b * (vt - S.T @ kt)
+            elif step == "write":
+                S = S + torch.outer(kt, v_new)
+                if in_place:
+                    S0.copy_(S)
+                    S = S0
+            elif step == "read":
+                read_before = scale * (S.T @ qt)
+        o.append(read_before)
+    o = torch.stack(o)
+    if shape == "o [T, 1, V]":
+        o = o[:, None]
+    return o.to(dtype), S.to(dtype)
+
+
+def recurrence_right(q, k, v, g, beta, S0, value_head, scale):
+    return head_recurrence(q, k, v, g, beta, S0, value_head, scale)
+
+
+def recurrence_package(q, k, v, g, beta, S0, value_head, scale):
+    """The forbidden call: the package's reference on one value head."""
+    H, HV = q.shape[1], v.shape[1]
+    hk = value_head // (HV // H)
+    out = recurrent_gated_delta_rule(q[:, [hk]], k[:, [hk]], v[:, [value_head]], g[:, [value_head]],
+                                     beta[:, [value_head]], scale=scale, initial_state=S0[None, None])
+    return out.o[:, 0], out.final_state[0, 0]
+
+
+def _wrong(**switch):
+    return lambda q, k, v, g, beta, S0, value_head, scale: head_recurrence(
+        q, k, v, g, beta, S0, value_head, scale, **switch)
+
+
+WRONG_3 = {
+    "interleaved key heads (i % H)": _wrong(key_head=lambda i, H, HV: i % H),
+    "key head i // H": _wrong(key_head=lambda i, H, HV: i // H),
+    "read S before the decay": _wrong(order="correct, decay, write, read"),
+    "output read before the write (one token late)": _wrong(order="decay, correct, read, write"),
+    "decay after the write": _wrong(order="correct, write, decay, read"),
+    "beta on v only": _wrong(beta_on_v_only=True),
+    "scale K^-1/2 instead of the given one": _wrong(own_scale=lambda K: K ** -0.5),
+    "no scale": _wrong(own_scale=lambda K: 1.0),
+    "starts from zeros, not S0": _wrong(start=torch.zeros_like),
+    "changes S0 in place": _wrong(in_place=True),
+    "o of shape [T, 1, V]": _wrong(shape="o [T, 1, V]"),
+    "float64 results": _wrong(dtype=torch.float64),
+    "the package's recurrence (forbidden)": recurrence_package,
+}
+
+
+@pytest.mark.parametrize("mistake", sorted(WRONG_3))
+def test_head_recurrence_rejects(mistake):
+    _judged(3, recurrence_right, WRONG_3[mistake])
+
+
+def test_head_recurrence_says_why():
+    assert "changed S0 in place" in remote_judge(NB, 3, WRONG_3["changes S0 in place"]).message
+    assert "mamba_edu.gdn" in remote_judge(NB, 3, recurrence_package).message
+    assert "float64" in remote_judge(NB, 3, WRONG_3["float64 results"]).message

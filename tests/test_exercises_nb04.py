@@ -1,27 +1,55 @@
-"""The checks of notebook 04 reject plausible wrong answers and call a stub "not done"."""
+"""Notebook 04's checks: the right answers pass, plausible wrong ones fail, a stub is "not done".
 
+Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`).
+"""
+
+import pytest
 import torch
+from exercise_judge import remote_judge
 
 from mamba_edu.exercises import nb04
-from mamba_edu.exercises.core import FAIL, NOT_DONE, PASS, judge, lookup
+from mamba_edu.exercises.core import FAIL, NOT_DONE, PASS
+from mamba_edu.gdn import causal_conv1d
+from mamba_edu.kernels import build_chunk_meta
+
+NB = nb04.NOTEBOOK
 
 
 def stub(*args):
     raise NotImplementedError("hint: …")
 
 
-def _upload(values, device):
-    return torch.tensor(values, dtype=torch.int32).to(device)
+@pytest.mark.parametrize("number", [1, 2])
+def test_stub_is_not_done(number):
+    assert remote_judge(NB, number, stub).status == NOT_DONE
 
 
-def host_meta(lengths, device, chunks=lambda n: -(-n // 64)):
-    """A host-built answer; ``chunks`` is the number of chunks of a sequence of n tokens."""
+def _rejected(number, wrong, phrase=None):
+    verdict = remote_judge(NB, number, wrong)
+    assert verdict.status == FAIL, verdict
+    if phrase:
+        assert phrase in verdict.message, verdict.message
+
+
+# --- exercise 1: the chunk metadata ---------------------------------------------------------------
+
+def host_meta(lengths, device, chunks=lambda n: -(-n // 64), dtype=torch.int32, inclusive_offsets=False,
+              flat_table=False):
+    """A host-built answer, with switches for the mistakes the check must catch."""
     cu, table, offsets = [0], [], [0]
     for seq, n in enumerate(lengths):
         cu.append(cu[-1] + n)
         table += [[seq, c] for c in range(chunks(n))]
         offsets.append(offsets[-1] + chunks(n))
-    return _upload(cu, device), _upload(table, device).view(-1, 2), _upload(offsets, device)
+    if inclusive_offsets:
+        offsets = offsets[1:]
+    up = lambda values: torch.tensor(values, dtype=dtype).to(device)  # noqa: E731
+    table = up(table).view(-1) if flat_table else up(table).view(-1, 2)
+    return up(cu), table, up(offsets)
+
+
+def meta_right(lengths, device):
+    return host_meta(lengths, device)
 
 
 def device_meta(lengths, device):
@@ -35,35 +63,108 @@ def device_meta(lengths, device):
     return cu, torch.stack([seq, chunk], 1), offsets
 
 
-def test_chunk_meta():
-    ex = lookup(nb04.NOTEBOOK, 1)
-    assert judge(ex, host_meta).status == PASS
-    assert judge(ex, stub).status == NOT_DONE
-    floor = judge(ex, lambda lengths, device: host_meta(lengths, device, lambda n: n // 64))
-    assert floor.status == FAIL and "chunk" in floor.message          # L // 64: off by one
-    plus_one = judge(ex, lambda lengths, device: host_meta(lengths, device, lambda n: n // 64 + 1))
-    assert plus_one.status == FAIL                                     # wrong at multiples of 64
-    synced = judge(ex, device_meta)
-    assert synced.status == FAIL and "sync" in synced.message
+def package_meta(lengths, device):            # the forbidden call
+    meta = build_chunk_meta(lengths, device)
+    return meta.cu_seqlens, meta.chunk_indices, meta.chunk_offsets
 
 
-def conv_state_right(prev, x):
-    return torch.cat([prev, x.T], dim=1)[:, -prev.shape[1]:]
+def _meta(**switch):
+    return lambda lengths, device: host_meta(lengths, device, **switch)
 
 
-def conv_state_from_x_only(prev, x):
-    """Forgets the old state: wrong (and the wrong shape) when L < W−1."""
-    return x[-prev.shape[1]:].T
+WRONG_1 = {
+    "L // 64 chunks (off by one)": (_meta(chunks=lambda n: n // 64), "chunk"),
+    "L // 64 + 1 chunks (wrong at multiples of 64)": (_meta(chunks=lambda n: n // 64 + 1), None),
+    "inclusive chunk_offsets": (_meta(inclusive_offsets=True), "chunk_offsets"),
+    "float tables": (_meta(dtype=torch.float32), "dtype"),
+    "a flat chunk table": (_meta(flat_table=True), None),
+    "built on the device (syncs)": (device_meta, "sync"),
+    "build_chunk_meta (forbidden)": (package_meta, "mamba_edu.kernels"),
+}
 
 
-def conv_state_newest_first(prev, x):
-    return conv_state_right(prev, x).flip(1)
+def test_chunk_meta_accepts_the_right_answer():
+    assert remote_judge(NB, 1, meta_right).status == PASS
 
 
-def test_conv_state_after():
-    ex = lookup(nb04.NOTEBOOK, 2)
-    assert judge(ex, conv_state_right).status == PASS
-    assert judge(ex, stub).status == NOT_DONE
-    short = judge(ex, conv_state_from_x_only)
-    assert short.status == FAIL and "1 new token" in short.message
-    assert judge(ex, conv_state_newest_first).status == FAIL
+@pytest.mark.parametrize("mistake", sorted(WRONG_1))
+def test_chunk_meta_rejects(mistake):
+    _rejected(1, *WRONG_1[mistake])
+
+
+# --- exercise 2: the conv states of a packed batch ------------------------------------------------
+
+def conv_states(prev, x, lengths, old=True, shift=0, newest_first=False, layout="[N, D, W-1]", dtype=None):
+    """A right answer (one gather with a host-built index), with switches for the mistakes."""
+    N, D, w = prev.shape
+    rows, start = [], 0
+    for n, length in enumerate(lengths):
+        end = start + length
+        for j in range(w):
+            t = end - w + j - shift                # the token that lands in column j
+            if t >= start or not old:
+                rows.append(N * w + max(t, 0))     # a row of x (x comes after the old states)
+            else:
+                rows.append(n * w + (w + t - start))   # a column of the old state
+        start = end
+    source = torch.cat([prev.transpose(1, 2).reshape(N * w, D), x])
+    out = source[torch.tensor(rows, device=x.device)].view(N, w, D)
+    if newest_first:
+        out = out.flip(1)
+    out = out if layout == "[N, W-1, D]" else out.transpose(1, 2)
+    return out if dtype is None else out.to(dtype)
+
+
+def conv_states_right(prev, x, lengths):
+    return conv_states(prev, x, lengths)
+
+
+def conv_states_loop(prev, x, lengths):           # another right answer: a loop of slices, no sync
+    out, start = [], 0
+    for n, length in enumerate(lengths):
+        out.append(torch.cat([prev[n], x[start:start + length].T], dim=1)[:, -prev.shape[2]:])
+        start += length
+    return torch.stack(out)
+
+
+def conv_states_device_lengths(prev, x, lengths):  # right values, but the lengths go through the device
+    lens = torch.tensor(lengths, device=x.device)
+    ends = lens.cumsum(0).tolist()                  # a copy to the host
+    out = []
+    for n, end in enumerate(ends):
+        out.append(torch.cat([prev[n], x[end - lengths[n]:end].T], dim=1)[:, -prev.shape[2]:])
+    return torch.stack(out)
+
+
+def conv_states_package(prev, x, lengths):        # the forbidden call
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    weight = torch.zeros(x.shape[1], prev.shape[2] + 1)
+    return causal_conv1d(x, weight, cu_seqlens=cu, initial_states=prev)[1]
+
+
+def _conv(**switch):
+    return lambda prev, x, lengths: conv_states(prev, x, lengths, **switch)
+
+
+WRONG_2 = {
+    "x only: short sequences read the previous sequence's tokens": (_conv(old=False), "new token"),
+    "window one token early (off by one)": (_conv(shift=1), None),
+    "newest column first": (_conv(newest_first=True), None),
+    "layout [N, W-1, D]": (_conv(layout="[N, W-1, D]"), "expected shape"),
+    "float64 states": (_conv(dtype=torch.float64), "float32"),
+    "lengths uploaded and read back (syncs)": (conv_states_device_lengths, "sync"),
+    "causal_conv1d's final states (forbidden)": (conv_states_package, "mamba_edu.gdn.conv"),
+}
+
+
+@pytest.mark.parametrize("right", [conv_states_right, conv_states_loop])
+def test_conv_states_accepts(right):
+    verdict = remote_judge(NB, 2, right)
+    assert verdict.status == PASS, verdict
+
+
+@pytest.mark.parametrize("mistake", sorted(WRONG_2))
+def test_conv_states_rejects(mistake):
+    _rejected(2, *WRONG_2[mistake])

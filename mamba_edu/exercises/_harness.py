@@ -76,7 +76,9 @@ def _codes(obj) -> list:
         modules = [m for name, m in list(sys.modules.items()) if m is not None and (
             name == obj.__name__ or (hasattr(obj, "__path__") and name.startswith(obj.__name__ + ".")))]
         return [c for module in modules for member in list(vars(module).values())
-                if getattr(member, "__module__", None) == module.__name__ for c in _codes(member)]
+                if module.__name__ in (getattr(member, "__module__", None),  # or a Triton kernel's function's
+                                       getattr(getattr(member, "fn", None), "__module__", None))
+                for c in _codes(member)]
     return []
 
 

@@ -8,9 +8,13 @@
 3. ``my_recurrent_kernel`` — a ``@triton.jit`` kernel, one program per (sequence, value head),
    that runs the gated delta rule token by token over a packed batch and writes o and the final
    state. The check launches it and compares with :func:`mamba_edu.gdn.recurrent_gated_delta_rule`.
+4. ``my_chunk_step_kernel`` — a ``@triton.jit`` kernel, one program per chunk, that does one step
+   of the scan with ``tl.dot``: ``Ṽ = U − W S`` and ``S_next = e^{Γ_last} S + K̂ᵀ(e^{Γ_last−Γ} ⊙ Ṽ)``,
+   on short chunks too. The check launches it and compares with the formulas in float64.
 
-The kernels of exercises 1 and 3 are launched by the checks with their own grids, so the
-learner's answer must be a Triton kernel: a torch function cannot pass.
+The kernels of exercises 1, 3 and 4 are launched by the checks with their own grids, so the
+learner's answer must be a Triton kernel: a torch function cannot pass, nor a kernel that calls
+the package's kernel helpers.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from unittest import mock
 import torch
 import triton
 
-from mamba_edu._runtime import default_device, triton_available, triton_missing_message
+from mamba_edu._runtime import default_device, triton_available, triton_interpreted, triton_missing_message
 from mamba_edu.exercises.core import checker, exercise
 from mamba_edu.gdn import l2norm, recurrent_gated_delta_rule
 from mamba_edu.testing import check as compare
@@ -58,7 +62,7 @@ def _require_kernel(fn, name: str) -> None:
 # Exercise 1
 # ---------------------------------------------------------------------------------------------
 
-@exercise(NOTEBOOK, 1, "a Triton L2-norm kernel", "my_l2norm_kernel")
+@exercise(NOTEBOOK, 1, "a Triton L2-norm kernel", "my_l2norm_kernel", forbidden=("mamba_edu.kernels",))
 def check_l2norm_kernel(kernel) -> str:
     """Launch ``kernel[(cdiv(n_rows, ROWS),)](x, y, n_rows, x.stride(0), D, BD, ROWS)`` on column
     slices of wider matrices (row stride ≠ D), D not a power of two, n_rows not a multiple of
@@ -145,12 +149,15 @@ def _expected_counts(lengths, H, HV, K, V) -> dict:
           forbidden=("mamba_edu.kernels", "unittest.mock"))
 def check_program_counts(fn) -> str:
     """Compare with the grids that ``gdn_prefill`` launches, at the real Qwen3-Next head shapes,
-    the Qwen3.5 tensor-parallel-8 slice, the notebook's test batch, and a batch of 64 sequence-head
-    chains with V not a power of two. A kernel that is not launched must have no entry."""
+    the Qwen3.5 tensor-parallel-8 slice, the notebook's test batch, a batch of 64 sequence-head
+    chains with V not a power of two, and batches on either side of the output kernel's V-tile
+    threshold. A kernel that is not launched must have no entry."""
     _require_triton(2)
     cases = [([8192], 16, 32, 128, 128), ([1024] * 8, 16, 32, 128, 128), ([512], 2, 8, 128, 128),
              ([1, 63, 64, 65, 150], 2, 4, 16, 32), ([200, 64], 4, 8, 64, 64),
-             ([100, 30, 64, 5], 8, 16, 64, 96)]
+             ([100, 30, 64, 5], 8, 16, 64, 96),
+             # either side of the output kernel's tile rule: 256 and 264 (chunk, value head) tiles
+             ([2048], 4, 8, 128, 128), ([2112], 4, 8, 128, 128), ([64] * 11, 8, 24, 128, 128)]
     keys = ("prepare", "scan", "output", "scan_steps")
     for lengths, H, HV, K, V in cases:
         want = _expected_counts(lengths, H, HV, K, V)
@@ -166,7 +173,8 @@ def check_program_counts(fn) -> str:
 # Exercise 3
 # ---------------------------------------------------------------------------------------------
 
-@exercise(NOTEBOOK, 3, "the gated delta rule as a Triton kernel", "my_recurrent_kernel")
+@exercise(NOTEBOOK, 3, "the gated delta rule as a Triton kernel", "my_recurrent_kernel",
+          forbidden=("mamba_edu.kernels",))
 def check_recurrent_kernel(kernel) -> str:
     """Launch ``kernel[(N, HV)](q, k, v, g, beta, o, h0, ht, cu, scale, H, HV, K, V)`` on fresh
     packed batches (a 1-token sequence, 2 value heads per key head, K ≠ V) and compare o and the
@@ -199,3 +207,57 @@ def check_recurrent_kernel(kernel) -> str:
         compare(o, ref.o, tol=1e-5, name=f"exercise 3 output o ({case})", quiet=True)
         compare(ht, ref.final_state, tol=1e-5, name=f"exercise 3 final states ({case})", quiet=True)
     return "a Triton kernel; o and the final states match recurrent_gated_delta_rule on packed batches"
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 4
+# ---------------------------------------------------------------------------------------------
+
+def _chunk_step_reference(k, w, u, gamma, n, h):
+    """``(Ṽ [NC, C, V], S_next [NC, K, V])`` in float64, over the first ``n[i]`` rows of chunk i."""
+    v_new, h_next = torch.zeros(u.shape, dtype=torch.float64), torch.zeros(h.shape, dtype=torch.float64)
+    for i, m in enumerate(n.tolist()):
+        kk, ww, uu, gg = (t[i, :m].double() for t in (k, w, u, gamma))
+        hh = h[i].double()
+        v_new[i, :m] = uu - ww @ hh
+        h_next[i] = gg[-1].exp() * hh + (kk * (gg[-1] - gg).exp()[:, None]).T @ v_new[i, :m]
+    return v_new, h_next
+
+
+@exercise(NOTEBOOK, 4, "one chunk step of the scan with tl.dot", "my_chunk_step_kernel",
+          forbidden=("mamba_edu.kernels",))
+def check_chunk_step_kernel(kernel) -> str:
+    """Launch ``kernel[(NC,)](k, w, u, gamma, n, h, v_new, h_next, C, K, V)`` on batches of
+    independent chunks (full and short ones, weak and strong gates, two tile shapes). The rows
+    of a short chunk past ``n[i]`` hold NaN in every input and in ``v_new``: they must be neither
+    read unmasked nor written. ``h`` must be left as it was."""
+    _require_triton(4)
+    _require_kernel(kernel, "my_chunk_step_kernel")
+    dev = default_device()  # CUDA tensors on a GPU, CPU tensors in the interpreter
+    tol = 1e-5 if triton_interpreted() else 5e-3  # a GPU runs fp32 dots as tf32
+    gen = torch.Generator().manual_seed(12)
+    for C, K, V, lengths, strength in ((16, 16, 32, [16, 5, 1, 16], 0.05), (32, 16, 16, [32, 17, 2], 2.0)):
+        NC = len(lengths)
+        n = torch.tensor(lengths, dtype=torch.int32)
+        padding = torch.arange(C)[None, :] >= n[:, None]                     # [NC, C]
+        k = l2norm(torch.randn(NC, C, K, generator=gen))
+        w = 0.5 * torch.randn(NC, C, K, generator=gen)
+        u = torch.randn(NC, C, V, generator=gen)
+        gamma = (-strength * torch.rand(NC, C, generator=gen)).cumsum(1)
+        h = torch.randn(NC, K, V, generator=gen)
+        for t in (k, w, u, gamma):
+            t[padding] = float("nan")                                        # never to be read
+        want_v, want_h = _chunk_step_reference(k, w, u, gamma, n, h)
+        dk, dw, du, dgamma, dn, dh = (t.to(dev) for t in (k, w, u, gamma, n, h))
+        v_new = torch.full((NC, C, V), float("nan"), device=dev)
+        h_next = torch.full((NC, K, V), float("nan"), device=dev)
+        kernel[(NC,)](dk, dw, du, dgamma, dn, dh, v_new, h_next, C, K, V)
+        case = f"C={C}, K={K}, V={V}, tokens per chunk {lengths}"
+        if not torch.equal(dh.cpu(), h):
+            raise AssertionError(f"{case}: the kernel changed h; write the new state into h_next")
+        if not torch.isnan(v_new.cpu()[padding]).all():
+            raise AssertionError(f"{case}: the kernel wrote rows of v_new past n[i] (mask the store)")
+        valid = ~padding
+        compare(v_new.cpu()[valid], want_v[valid], tol=tol, name=f"exercise 4 Ṽ = U − W S ({case})", quiet=True)
+        compare(h_next, want_h, tol=tol, name=f"exercise 4 S_next ({case})", quiet=True)
+    return "a Triton kernel; Ṽ and S_next match the chunk step on full and short chunks"

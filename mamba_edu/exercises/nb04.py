@@ -3,8 +3,8 @@
 1. ``my_chunk_meta`` — the chunk metadata of a packed batch (``cu_seqlens``, ``chunk_indices``,
    ``chunk_offsets``), built on the host from the scheduler's lengths: the same values as
    :func:`mamba_edu.kernels.build_chunk_meta`, and no would-be host sync.
-2. ``my_conv_state_after`` — the conv state a sequence leaves behind, also when it is shorter
-   than the conv window.
+2. ``my_conv_states`` — the conv state every sequence of a packed batch leaves behind (also the
+   ones shorter than the conv window, which keep columns of their old state), without a sync.
 """
 
 from __future__ import annotations
@@ -64,25 +64,34 @@ def check_chunk_meta(fn) -> str:
     return f"{len(_BATCHES)} batches match build_chunk_meta, 0 would-be syncs"
 
 
-@exercise(NOTEBOOK, 2, "the conv state a sequence leaves", "my_conv_state_after",
+@exercise(NOTEBOOK, 2, "the conv states a packed batch leaves", "my_conv_states",
           forbidden=("mamba_edu.gdn.conv", "mamba_edu.kernels"))
-def check_conv_state_after(fn) -> str:
-    """Compare with the reference conv's final state, for sequences shorter and longer than W−1."""
+def check_conv_states(fn) -> str:
+    """``fn(prev [N, D, W−1], x [T, D], lengths)`` -> ``[N, D, W−1]``: compared bit for bit with the
+    reference conv's final states, for batches that mix sequences shorter and longer than W−1
+    (W = 4 and 3), with no would-be sync."""
     gen = torch.Generator().manual_seed(6)
     D = 5
-    for W in (4, 3):
+    for W, lengths in ((4, [1, 10, 2, 3, 4]), (3, [2, 1, 7]), (4, [1])):
+        N, T = len(lengths), sum(lengths)
+        prev = torch.randn(N, D, W - 1, generator=gen)
+        x = torch.randn(T, D, generator=gen)
         weight = torch.randn(D, W, generator=gen)
-        for L in (1, 2, 3, 10):
-            prev = torch.randn(D, W - 1, generator=gen)
-            x = torch.randn(L, D, generator=gen)
-            _, finals = causal_conv1d(x, weight, initial_states=prev[None])
-            got = fn(prev.clone(), x.clone())
-            if not isinstance(got, torch.Tensor) or tuple(got.shape) != (D, W - 1):
-                shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-                raise AssertionError(f"W={W}, {L} new token(s): got shape {shape}; "
-                                     f"expected ({D}, {W - 1})")
-            if not torch.equal(got, finals[0]):
-                raise AssertionError(f"W={W}, {L} new token(s): the state differs from the reference "
-                                     "conv's final state, which is the last W-1 columns of "
-                                     "[prev | x^T], oldest first")
-    return "right for 1, 2, 3 and 10 new tokens, W = 4 and 3"
+        cu = [0]
+        for n in lengths:
+            cu.append(cu[-1] + n)
+        _, finals = causal_conv1d(x, weight, cu_seqlens=cu, initial_states=prev)
+        seen = observe(fn, prev.clone(), x.clone(), list(lengths))
+        got, case = seen.result, f"W={W}, lengths={lengths}"
+        if seen.sync_count:
+            raise AssertionError(f"{case}: {seen.sync_count} would-be host sync(s) "
+                                 f"({', '.join(seen.by_op)}); the lengths are a Python list already")
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != (N, D, W - 1) or got.dtype != prev.dtype:
+            what = f"shape {tuple(got.shape)}, {got.dtype}" if isinstance(got, torch.Tensor) else type(got).__name__
+            raise AssertionError(f"{case}: got {what}; expected shape ({N}, {D}, {W - 1}), {prev.dtype}")
+        wrong = [n for n in range(N) if not torch.equal(got[n], finals[n])]
+        if wrong:
+            n = wrong[0]
+            raise AssertionError(f"{case}: the state of sequence {n} ({lengths[n]} new token(s)) differs "
+                                 "from the reference conv's final state")
+    return "every sequence's conv state, short ones included, W = 4 and 3, no would-be sync"

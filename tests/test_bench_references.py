@@ -60,3 +60,11 @@ def test_ours_on_a_gpu(tmp_path):
                  "--out", str(out)]) == 0
     row = json.loads(out.read_text())["rows"][0]
     assert row["arms"]["ours"]["o_err"] < 1e-2 and len(row["arms"]["ours"]["rounds_ms"]) == 3
+
+
+def test_a_lab_arm_is_compared_with_ours_not_counted_as_a_reference():
+    arms = {"ours": {"rounds_ms": [2.0]}, "lab_chunk_loop": {"rounds_ms": [1.0]},
+            "fla_triton": {"rounds_ms": [4.0]}}
+    assert summarize(arms) == dict(fastest_reference="fla_triton", ratio_best=0.5)
+    assert arms["lab_chunk_loop"]["ratio_ours"] == pytest.approx(0.5)
+    assert "ratio_ours" not in arms["fla_triton"]

@@ -179,6 +179,7 @@ def _flashinfer(case):
 ARMS = {"ours": _ours, "fla_triton": lambda c: _fla(c, False),
         "fla_dispatch": lambda c: _fla(c, True), "flashqla": _flashqla,
         "flashinfer": _flashinfer}
+REFERENCES = ("fla_triton", "fla_dispatch", "flashqla", "flashinfer")
 
 
 def _versions() -> dict:
@@ -256,20 +257,29 @@ class _Graph:
 
 def summarize(arms: dict) -> dict:
     """Median and spread of each timed arm (in place), and the row's ``ratio_best``: ours over
-    the fastest reference that was timed without an error (an arm with ``error`` never counts)."""
+    the fastest of :data:`REFERENCES` that was timed without an error (an arm with ``error``
+    never counts). An arm that is neither ours nor a reference (a lab variant passed to
+    :func:`main`) gets ``ratio_ours``, its median over ours."""
     timed = [n for n, e in arms.items() if e.get("rounds_ms") and "error" not in e]
     for name in timed:
         values = arms[name]["rounds_ms"]
         arms[name]["median_ms"] = statistics.median(values)
         arms[name]["spread"] = (max(values) - min(values)) / arms[name]["median_ms"]
-    refs = {n: arms[n]["median_ms"] for n in timed if n != "ours"}
+    if "ours" in timed:
+        for name in timed:
+            if name != "ours" and name not in REFERENCES:
+                arms[name]["ratio_ours"] = arms[name]["median_ms"] / arms["ours"]["median_ms"]
+    refs = {n: arms[n]["median_ms"] for n in timed if n in REFERENCES}
     if "ours" not in timed or not refs:
         return {}
     best = min(refs, key=refs.get)
     return dict(fastest_reference=best, ratio_best=arms["ours"]["median_ms"] / refs[best])
 
 
-def bench_case(preset: str, lengths: list[int], arms: list[str], rounds: int) -> dict:
+def bench_case(preset: str, lengths: list[int], arms: list[str], rounds: int,
+               table: dict | None = None) -> dict:
+    """One shape, every arm in ``arms`` (built by ``table``, default :data:`ARMS`)."""
+    table = ARMS if table is None else table
     from mamba_edu.testing import rel_err
     case = _Case(preset, lengths)
     row = dict(case=case_name(preset, lengths), T=case.T, N=case.N, H=case.H, HV=case.HV,
@@ -280,7 +290,7 @@ def bench_case(preset: str, lengths: list[int], arms: list[str], rounds: int) ->
         entry = row["arms"][name] = {}
         try:
             with torch.inference_mode():
-                call, out, info = ARMS[name](case)
+                call, out, info = table[name](case)
                 entry.update(info)
                 o, final = out()
                 torch.cuda.synchronize()
@@ -307,12 +317,15 @@ def bench_case(preset: str, lengths: list[int], arms: list[str], rounds: int) ->
     return row
 
 
-def main(argv=None) -> int:
+def main(argv=None, extra_arms: dict | None = None) -> int:
+    """The command line; ``extra_arms`` adds arms (name → builder, like :data:`ARMS`'s) that
+    run by default too: how :mod:`mamba_edu.lab` times a variant beside ours."""
+    table = ARMS | (extra_arms or {})
     parser = argparse.ArgumentParser(prog="python -m mamba_edu.benchmarks.references",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("data/benchmarks/references.json"))
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms")
+    parser.add_argument("--arms", default=",".join(table), help="comma-separated arms")
     parser.add_argument("--cases", default=None,
                         help="comma-separated case names, e.g. 'qwen3-next 1x512' (default: all)")
     parser.add_argument("--clock-log", default=None,
@@ -325,6 +338,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("fla").setLevel(logging.INFO)  # records which backend fla dispatched to
     arms = args.arms.split(",")
+    if unknown := [a for a in arms if a not in table]:
+        parser.error(f"unknown --arms {unknown}; choose from {', '.join(table)}")
     wanted = None if args.cases is None else set(args.cases.split(","))
     versions = _versions()
     result = dict(meta=dict(commit=_commit(), date=datetime.now(timezone.utc).isoformat(
@@ -340,7 +355,7 @@ def main(argv=None) -> int:
         if time.monotonic() - start > args.budget_s:
             result["rows"].append(dict(case=name, skipped="time budget"))
             continue
-        row = bench_case(preset, lengths, arms, args.rounds)
+        row = bench_case(preset, lengths, arms, args.rounds, table)
         row["seconds"] = round(time.monotonic() - start, 1)
         result["rows"].append(row)
         print(json.dumps({k: row.get(k) for k in ("case", "ratio_best", "fastest_reference")}

@@ -17,6 +17,10 @@ Modules (each built on the package's public kernels and helpers):
   output kernel at every shape (``data/benchmarks/output_fold/``, and
   ``ours_graph_ms_other_output_path`` in ``kernels.json``); the kernels were removed and the
   identity is kept here, in torch.
+- :mod:`.chunk_loop`: the whole prefill in one program per (V-tile, sequence, value head),
+  chunk after chunk, with W, U, h and Ṽ kept in registers (the dataflow of FlashInfer's SM90
+  prefill, without its warp specialisation). Never timed on a GPU; ``python -m
+  mamba_edu.lab.bench_chunk_loop`` times it beside ours and the references.
 - :mod:`.prologue_gemms`: projections that compute the RMSNorm, SwiGLU or gated output norm in
   their own GEMM's prologue, one launch instead of two. Never timed against cuBLAS on a GPU.
 

@@ -182,7 +182,7 @@ ARMS = {"ours": _ours, "fla_triton": lambda c: _fla(c, False),
 REFERENCES = ("fla_triton", "fla_dispatch", "flashqla", "flashinfer")
 
 
-def _versions() -> dict:
+def package_versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
     out = {"torch": torch.__version__, "python": platform.python_version()}
     for name in ("triton", "fla-core", "flash-linear-attention", "flash-qla", "tilelang",
@@ -194,7 +194,7 @@ def _versions() -> dict:
     return out
 
 
-def _commit() -> str | None:
+def commit_hash() -> str | None:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip() or None
@@ -202,7 +202,7 @@ def _commit() -> str | None:
         return os.environ.get("MAMBA_EDU_COMMIT")
 
 
-def _sm_clock_mhz() -> float | None:
+def sm_clock_mhz() -> float | None:
     try:
         import pynvml
         pynvml.nvmlInit()
@@ -310,7 +310,7 @@ def bench_case(preset: str, lengths: list[int], arms: list[str], rounds: int,
     for r in range(rounds):
         for name in live[r % len(live):] + live[:r % len(live)]:
             row["arms"][name].setdefault("rounds_ms", []).append(graphs[name].ms_per_call())
-            row["arms"][name].setdefault("sm_mhz", []).append(_sm_clock_mhz())
+            row["arms"][name].setdefault("sm_mhz", []).append(sm_clock_mhz())
     row.update(summarize(row["arms"]))
     del graphs
     torch.cuda.empty_cache()
@@ -341,8 +341,8 @@ def main(argv=None, extra_arms: dict | None = None) -> int:
     if unknown := [a for a in arms if a not in table]:
         parser.error(f"unknown --arms {unknown}; choose from {', '.join(table)}")
     wanted = None if args.cases is None else set(args.cases.split(","))
-    versions = _versions()
-    result = dict(meta=dict(commit=_commit(), date=datetime.now(timezone.utc).isoformat(
+    versions = package_versions()
+    result = dict(meta=dict(commit=commit_hash(), date=datetime.now(timezone.utc).isoformat(
         timespec="seconds"), device=torch.cuda.get_device_name(), torch=versions["torch"],
         triton=versions["triton"], clock_log=args.clock_log, versions=versions,
         rounds=args.rounds, rotate=ROTATE, instrument="CUDA graph replay between CUDA events",

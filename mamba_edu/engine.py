@@ -18,12 +18,15 @@ engine's record of its live batches, :class:`CapturedPrefill`) in :mod:`mamba_ed
 Contracts (docs/architecture.md):
 
 * **Transactions.** Every public call checks its arguments in one pass, before anything changes,
-  and either completes or leaves the engine, its pool and its cache as they were. A failure half
-  way (out of memory, Ctrl-C) is undone: a decode puts its working slots' states back and commits
-  no token; a forward puts its batch's slots back to their prepared states. Cache inserts come
-  first in a commit, each one whole (a snapshot cached by a call that then failed stays cached:
-  it is correct, and its request got a fresh track slot). Evicting cached snapshots to make room
-  cannot be undone, so it is the last step of a ``prepare_prefill``, after every upload.
+  and either completes or leaves the engine, its pool, its cache and its requests exactly as they
+  were. A failure half way (out of memory, Ctrl-C) is undone by an :class:`_Undo` taken before the
+  call's first change: the pool's free list and owners, the cache's tree (inserts, evictions,
+  locks, recency), the running and pending requests, the live batches and the stats, and the
+  states of every slot the call writes (saved before its first write). So a ``prepare_prefill``
+  whose snapshot copy fails gets its evictions back, a ``finish_prefill`` or ``decode`` that fails
+  after a cache insert takes the insert back, and a ``prefill`` that fails leaves no trace (not
+  even its prepare's evictions). A failed forward puts its batch's slots back to their prepared
+  states (the batch may be run again or aborted).
 * **Ownership.** Every slot the engine holds is allocated to it in the pool, and every prefix lock
   is taken in its name: ``engine.pool.free``, ``engine.cache.unlock`` or ``engine.cache.insert``
   called by anyone else refuse them.
@@ -73,6 +76,53 @@ class _Owner:
 
     def __repr__(self) -> str:
         return "an Engine (its running requests and prepared batches)"
+
+
+class _Undo:
+    """What one engine call may change, saved before it changes anything, so that a failure half
+    way (out of memory, Ctrl-C) can put all of it back with :meth:`rollback`.
+
+    Host (saved at once, plain copies): the pool's free list and owners, the cache's tree (edges,
+    snapshots, locks, recency), the running and pending requests, the live batches (with their
+    statuses and track slot lists) and the stats. Device: the states of the slots the call writes,
+    saved by :meth:`save_states` before each slot's first write (a snapshot about to be evicted and
+    reused, a free slot about to be zeroed, a working slot about to get a prefix snapshot)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.books = engine.pool._save_bookkeeping()
+        self.tree = engine.cache._save_tree()
+        self.running, self.pending = dict(engine.running), dict(engine.pending)
+        self.stats = vars(engine.stats).copy()
+        self.live = engine._live._save()
+        self.tracks = [(b, [list(t) for t in b._track_slot_lists]) for b in engine._live]
+        self.states, self.saved = [], set()
+
+    def save_states(self, slots) -> None:
+        """Keep the current states of ``slots`` (those not kept already) for :meth:`rollback`."""
+        new = sorted(set(slots) - self.saved)
+        if new:
+            pool = self.engine.pool
+            idx = torch.tensor(new, device=pool.conv.device)
+            self.states.append((idx, pool.conv[:, idx].clone(), pool.ssm[:, idx].clone()))
+            self.saved.update(new)
+
+    def rollback(self) -> None:
+        """Put everything back as it was when this undo was taken (host first: plain assignments)."""
+        e = self.engine
+        e.pool._restore_bookkeeping(self.books)
+        e.cache._restore_tree(self.tree)
+        e.running.clear()
+        e.running.update(self.running)
+        e.pending.clear()
+        e.pending.update(self.pending)
+        vars(e.stats).update(self.stats)
+        e._live._restore(self.live)
+        for batch, lists in self.tracks:
+            batch._track_slot_lists[:] = [list(t) for t in lists]
+        for idx, conv, ssm in reversed(self.states):
+            e.pool.conv[:, idx] = conv
+            e.pool.ssm[:, idx] = ssm
 
 
 def _single_threaded(method):
@@ -169,14 +219,19 @@ class Engine:
                              f"max_requests={self.max_requests}")
         return requests
 
-    def _alloc(self, n: int) -> list[int]:
+    def _alloc(self, n: int, undo: _Undo) -> list[int]:
         """``n`` free slots for this engine, evicting cached snapshots if needed; raises
-        :class:`PoolExhausted` before changing anything."""
+        :class:`PoolExhausted` before changing anything. The slots' states (zeroed by the
+        allocation: a snapshot that was evicted, or a free slot's) are saved in ``undo`` first."""
         missing = n - self.pool.n_free
+        freed = []
         if missing > 0:
-            if missing > self.cache.evictable_slots():
+            freed = [v.slot for v in self.cache.eviction_plan(missing) if v.slot is not None]
+            if len(freed) < missing:
                 raise PoolExhausted(f"state pool exhausted: need {n} slots, {self.pool.n_free} free and "
-                                    f"{self.cache.evictable_slots()} evictable cache snapshots")
+                                    f"{len(freed)} evictable cache snapshots")
+        undo.save_states(self.pool.peek(n, freed))
+        if missing > 0:
             self.cache.evict(missing)
         return self.pool.alloc(n, self._owner)
 
@@ -189,8 +244,13 @@ class Engine:
         Returns a :class:`PreparedPrefill` owned by this engine; give it to
         :meth:`forward_prefill` and then :meth:`finish_prefill` (or :meth:`abort_prefill`).
         Everything that can fail (the checks, the plan, the upload) happens before the pool
-        or the cache changes.
+        or the cache changes; a failure after that (the snapshot copies) is undone, evictions
+        included.
         """
+        return self._prepare(requests)
+
+    def _prepare(self, requests, undo: _Undo | None = None) -> PreparedPrefill:
+        """``prepare_prefill``; with ``undo`` (``prefill``'s own) the caller undoes a failure."""
         requests = self._check_requests(requests)
         matches = [self.cache.match(list(r.token_ids), max_length=len(r.token_ids) - 1, touch=False)
                    for r in requests]
@@ -209,24 +269,28 @@ class Engine:
                  for i, (m, e) in enumerate(zip(matches, extends))]
         inputs = build_extend_batch([r.rid for r in requests], extends, [m.length for m in matches],
                                     working, plans, [m.kv for m in matches], self.model.device)
-        # Commit: evict (cannot be undone), take the planned slots, lock, restore the snapshots.
-        self.cache.evict(max(missing, 0), protect=[m.node for m in matches])
-        taken = self.pool.alloc(need, self._owner)
+        # Commit: evict, take the planned slots, restore the snapshots, lock; undone on a failure.
+        own = undo is None
+        undo = _Undo(self) if own else undo
         try:
+            undo.save_states(slots)  # free slots and the snapshots about to be evicted
+            self.cache.evict(max(missing, 0), protect=[m.node for m in matches])
+            taken = self.pool.alloc(need, self._owner)
             if taken != slots:  # the plan above is what alloc does; a mismatch is a bug
                 raise RuntimeError(f"internal error: planned slots {slots}, allocated {taken}")
             for m, slot in zip(matches, working):
                 if m.slot is not None:
                     self.pool.copy_slot(m.slot, slot)
+            for m in matches:
+                self.cache.lock(m.node, self._owner)
+                self.cache.touch(m)
+            batch = self._live.open(inputs, requests, matches,
+                                    [slots[i * per_request + 1:(i + 1) * per_request] for i in range(len(requests))])
+            self.pending.update(zip(inputs.rids, working))
         except BaseException:
-            self.pool.free(taken, self._owner)
+            if own:
+                undo.rollback()
             raise
-        for m in matches:
-            self.cache.lock(m.node, self._owner)
-            self.cache.touch(m)
-        batch = self._live.open(inputs, requests, matches,
-                                [slots[i * per_request + 1:(i + 1) * per_request] for i in range(len(requests))])
-        self.pending.update(zip(inputs.rids, working))
         return batch
 
     @_single_threaded
@@ -274,28 +338,30 @@ class Engine:
         """Re-arm a prepared batch for one more forward (benchmarks that rerun one batch): its
         working and track slots get back the states ``prepare_prefill`` gave them."""
         self._live.check(batch, "reset_prefill")
-        self._restore_prepared_states(batch)
+        undo = _Undo(self)
+        try:
+            undo.save_states(batch.owned_slots)
+            self._restore_prepared_states(batch)
+        except BaseException:
+            undo.rollback()
+            raise
         batch._status, batch.logits, batch.kv, batch._started = PREPARED, None, None, False
 
     def _run_model(self, batch: ForwardBatch) -> ModelOutput:
         return self.model(batch, self.backend)
 
-    def _donate(self, tokens, kv, track_slots: list[int], index: int, length: int) -> None:
+    def _donate(self, tokens, kv, track_slots: list[int], index: int, length: int, undo: _Undo) -> None:
         """Offer the snapshot in ``track_slots[index]`` (state after ``length`` tokens) to the
         cache; if taken, the list gets a fresh slot in its place. The fresh slot is allocated
         first: with none to be had the snapshot is simply not cached, and the request never
-        writes a slot the cache owns. Either the cache took the slot and the list holds the fresh
-        one, or nothing changed."""
+        writes a slot the cache owns. A failure half way is the caller's to undo (``undo``: the
+        insert, the allocation and its evictions go back with the call's other changes)."""
         try:
-            fresh = self._alloc(1)[0]
+            fresh = self._alloc(1, undo)[0]
         except PoolExhausted:
             return
-        try:
-            took = self.cache.insert(list(tokens[:length]), track_slots[index],
-                                     [(k[:length], v[:length]) for k, v in kv], self._owner)
-        except BaseException:
-            self.pool.free([fresh], self._owner)
-            raise
+        took = self.cache.insert(list(tokens[:length]), track_slots[index],
+                                 [(k[:length], v[:length]) for k, v in kv], self._owner)
         if took:
             track_slots[index] = fresh
         else:
@@ -306,8 +372,9 @@ class Engine:
         """After the forward: insert tracked snapshots into the cache, then register the requests.
 
         ``logits``: what ``forward_prefill(batch)`` returned (or the batch's captured graph's
-        ``logits``); None means the batch's own. If it fails half way (out of memory), the batch
-        stays forwarded and can be finished (or aborted) again.
+        ``logits``); None means the batch's own. If it fails half way (out of memory), everything
+        is undone (the cache inserts too): the batch stays forwarded and can be finished (or
+        aborted) again.
         """
         self._live.check(batch, "finish_prefill")
         runs = [run for run in (batch, batch.captured) if run is not None and run.logits is not None]
@@ -320,21 +387,26 @@ class Engine:
             raise ValueError(f"logits must be the tensor forward_prefill(batch) returned for this batch "
                              f"([{batch.forward_batch.size}, {self.config.vocab}]); got another ({shape}): "
                              f"a batch is finished with its own logits")
-        next_tokens = run.logits.argmax(-1)
-        fb = batch.forward_batch
-        for i, (r, plan) in enumerate(zip(batch._requests, fb.plans)):  # cache inserts first
-            if plan.tracked:
-                self._donate(r.token_ids, run.kv[i], batch._track_slot_lists[i], 0, plan.track_len)
-        for i, (r, plan) in enumerate(zip(batch._requests, fb.plans)):
-            track = batch._track_slot_lists[i]
-            self.running[r.rid] = RunningRequest(r.rid, list(r.token_ids), fb.working_slots[i], list(track),
-                                                 int(plan.tracked) % self.tracks_per_request, run.kv[i],
-                                                 next_tokens[i:i + 1])
-            self.stats.requests += 1
-            self.stats.prefix_hits += plan.prefix_len > 0
-            self.stats.cached_tokens += plan.prefix_len
-            self.stats.computed_tokens += plan.extend_len
-        self._close_prepared(batch, FINISHED)
+        undo = _Undo(self)
+        try:
+            next_tokens = run.logits.argmax(-1)
+            fb = batch.forward_batch
+            for i, (r, plan) in enumerate(zip(batch._requests, fb.plans)):  # cache inserts first
+                if plan.tracked:
+                    self._donate(r.token_ids, run.kv[i], batch._track_slot_lists[i], 0, plan.track_len, undo)
+            for i, (r, plan) in enumerate(zip(batch._requests, fb.plans)):
+                track = batch._track_slot_lists[i]
+                self.running[r.rid] = RunningRequest(r.rid, list(r.token_ids), fb.working_slots[i], list(track),
+                                                     int(plan.tracked) % self.tracks_per_request, run.kv[i],
+                                                     next_tokens[i:i + 1])
+                self.stats.requests += 1
+                self.stats.prefix_hits += plan.prefix_len > 0
+                self.stats.cached_tokens += plan.prefix_len
+                self.stats.computed_tokens += plan.extend_len
+            self._close_prepared(batch, FINISHED)
+        except BaseException:
+            undo.rollback()
+            raise
 
     @_single_threaded
     def abort_prefill(self, batch: PreparedPrefill) -> None:
@@ -342,8 +414,13 @@ class Engine:
         failed): free its working and track slots and unlock its prefix matches. Nothing is
         cached and no request starts running. Call it at most once, instead of ``finish_prefill``."""
         self._live.check(batch, "abort_prefill")
-        self.pool.free(batch.owned_slots, self._owner)
-        self._close_prepared(batch, ABORTED)
+        undo = _Undo(self)
+        try:
+            self.pool.free(batch.owned_slots, self._owner)
+            self._close_prepared(batch, ABORTED)
+        except BaseException:
+            undo.rollback()
+            raise
 
     def _close_prepared(self, batch: PreparedPrefill, status: str) -> None:
         """End a prepared batch (finished or aborted): it is no longer live nor pending and its
@@ -356,14 +433,19 @@ class Engine:
 
     @_single_threaded
     def prefill(self, requests: list[Request]) -> PrefillResult:
-        """Prefill new requests; they keep running (for :meth:`decode`) until :meth:`release`."""
-        batch = self.prepare_prefill(requests)
+        """Prefill new requests; they keep running (for :meth:`decode`) until :meth:`release`.
+
+        A failure anywhere (prepare, forward or finish) leaves no trace: the prepare's evictions,
+        slots, locks and snapshot copies, the forward's states (the scratch slot's too) and the
+        finish's cache inserts are all undone."""
+        undo = _Undo(self)
         try:
+            undo.save_states([SCRATCH_SLOT])
+            batch = self._prepare(requests, undo)
             logits = self.forward_prefill(batch)
             self.finish_prefill(batch, logits)
         except BaseException:
-            if batch in self._live:
-                self.abort_prefill(batch)
+            undo.rollback()
             raise
         fb = batch.forward_batch
         return PrefillResult(logits, logits.argmax(-1).tolist(), list(fb.prefix_lens), list(fb.track_lens))
@@ -436,6 +518,7 @@ class Engine:
         idx = torch.tensor(written, device=self.pool.conv.device)
         saved = self.pool.conv[:, idx].clone(), self.pool.ssm[:, idx].clone()
         new_tracks = [list(r.track_slots) for r in reqs]  # a donation swaps a slot in here
+        undo = None  # taken before the first cache insert (only when one is due)
         try:
             ids = torch.cat([r.next_token for r in reqs])
             kvs, generated, all_logits = [r.kv for r in reqs], [], []
@@ -450,15 +533,17 @@ class Engine:
                 all_logits.append(logits)
             first = torch.cat([r.next_token for r in reqs])
             host = torch.stack([first, *generated], 1).tolist()  # the one host sync of decode
-            for i, r in enumerate(reqs):  # cache inserts first
-                if plan.snapshots[i] is not None:
-                    self._donate(r.tokens + host[i][:-1], kvs[i], new_tracks[i], *plan.snapshots[i])
+            if any(s is not None for s in plan.snapshots):
+                undo = _Undo(self)
+                for i, r in enumerate(reqs):  # cache inserts first
+                    if plan.snapshots[i] is not None:
+                        self._donate(r.tokens + host[i][:-1], kvs[i], new_tracks[i], *plan.snapshots[i], undo)
             stacked = torch.stack(all_logits)
         except BaseException:
+            if undo is not None:  # the inserts, fresh slots and evictions (before the states below)
+                undo.rollback()
             self.pool.conv[:, idx] = saved[0]
             self.pool.ssm[:, idx] = saved[1]
-            for r, track in zip(reqs, new_tracks):  # a snapshot the cache took stays the cache's
-                r.track_slots = track
             raise
         for i, r in enumerate(reqs):  # plain assignments: nothing below can fail
             r.tokens = r.tokens + host[i][:-1]  # what was fed: the previous next token, all but the last

@@ -113,6 +113,21 @@ class LiveBatches:
         batch._status = status
         self._batches = [b for b in self._batches if b is not batch]
 
+    def _save(self) -> list[tuple[PreparedPrefill, str]]:
+        """The live batches and their statuses, for the undo of an engine call that failed half
+        way (:meth:`_restore`)."""
+        return [(b, b._status) for b in self._batches]
+
+    def _restore(self, saved: list[tuple[PreparedPrefill, str]]) -> None:
+        """Put back what :meth:`_save` saved: a batch closed since is live again with its status;
+        one opened since is no longer live (it was never handed out)."""
+        for b in self._batches:
+            if not any(b is s for s, _ in saved):
+                b._status = ABORTED
+        self._batches = [b for b, _ in saved]
+        for b, status in saved:
+            b._status = status
+
     def check(self, batch, action: str) -> PreparedPrefill:
         """``batch`` must be a live prepared prefill of this engine; raises (naming the problem)
         before anything changes."""

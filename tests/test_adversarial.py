@@ -20,7 +20,6 @@ import math
 import re
 import pickle
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _helpers import call_during_decode  # noqa: E402
 from test_misuse import P, busy_engine, state  # noqa: E402
 
 from mamba_edu.engine import Engine, Request  # noqa: E402
@@ -222,23 +222,7 @@ engine_case("cache.insert KV of too many layers", "per attention layer",
 # ---- the thread guard -----------------------------------------------------------------------
 def _second_thread(e):
     """A call from a second thread while the first thread's call is running."""
-    started, release, errors = threading.Event(), threading.Event(), []
-    real = e._run_model
-
-    def slow(batch):
-        started.set()
-        release.wait(10)
-        return real(batch)
-    e._run_model = slow
-    worker = threading.Thread(target=lambda: e.decode(1))
-    worker.start()
-    started.wait(10)
-    try:
-        e.release(["run"])
-    finally:
-        release.set()
-        worker.join()
-        e._run_model = real
+    call_during_decode(e, lambda: e.release(["run"]))
 
 
 CASES.append(("second thread's call while a decode runs",

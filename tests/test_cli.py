@@ -12,23 +12,14 @@ import pytest
 import torch
 
 from mamba_edu import _cli, data_dir
-from mamba_edu.__main__ import COMMANDS, build_parser, main
+from _helpers import run_main
+from mamba_edu.__main__ import COMMANDS, build_parser
 from mamba_edu.profiling import analyze_trace
 
 ON_GPU = torch.cuda.is_available()
 RUNS = data_dir() / "runs"
 NAIVE_TRACE = RUNS / "launch_bound_1x512" / "naive.pt.trace.json.gz"
 needs_data = pytest.mark.skipif(not NAIVE_TRACE.exists(), reason="data/ is not in this checkout")
-
-
-def run_main(capsys, *argv) -> tuple[int, str, str]:
-    """``main(argv)`` in process: its exit code (returned or raised by argparse) and output."""
-    try:
-        code = main(list(argv))
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def run_cli(*argv, exe=(sys.executable, "-m", "mamba_edu")) -> subprocess.CompletedProcess:

@@ -23,8 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _helpers import run_main
 from mamba_edu import data_dir
-from mamba_edu.__main__ import main
 from mamba_edu.profiling.bubbles import (
     MAX_STACK_DEPTH,
     TraceAnalysis,
@@ -72,15 +72,6 @@ def write(path: Path, obj=None, *, text=None, raw=None, gz=False) -> Path:
     data = raw if raw is not None else (text if text is not None else json.dumps(obj)).encode()
     path.write_bytes(gzip.compress(data) if gz else data)
     return path
-
-
-def run_main(capsys, *argv):
-    try:
-        code = main(list(argv))
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def refused(capsys, path: Path, *words: str) -> str:

@@ -423,3 +423,26 @@ def test_abort_and_reset_failing_half_way_change_nothing(monkeypatch, call):
     monkeypatch.undo()
     engine.finish_prefill(batch)  # still a good forwarded batch
     assert "x" in engine.running
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_the_scratch_slot_contents_reach_no_output_and_no_other_slot(strategy):
+    """Why the replay does not compare the scratch slot: what it holds (here NaN, written before
+    every call) changes no output and no other slot's states."""
+    def run(garbage):
+        engine = Engine(MODEL, strategy=strategy, max_requests=3, cache_slots=2, track_interval=64)
+        outputs = []
+        for call in (lambda: engine.prefill([Request("a", P[:140]), Request("b", P[200:230])]),
+                     lambda: engine.decode(3), lambda: engine.prefill([Request("c", P[:150])]),
+                     lambda: engine.decode(32)):  # b reaches 64: a decode snapshot
+            if garbage:
+                engine.pool.conv[:, SCRATCH_SLOT] = float("nan")
+                engine.pool.ssm[:, SCRATCH_SLOT] = float("nan")
+            outputs.append(call().logits)
+        return engine, outputs
+    clean, want = run(False)
+    dirty, got = run(True)
+    outputs_equal(got, want)
+    assert_same_states_but_scratch(dirty.pool.conv, clean.pool.conv, "conv")
+    assert_same_states_but_scratch(dirty.pool.ssm, clean.pool.ssm, "ssm")
+    assert cache_state(dirty.cache) == cache_state(clean.cache)

@@ -77,3 +77,27 @@ def assert_same_state(before: dict, engine) -> None:
     for name in before:
         if name not in ("conv", "ssm"):
             assert before[name] == after[name], f"{name} changed: {before[name]} -> {after[name]}"
+
+
+def check_prefill_against_reference(inputs, lengths, o, ckpt, pool, pool0, slots, track, meta,
+                                    tol: float = 1e-4) -> None:
+    """A prefill's outputs, checkpoints, final states and tracked states (``track = (track
+    slots, track chunks)``, -1 = none) equal the chunked reference from ``pool0[slots]``, and the
+    pool's last (spare) slot is untouched."""
+    from mamba_edu.gdn import chunk_gated_delta_rule, cu_offsets
+    from mamba_edu.testing import rel_err
+    ref = chunk_gated_delta_rule(**inputs, initial_state=pool0[slots],
+                                 cu_seqlens=cu_offsets(lengths), use_qk_l2norm=True,
+                                 output_checkpoints=True)
+    assert rel_err(o, ref.o) <= tol
+    assert rel_err(ckpt, ref.checkpoints) <= tol
+    assert rel_err(pool[slots], ref.final_state) <= tol
+    for n, (slot, chunk) in enumerate(zip(*track)):
+        if chunk < 0:
+            expected = pool0[slot]
+        elif chunk == -(-lengths[n] // 64):
+            expected = ref.final_state[n]
+        else:
+            expected = ref.checkpoints[meta.offsets[n] + chunk]
+        assert rel_err(pool[slot], expected) <= tol, (n, chunk)
+    assert torch.equal(pool[-1], pool0[-1])

@@ -7,12 +7,12 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from mamba_edu import triton_interpreted
-from mamba_edu.gdn import chunk_gated_delta_rule, cu_offsets
 from mamba_edu.kernels import build_chunk_meta_with_indices
 from mamba_edu.kernels.inputs import random_pool, random_prefill_inputs
 from mamba_edu.kernels.prefill import prefill_triton
 from mamba_edu.lab.chunk_loop import prefill_chunk_loop
 from mamba_edu.testing import rel_err
+from _helpers import check_prefill_against_reference
 
 interpreted = pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1")
 
@@ -44,21 +44,8 @@ def test_chunk_loop_matches_the_reference(lengths, data, heads, block_v):
     pool = pool0.clone()
     o, ckpt, meta = _launch(prefill_chunk_loop, inputs, pool, lengths, slots,
                             (track_slots, chunks), block_v=block_v)
-    ref = chunk_gated_delta_rule(**inputs, initial_state=pool0[slots],
-                                 cu_seqlens=cu_offsets(lengths), use_qk_l2norm=True,
-                                 output_checkpoints=True)
-    assert rel_err(o, ref.o) <= 1e-4
-    assert rel_err(ckpt, ref.checkpoints) <= 1e-4
-    assert rel_err(pool[slots], ref.final_state) <= 1e-4
-    for n, (slot, chunk) in enumerate(zip(track_slots, chunks)):
-        if chunk < 0:
-            expected = pool0[slot]
-        elif chunk == counts[n]:
-            expected = ref.final_state[n]
-        else:
-            expected = ref.checkpoints[meta.offsets[n] + chunk]
-        assert rel_err(pool[slot], expected) <= 1e-4, (n, chunk)
-    assert torch.equal(pool[-1], pool0[-1])  # the spare slot
+    check_prefill_against_reference(inputs, lengths, o, ckpt, pool, pool0, slots,
+                                    (track_slots, chunks), meta)
 
 
 @interpreted

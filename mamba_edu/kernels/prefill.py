@@ -322,6 +322,15 @@ def advance_state(S, k, v_new, gamma, gamma_last, valid):
 
 
 @triton.jit
+def state_slab(v0, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """The ``K × BV`` slab of a head's ``[K, V]`` state from column ``v0``: ``(offsets [BK, BV]
+    within the head, mask)``."""
+    rk = tl.arange(0, BK)
+    cv = v0 + tl.arange(0, BV)
+    return rk[:, None] * V + cv[None, :], (rk < K)[:, None] & (cv < V)[None, :]
+
+
+@triton.jit
 def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool_ptr,
                   cu_ptr, chunk_off_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -335,11 +344,7 @@ def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h
     hk = hv // (HV // H)
     v0 = i_v * BV
 
-    # The K × BV slab of this head's state, at its place in a [K, V] state.
-    rk = tl.arange(0, BK)
-    cv = v0 + tl.arange(0, BV)
-    slab_mask = (rk < K)[:, None] & (cv < V)[None, :]
-    slab = rk[:, None] * V + cv[None, :]
+    slab, slab_mask = state_slab(v0, K, V, BK, BV)
     HEAD = K * V
     slot = tl.load(state_idx_ptr + seq).to(tl.int64)
     state_ptr = pool_ptr + (slot * HV + hv) * HEAD + slab

@@ -31,7 +31,8 @@ import triton.language as tl
 
 from mamba_edu.kernels.prefill import (CHUNK, G_FLOOR, _chunk_output, _gated_norm, _inverse_norm,
                                        _queries, advance_state, fp16_inverse, head_block,
-                                       invert_unit_lower, work_dtype)
+                                       invert_unit_lower, sequence_chunks, state_slab,
+                                       work_dtype)
 from mamba_edu.kernels.tiles import gate_values, load_rows, store_rows
 
 
@@ -69,17 +70,10 @@ def chunk_loop_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_p
     with ``TRACK`` the tracked state into its track slot, with ``CKPT`` every chunk's start
     state into ``ckpt [NT, HV, K, V]`` fp32, with ``GATE`` the output normed (``BV = V``)."""
     i_v, seq, hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    bos = tl.load(cu_ptr + seq)
-    eos = tl.load(cu_ptr + seq + 1)
-    first_chunk = tl.load(chunk_off_ptr + seq).to(tl.int64)
-    n_chunks = tl.load(chunk_off_ptr + seq + 1) - tl.load(chunk_off_ptr + seq)
+    bos, eos, first_chunk, n_chunks = sequence_chunks(seq, cu_ptr, chunk_off_ptr)
     hk = hv // (HV // H)
     v0 = i_v * BV
-
-    rk = tl.arange(0, BK)
-    cv = v0 + tl.arange(0, BV)
-    slab_mask = (rk < K)[:, None] & (cv < V)[None, :]
-    slab = rk[:, None] * V + cv[None, :]
+    slab, slab_mask = state_slab(v0, K, V, BK, BV)
     HEAD = K * V
     state_ptr = pool_ptr + (tl.load(state_idx_ptr + seq).to(tl.int64) * HV + hv) * HEAD + slab
     S = tl.load(state_ptr, mask=slab_mask, other=0.0)

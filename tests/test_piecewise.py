@@ -143,13 +143,16 @@ def test_capture_modes_are_checked(hybrid):
 
 # ---- GPU ------------------------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("strategy", list(STRATEGIES))
-def test_piecewise_replay_matches_eager(strategy):
+@pytest.mark.parametrize("strategy,mode", [(s, "piecewise") for s in STRATEGIES]
+                         + [("sync_free", "graph"), ("fused", "graph")])
+def test_replay_matches_eager(strategy, mode):
+    """Both capture modes: each replay from the restored states gives eager's logits and pools."""
     model = build_model("tiny", device="cuda")
     engine, batch = _engine_and_batch(model, strategy)
-    captured = engine.capture_prefill(batch, mode="piecewise")
-    n_gdn = sum(layer.kind == "gdn" for layer in model.layers)
-    assert captured.graph.n_pieces == n_gdn + 1 and len(captured.graph.graphs) == n_gdn + 1
+    captured = engine.capture_prefill(batch, mode=mode)
+    if mode == "piecewise":
+        n_gdn = sum(layer.kind == "gdn" for layer in model.layers)
+        assert captured.graph.n_pieces == n_gdn + 1 and len(captured.graph.graphs) == n_gdn + 1
     eager = engine.forward_prefill(batch).clone()
     pools = engine.pool.conv[:, 1:].clone(), engine.pool.ssm[:, 1:].clone()
     for _ in range(2):  # a second replay starts from the restored states again

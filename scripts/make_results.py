@@ -353,6 +353,33 @@ How the references reach a machine without network: [`docs/references.md`](refer
 """
 
 
+def section_replay_overhead() -> str:
+    """Replay overhead by two instruments, same run (mamba_edu.benchmarks.replay)."""
+    rel = "bench/replay.json"
+    if not (DATA / rel).exists():
+        return ""
+    d = load(rel)
+    rows = [[f"`{r['case']}` (vocab {r['vocab']})", r["mode"], f(r["events_ms"], 4),
+             f(r["busy_ms"], 4), f(r["span_ms"], 4),
+             f"{100 * r['events_overhead']:.1f} (±{50 * r['events_overhead_spread']:.1f})",
+             f"{100 * r['span_overhead']:.1f} (±{50 * r['span_overhead_spread']:.1f})"]
+            for r in d["rows"]]
+    clocks = [x["sm_mhz"] for r in d["rows"] for x in r["rounds"] if x.get("sm_mhz")]
+    clock = f"SM clock {min(clocks):.0f}–{max(clocks):.0f} MHz" if clocks else "SM clock not read"
+    return f"""## Replay overhead, two instruments
+
+The `fused` prefill captured whole (`graph`) and in SGLang's pieces (`piecewise`), the LM head
+sharded as tensor parallelism 8 shards it. *events*: ms per replay from CUDA events around
+{d['meta']['replays']} back-to-back replays; *busy* and *span*: one profiled replay of the same
+capture (union of kernel intervals; first kernel start to last kernel end). Overheads in % of
+busy, medians of {d['meta']['rounds']} rotated rounds (± half the spread). {clock}.
+
+{run_line(rel)}
+
+{table(["case", "mode", "events ms", "busy ms", "span ms", "(events − busy)/busy %", "(span − busy)/busy %"], rows)}
+"""
+
+
 def section_prefill_experiments() -> str:
     inv = load("benchmarks/inverse_blocks/inverse_blocks.json")
     inv_rows = []
@@ -627,7 +654,8 @@ def section_other() -> str:
 
 def results_md() -> str:
     READ.clear()
-    sections = [section_targets(), section_ttft(), section_tests(), section_kernels(), section_references(), section_prefill_experiments(),
+    sections = [section_targets(), section_ttft(), section_tests(), section_kernels(), section_references(), section_replay_overhead(),
+                section_prefill_experiments(),
                 section_layer_floor(), section_conv(), section_replay(), section_pdl(), section_serving(),
                 section_traces()]
     sections.append(section_other())

@@ -166,6 +166,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="committed H200 traces to draw when no GPU records live ones: a runs "
                              f"folder holding {H200_CASE}/ (the repository's data/runs, absent "
                              "from an installed wheel)")
+    parser.add_argument("--tp", type=positive_int, default=1, metavar="N",
+                        help="tensor parallelism: N > 1 starts N ranks on this machine (gloo on the "
+                             "CPU, NCCL on N GPUs) and checks them against the 1-rank model instead "
+                             "(preset auto = tiny; docs/tensor_parallel.md)")
     parser.add_argument("--no-progress", dest="progress", action="store_false",
                         help="no progress bar (it is also off when stdout is not a terminal)")
     return parser
@@ -175,7 +179,23 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> arg
     """Usage errors (exit 2) before any work: the device, the output folder."""
     args.device = resolve_device(parser, args.device)
     check_out_dir(parser, args.out)
+    if args.tp > 1:
+        check_tp_args(parser, args)
     return args
+
+
+def check_tp_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--tp N``: N must split the preset's heads, MLP and vocabulary, and on CUDA be at most
+    the GPUs visible (one rank per GPU)."""
+    from mamba_edu.model.config import get_config
+    from mamba_edu.tp import check_tp
+
+    preset = "tiny" if args.preset == "auto" else args.preset
+    if reasons := check_tp(get_config(preset), args.tp):
+        parser.error(f"--tp {args.tp} does not fit preset {preset!r}: " + "; ".join(reasons))
+    if args.device.type == "cuda" and args.tp > torch.cuda.device_count():
+        parser.error(f"--tp {args.tp}: one GPU per rank, and torch sees {torch.cuda.device_count()} "
+                     "GPU(s) here; use --tp <= that, or --device cpu (gloo ranks)")
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -196,6 +216,10 @@ def main(argv=None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """The demo on checked arguments (see :func:`check_args`); returns the exit code."""
+    if args.tp > 1:
+        from mamba_edu.tp.check import report
+
+        return report(args.tp, args.device.type, "tiny" if args.preset == "auto" else args.preset)
     device = args.device
     on_gpu = device.type == "cuda"
     preset, lengths = DEFAULT_JOB[device.type]

@@ -93,20 +93,24 @@ def run_scenario(engine, batches, decode_steps: int) -> dict:
     return dict(phases=phases, decisions=decisions)
 
 
-def _inject_failure(model, rank: int, layer: int) -> None:
-    """Test hook: layer ``layer``'s mixer raises on this rank, mid-forward (before its all-reduce)."""
+def _inject_failure(model, rank: int, layer: int, how: str = "raise") -> None:
+    """Test hook: layer ``layer``'s mixer fails on this rank, mid-forward (before its
+    all-reduce): ``how="raise"`` raises; ``"hang"`` never returns (a stuck rank)."""
     mixer = model.layers[layer].mixer
 
     def fail(*args, **kwargs):
+        while how == "hang":
+            time.sleep(1.0)
         raise RuntimeError(f"injected failure on rank {rank} in layer {layer} (test hook)")
     mixer.forward = fail
 
 
-def rank_job(rank: int, world: int, preset: str = "tiny", lengths=DEFAULT_LENGTHS, seed: int = 0,
+def rank_job(rank: int, world: int, preset="tiny", lengths=DEFAULT_LENGTHS, seed: int = 0,
              decode_steps: int = 4, strategies=None, fail=None) -> list[dict]:
     """One rank's check (run by :func:`~mamba_edu.tp.launch.launch`): a row per strategy with
     the errors against the 1-rank model, the decisions compared, and the syncs. ``fail =
-    (rank, layer)``: that rank's layer raises in the first TP forward (the failure test)."""
+    (rank, layer[, "raise" | "hang"])``: that rank's layer fails in the first TP forward (the
+    failure tests)."""
     import torch.distributed as dist
 
     from mamba_edu.engine import Engine
@@ -120,7 +124,7 @@ def rank_job(rank: int, world: int, preset: str = "tiny", lengths=DEFAULT_LENGTH
     full = build_model(preset, device=device, dtype=torch.float32, seed=seed)
     model = build_tp_model(preset, rank, world, device=device, dtype=torch.float32, seed=seed)
     if fail is not None and fail[0] == rank:
-        _inject_failure(model, rank, fail[1])
+        _inject_failure(model, *fail)
     channels = model.shapes.conv_channels(full.config).to(device)
     heads = model.shapes.value_head_range()
     batches = scenario(lengths, full.config.vocab, seed)
@@ -157,15 +161,17 @@ def row_ok(row: dict, tol: float) -> bool:
     return all(e <= tol for e in errs) and row["same_as_1_rank"] and row["same_on_every_rank"]
 
 
-def run_check(world: int, device_type: str = "cpu", preset: str = "tiny", lengths=DEFAULT_LENGTHS,
+def run_check(world: int, device_type: str = "cpu", preset="tiny", lengths=DEFAULT_LENGTHS,
               seed: int = 0, decode_steps: int = 4, strategies=None, fail=None,
-              timeout: float = 300.0, collective_timeout: float = 60.0) -> list[list[dict]]:
+              timeout: float = 300.0, collective_timeout: float = 60.0,
+              grace: float | None = None) -> list[list[dict]]:
     """:func:`rank_job` on ``world`` spawned ranks; ``result[rank][i]`` is rank ``rank``'s row of
     strategy ``i``. Raises :class:`~mamba_edu.tp.launch.RankFailure` when a rank fails."""
     from mamba_edu.tp.launch import launch
 
     return launch(rank_job, world, (preset, tuple(lengths), seed, decode_steps, strategies, fail),
-                  device_type=device_type, timeout=timeout, collective_timeout=collective_timeout)
+                  device_type=device_type, timeout=timeout, collective_timeout=collective_timeout,
+                  grace=grace)
 
 
 def report(world: int, device_type: str = "cpu", preset: str = "tiny", lengths=DEFAULT_LENGTHS,
@@ -179,7 +185,6 @@ def report(world: int, device_type: str = "cpu", preset: str = "tiny", lengths=D
 
     say(f"mamba_edu demo --tp {world}: {world} ranks ({backend_for(device_type)} on {device_type}) "
         f"against the 1-rank model, preset {preset!r}, fp32")
-    n = len(lengths)
     say(f"   scenario per strategy: prefill of prompts {list(lengths)}; prefill of extended prompts "
         f"(prefix hits) and a fresh one; {decode_steps} decode steps of all of them")
     start = time.perf_counter()
@@ -210,8 +215,8 @@ def report(world: int, device_type: str = "cpu", preset: str = "tiny", lengths=D
     say(f"   errors: max relative error over ranks and phases (tolerance {tol:.0e}: fp32, the "
         "all-reduce sums in another order); syncs per prefill forward (fresh, then with hits)")
     say(f"   {world} ranks x {len(ranks[0])} strategies in {seconds:.1f} s (spawn and imports "
-        f"included); {n} + {len(scenario(lengths, 2, seed)[1])} requests, "
-        f"{ranks[0][0]['decisions']['prefix_hits']} prefix hits per run")
+        f"included); {len(ranks[0][0]['decisions']['slots'])} requests, "
+        f"{ranks[0][0]['decisions']['prefix_hits']} prefix hits per run on every rank")
     say(f"\nPASS: the {world}-rank forward matches the 1-rank model (logits, pools, tracked snapshots, "
         "prefix hits, decode after prefill) for every strategy, with the same decisions on every rank"
         if ok else f"\nFAIL: the {world}-rank run differs from the 1-rank model: see the table above")

@@ -81,10 +81,14 @@ def _rank_main(job, rank, world, port, device_type, collective_timeout, args, re
         value = job(rank, world, *args)
     except BaseException as e:  # noqa: BLE001 - every failure is reported, Ctrl-C included
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        results.put(RankReport(rank, False, error=f"{type(e).__name__}: {first}",
-                               trace=traceback.format_exc()))
+        error = f"{type(e).__name__}: {first}"
+        frames = traceback.extract_tb(e.__traceback__)
+        if frames and f"{os.sep}distributed{os.sep}" in frames[-1].filename:
+            error = f"a collective failed (a peer rank failed, exited or hung?): {error}"
+        results.put(RankReport(rank, False, error=error, trace=traceback.format_exc()))
         sys.exit(1)  # closes this rank's sockets: peers blocked on it fail at once
     results.put(RankReport(rank, True, value))
+    dist.barrier()  # no rank tears the group down while a peer still talks to it
     dist.destroy_process_group()
 
 

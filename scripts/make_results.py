@@ -138,8 +138,16 @@ def fastest(rows: list[dict], key: str, group: tuple[str, ...], n: int) -> list[
 
 
 def pytest_outcome(rel: str) -> str:
-    lines = [line for line in (DATA / rel).read_text().splitlines() if re.search(r"\d+ passed", line)]
-    return lines[-1].strip() if lines else NOT
+    text = (DATA / rel).read_text()
+    lines = [line for line in text.splitlines() if re.search(r"\d+ passed", line)]
+    if lines:
+        return lines[-1].strip()
+    # A run stopped by its time limit prints no summary: count its progress characters.
+    progress = "".join(line for line in text.splitlines() if re.fullmatch(r"[.FEsx]+( *\[ *\d+%\])?", line.strip()))
+    if progress:
+        return (f"no summary (stopped by its time limit): {progress.count('.')} passed, "
+                f"{progress.count('F')} failed, {progress.count('E')} errors before it stopped")
+    return NOT
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,10 +354,56 @@ reference first, timed by one instrument ({m['instrument']}, {m['rotate']} input
 graph), arms alternated over {m['rounds']} rounds; median ms per call and half the spread between
 rounds; `ratio_best` = ours / the fastest reference that agreed. {clock}. Versions: {versions}.
 How the references reach a machine without network: [`docs/references.md`](references.md).
+{m.get("note", "")}
 
-{run_line(rel)}
+{run_line(rel)}  
+GPU tests of the same commit ([`data/benchmarks/pytest_gpu_93cb3c8.log`](../data/benchmarks/pytest_gpu_93cb3c8.log)): {pytest_outcome("benchmarks/pytest_gpu_93cb3c8.log")}.
 
 {table(["shape"] + arms + ["fastest reference", "ratio_best"], rows)}
+{section_lab_chunk_loop()}"""
+
+
+def section_lab_chunk_loop() -> str:
+    """The lab's one-program-per-sequence prefill, timed beside ours (mamba_edu.lab.bench_chunk_loop)."""
+    rel = "benchmarks/lab_chunk_loop.json"
+    if not (DATA / rel).exists():
+        return ""
+    lines = []
+    for r in load(rel)["rows"]:
+        lab, ours = r["arms"].get("lab_chunk_loop", {}), r["arms"].get("ours", {})
+        if "median_ms" in lab and "median_ms" in ours:
+            lines.append(f"`{r['case']}`: {lab['median_ms']:.4f} ms against ours {ours['median_ms']:.4f} ms "
+                         f"(×{lab['ratio_ours']:.2f})")
+    return f"""
+The lab's chunk loop (`mamba_edu/lab/chunk_loop.py`: the whole prefill in one program per
+sequence and value head, no intermediates in HBM, every chunk's preparation on the serial path),
+same instrument and run as ours: {"; ".join(lines)}. It stays in the lab.
+
+{run_line(rel)}
+"""
+
+
+def section_capture_modes() -> str:
+    """Eager, piecewise and whole-graph prefill in one run (the TTFT bench's headline cases)."""
+    rel = "bench/piecewise/results.json"
+    if not (DATA / rel).exists():
+        return ""
+    d = load(rel)
+    rows = [[f"`{r['case']}` ({r['preset']}, {r['shape']})", label(r), f(r["ttft_ms"]),
+             f(r["gpu_busy_ms"]), f(100 * r["idle_fraction"], 1), r["syncs"]]
+            for r in d["results"] if r.get("error") is None]
+    return f"""## Capture modes: eager, SGLang's pieces, the whole forward
+
+The headline cases once more, each strategy eager, captured in pieces around eager GDN layers
+(`+ piecewise graphs`, SGLang today: the forward's metadata and every GDN layer's core run
+eagerly between the captured pieces) and, where nothing syncs, as one graph. One run; TTFT is the
+median of {d['repeats']} synchronized forwards, busy and idle from one profiled forward
+(a single run per row, not alternated rounds).
+
+{run_line(rel)}  
+Console log: [`data/bench/piecewise/bench.log`](../data/bench/piecewise/bench.log).
+
+{table(["case", "strategy", "TTFT ms", "GPU busy ms", "idle %", "syncs"], rows)}
 """
 
 
@@ -654,7 +708,7 @@ def section_other() -> str:
 
 def results_md() -> str:
     READ.clear()
-    sections = [section_targets(), section_ttft(), section_tests(), section_kernels(), section_references(), section_replay_overhead(),
+    sections = [section_targets(), section_ttft(), section_tests(), section_kernels(), section_references(), section_capture_modes(), section_replay_overhead(),
                 section_prefill_experiments(),
                 section_layer_floor(), section_conv(), section_replay(), section_pdl(), section_serving(),
                 section_traces()]

@@ -19,8 +19,9 @@ Modules (each built on the package's public kernels and helpers):
   identity is kept here, in torch.
 - :mod:`.chunk_loop`: the whole prefill in one program per (V-tile, sequence, value head),
   chunk after chunk, with W, U, h and Ṽ kept in registers (the dataflow of FlashInfer's SM90
-  prefill, without its warp specialisation). Never timed on a GPU; ``python -m
-  mamba_edu.lab.bench_chunk_loop`` times it beside ours and the references.
+  prefill, without its warp specialisation). Slower than the three kernels on the H200
+  (``data/benchmarks/lab_chunk_loop.json``, timed by ``python -m mamba_edu.lab.bench_chunk_loop``
+  beside ours and the references).
 - :mod:`.prologue_gemms`: projections that compute the RMSNorm, SwiGLU or gated output norm in
   their own GEMM's prologue, one launch instead of two. Never timed against cuBLAS on a GPU.
 

@@ -21,8 +21,9 @@ chunk ``c``) is how FlashInfer hides that; plain Triton cannot express it, so th
 the dataflow, not that overlap. With ``BV`` narrower than ``V`` the V-tiles of a head repeat
 step 1 (more programs, redundant work).
 
-Never timed on a GPU: the package runs the three kernels. Tested equal to them and to the
-reference in the interpreter (``tests/test_lab_chunk_loop.py``).
+Measured slower than the three kernels on the H200 (``data/benchmarks/lab_chunk_loop.json``,
+``python -m mamba_edu.lab.bench_chunk_loop``), so the package runs those. Tested equal to them and
+to the reference in the interpreter (``tests/test_lab_chunk_loop.py``).
 """
 
 import torch

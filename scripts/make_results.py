@@ -331,8 +331,9 @@ def section_references() -> str:
     arms = list(dict.fromkeys(a for r in d["rows"] for a in r.get("arms", {})))
     rows = []
     for r in d["rows"]:
-        if "skipped" in r:
-            rows.append([f"`{r['case']}`"] + [f"skipped: {r['skipped']}"] * len(arms) + ["–", "–"])
+        if "skipped" in r or "arms" not in r:
+            why = f"skipped: {r['skipped']}" if "skipped" in r else r["error"][:80]
+            rows.append([f"`{r['case']}`"] + [why] * len(arms) + ["–", "–"])
             continue
         cells = []
         for a in arms:

@@ -12,6 +12,9 @@ row entry saying why instead of a time):
 - ``flashqla``: ``flash_qla.chunk_gated_delta_rule`` called directly (TileLang);
 - ``flashinfer``: ``flashinfer.gdn_prefill.chunk_gated_delta_rule`` (CuTe DSL on SM90).
 
+Each shape runs in a child process of its own (``--in-process`` runs them in this one), so that
+a CUDA error in one shape costs that row only.
+
 One instrument for every arm: a CUDA graph that holds one call on each of ``ROTATE`` input
 copies (so that L2 does not flatter anyone), replayed back to back between two CUDA events;
 ms per call = elapsed / (replays · ROTATE). A round measures every arm once, in an order rotated
@@ -29,6 +32,8 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -317,9 +322,25 @@ def bench_case(preset: str, lengths: list[int], arms: list[str], rounds: int,
     return row
 
 
-def main(argv=None, extra_arms: dict | None = None) -> int:
+def _case_in_child(module: str, name: str, args) -> dict:
+    """One shape in a process of its own (``module --in-process --cases name``): a CUDA error
+    there (one was seen with two arms' graphs in one process) costs that row, not the run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "row.json"
+        cmd = [sys.executable, "-m", module, "--in-process", "--cases", name, "--arms", args.arms,
+               "--rounds", str(args.rounds), "--out", str(out)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode == 0 and out.exists():
+            return json.loads(out.read_text())["rows"][0]
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return dict(case=name, error=f"its process exited with {done.returncode}: {last}"[:400])
+
+
+def main(argv=None, extra_arms: dict | None = None,
+         module: str = "mamba_edu.benchmarks.references") -> int:
     """The command line; ``extra_arms`` adds arms (name → builder, like :data:`ARMS`'s) that
-    run by default too: how :mod:`mamba_edu.lab` times a variant beside ours."""
+    run by default too: how :mod:`mamba_edu.lab` times a variant beside ours (``module``: the
+    module whose ``-m`` runs one shape in a child process)."""
     table = ARMS | (extra_arms or {})
     parser = argparse.ArgumentParser(prog="python -m mamba_edu.benchmarks.references",
                                      description=__doc__.split("\n\n")[0])
@@ -332,6 +353,8 @@ def main(argv=None, extra_arms: dict | None = None) -> int:
                         help="where the nvidia-smi clock log of this run is kept (recorded as is)")
     parser.add_argument("--budget-s", type=float, default=1e9,
                         help="start no new case after this many seconds")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run the shapes in this process (default: each in a child process)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
@@ -355,11 +378,12 @@ def main(argv=None, extra_arms: dict | None = None) -> int:
         if time.monotonic() - start > args.budget_s:
             result["rows"].append(dict(case=name, skipped="time budget"))
             continue
-        row = bench_case(preset, lengths, arms, args.rounds, table)
+        row = (bench_case(preset, lengths, arms, args.rounds, table) if args.in_process
+               else _case_in_child(module, name, args))
         row["seconds"] = round(time.monotonic() - start, 1)
         result["rows"].append(row)
-        print(json.dumps({k: row.get(k) for k in ("case", "ratio_best", "fastest_reference")}
-                         | {a: e.get("median_ms", e.get("error")) for a, e in row["arms"].items()}),
+        print(json.dumps({k: row.get(k) for k in ("case", "ratio_best", "fastest_reference", "error")}
+                         | {a: e.get("median_ms", e.get("error")) for a, e in row.get("arms", {}).items()}),
               flush=True)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))

@@ -30,4 +30,5 @@ def chunk_loop_arm(case):
 
 
 if __name__ == "__main__":
-    raise SystemExit(references.main(extra_arms={"lab_chunk_loop": chunk_loop_arm}))
+    raise SystemExit(references.main(extra_arms={"lab_chunk_loop": chunk_loop_arm},
+                                     module="mamba_edu.lab.bench_chunk_loop"))

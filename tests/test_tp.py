@@ -119,7 +119,7 @@ def test_rank_hanging_mid_forward_times_out_and_is_stopped():
     start = time.monotonic()
     with pytest.raises(RankFailure) as info:
         run_check(2, strategies=["sync_free"], fail=(1, 1, "hang"), timeout=60.0,
-                  collective_timeout=3.0, grace=3.0)
+                  collective_timeout=3.0, grace=1.0)
     reports = info.value.reports
     assert not reports[0].ok and "timed out" in reports[0].error.lower(), reports[0].error
     assert "stopped by the launcher's watchdog" in reports[1].error

@@ -1,39 +1,177 @@
-"""The checks of notebook 06 reject plausible wrong answers and call a stub "not done"."""
+"""Notebook 06's checks reject plausible wrong answers and call a stub "not done".
 
+Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`), so the
+sniffer sees its syncs and the harness refuses its forbidden calls as in ``mamba_edu grade``.
+"""
+
+import numpy as np
+import pytest
 import torch
+from exercise_judge import remote_judge
 
 from mamba_edu.exercises import nb06
-from mamba_edu.exercises.core import FAIL, NOT_DONE, PASS, judge, lookup
+from mamba_edu.exercises.core import FAIL, NOT_DONE, PASS
+
+NB = nb06.NOTEBOOK
 
 
 def stub(*args):
     raise NotImplementedError("hint: …")
 
 
-def test_naive_syncs():
-    ex = lookup(nb06.NOTEBOOK, 1)
-    assert judge(ex, lambda L, tracked: 9 + 3 * L if tracked else 1 + 2 * L).status == PASS
-    assert judge(ex, stub).status == NOT_DONE
-    per_layer_only = judge(ex, lambda L, tracked: 3 * L if tracked else 2 * L)  # forgets the 9 before layer 1
-    assert per_layer_only.status == FAIL and "per forward" in per_layer_only.message
-    assert judge(ex, lambda L, tracked: 9 + 3 * L).status == FAIL               # untracked batches pay 1 + 2L
-    assert judge(ex, lambda L, tracked: 4 * L).status == FAIL                   # the old stand-in's count
+@pytest.mark.parametrize("number", [1, 2, 3])
+def test_stub_is_not_done(number):
+    assert remote_judge(NB, number, stub).status == NOT_DONE
 
 
-def right_window(start, A, W):
-    return [start + A - (W - 1) + j for j in range(W - 1)]
+# --- exercise 1: the conv windows, without a sync ----------------------------------------------
+
+def conv_positions(shift=0, no_start=False, no_prefix=False):
+    """The tracked rows' conv windows; each flag makes them wrong in one plausible way."""
+    def my_conv_positions(batch, rows, conv_width):
+        cu = batch.cu_seqlens
+        A = batch.track_lens_t[rows] - (0 if no_prefix else batch.prefix_lens_t[rows])
+        start = 0 if no_start else cu[rows]
+        return (start + A + shift)[:, None] + torch.arange(-(conv_width - 1), 0)
+    return my_conv_positions
 
 
-def test_conv_window():
-    ex = lookup(nb06.NOTEBOOK, 2)
-    assert judge(ex, right_window).status == PASS
-    assert judge(ex, stub).status == NOT_DONE
-    assert judge(ex, lambda start, A, W: [start + A - W + j for j in range(W - 1)]).status == FAIL  # one early
-    assert judge(ex, lambda start, A, W: [start + A - (W - 2) + j for j in range(W - 1)]).status == FAIL  # includes A
-    assert judge(ex, lambda start, A, W: [A - (W - 1) + j for j in range(W - 1)]).status == FAIL  # forgets start
+def conv_by_mask(batch, rows, conv_width):          # SGLang's gather: a boolean mask
+    A = batch.track_lens_t - batch.prefix_lens_t
+    start = (batch.cu_seqlens[:-1] + A - (conv_width - 1))[batch.track_mask_t]
+    return start[:, None] + torch.arange(conv_width - 1)
 
 
-def make_track(window_shift=0, all_rows=False, final_from_h=False):
+def conv_clamped(batch, rows, conv_width):           # SGLang's clamp: a device bound read as a number
+    cu = batch.cu_seqlens
+    A = batch.track_lens_t[rows] - batch.prefix_lens_t[rows]
+    return ((cu[rows] + A)[:, None] + torch.arange(-(conv_width - 1), 0)).clamp(0, cu[-1] - 1)
+
+
+def conv_on_host(batch, rows, conv_width):           # rows read back: a sync
+    return torch.tensor([[batch.token_ranges[r][0] + batch.plans[r].aligned - (conv_width - 1) + j
+                          for j in range(conv_width - 1)] for r in rows.tolist()])
+
+
+def conv_through_numpy(batch, rows, conv_width):     # np.asarray of a tensor reads it too
+    cu, A = np.asarray(batch.cu_seqlens), np.asarray(batch.track_lens_t - batch.prefix_lens_t)
+    r = np.asarray(rows)
+    return torch.as_tensor((cu[r] + A[r])[:, None] + np.arange(-(conv_width - 1), 0))
+
+
+def conv_by_the_package(batch, rows, conv_width):
+    from mamba_edu.serving.tracking import sglang_track_metadata
+    return sglang_track_metadata(batch, conv_width).conv_positions
+
+
+WRONG_1 = {
+    "off by one: the window ends at A, not A - 1": conv_positions(shift=1),
+    "off by one the other way": conv_positions(shift=-1),
+    "the request's packed start forgotten": conv_positions(no_start=True),
+    "A taken as track_lens, the prefix not subtracted": conv_positions(no_prefix=True),
+    "syncing: boolean-mask gather": conv_by_mask,
+    "syncing: clamp with a device bound": conv_clamped,
+    "syncing: rows.tolist()": conv_on_host,
+    "syncing: np.asarray(tensor)": conv_through_numpy,
+    "the forbidden call: sglang_track_metadata": conv_by_the_package,
+}
+
+
+def test_conv_positions_accepts_the_right_answer():
+    verdict = remote_judge(NB, 1, conv_positions())
+    assert verdict.status == PASS, verdict.line()
+
+
+@pytest.mark.parametrize("mistake", list(WRONG_1))
+def test_conv_positions_rejects(mistake):
+    verdict = remote_judge(NB, 1, WRONG_1[mistake])
+    assert verdict.status == FAIL, verdict.line()
+
+
+def test_conv_positions_messages():
+    assert "would-be host sync" in remote_judge(NB, 1, conv_clamped).message
+    assert "np.asarray" in remote_judge(NB, 1, conv_through_numpy).message
+    assert "mamba_edu.serving.tracking" in remote_judge(NB, 1, conv_by_the_package).message
+
+
+# --- exercise 2: the SSM sources, without a sync ----------------------------------------------
+
+def ssm_sources(inclusive=False, floor=False, clamp=True, no_prefix=False, bound="tensor"):
+    """Each tracked row's checkpoint and from_final; each flag makes them wrong in one way."""
+    def my_ssm_sources(batch, rows):
+        cu = batch.cu_seqlens
+        E = cu[1:] - cu[:-1]
+        chunks = E // 64 if floor else (E + 63) // 64
+        first = chunks.cumsum(0) if inclusive else chunks.cumsum(0) - chunks
+        A = batch.track_lens_t[rows] - (0 if no_prefix else batch.prefix_lens_t[rows])
+        checkpoint = first[rows] + A // 64
+        if clamp:
+            last = chunks.sum() - 1
+            if bound == "item":
+                last = last.item()                      # a sync
+            elif bound == "int":
+                last = int(last)                        # a sync
+            checkpoint = torch.minimum(checkpoint, torch.as_tensor(last))
+        return checkpoint, A == E[rows]
+    return my_ssm_sources
+
+
+def sources_on_host(batch, rows):                    # SGLang's way: .cpu() copies, then the split
+    E = (batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]).cpu()
+    A = (batch.track_lens_t - batch.prefix_lens_t).cpu()
+    chunks = (E + 63) // 64
+    first = chunks.cumsum(0) - chunks
+    r = rows.cpu()
+    return torch.minimum(first[r] + A[r] // 64, chunks.sum() - 1), A[r] == E[r]
+
+
+def sources_by_the_package(batch, rows):
+    from mamba_edu.serving.tracking import sglang_track_metadata
+    t = sglang_track_metadata(batch, 4)
+    return t.checkpoint, t.from_final
+
+
+def sources_by_offsets(batch, rows):                 # the host helper the statement forbids
+    from mamba_edu.gdn.varlen import checkpoint_offsets
+    offsets = torch.tensor(checkpoint_offsets(batch.extend_lens))
+    A = batch.track_lens_t[rows] - batch.prefix_lens_t[rows]
+    E = batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]
+    return torch.minimum(offsets[rows] + A // 64, offsets[-1] - 1), A == E[rows]
+
+
+WRONG_2 = {
+    "off by one chunk: an inclusive running sum": ssm_sources(inclusive=True),
+    "chunks per request floor(E/64), not ceil": ssm_sources(floor=True),
+    "no clamp: a final row names a row past h": ssm_sources(clamp=False),
+    "A taken as track_lens, the prefix not subtracted": ssm_sources(no_prefix=True),
+    "syncing: the bound read with .item()": ssm_sources(bound="item"),
+    "syncing: the bound read with int()": ssm_sources(bound="int"),
+    "syncing: SGLang's .cpu() copies": sources_on_host,
+    "the forbidden call: sglang_track_metadata": sources_by_the_package,
+    "the forbidden call: checkpoint_offsets": sources_by_offsets,
+}
+
+
+def test_ssm_sources_accepts_the_right_answer():
+    verdict = remote_judge(NB, 2, ssm_sources())
+    assert verdict.status == PASS, verdict.line()
+
+
+@pytest.mark.parametrize("mistake", list(WRONG_2))
+def test_ssm_sources_rejects(mistake):
+    verdict = remote_judge(NB, 2, WRONG_2[mistake])
+    assert verdict.status == FAIL, verdict.line()
+
+
+def test_ssm_sources_messages():
+    assert "expected h row 2" in remote_judge(NB, 2, ssm_sources(inclusive=True)).message
+    assert "not a row of h" in remote_judge(NB, 2, ssm_sources(clamp=False)).message
+    assert "would-be host sync" in remote_judge(NB, 2, ssm_sources(bound="item")).message
+
+
+# --- exercise 3: the naive per-layer track write ------------------------------------------------
+
+def make_track(window_shift=0, all_rows=False, final_from_h=False, inclusive=False, no_prefix=False):
     """A naive track write; the flags make it wrong in one plausible way."""
     def track(conv_pool, ssm_pool, mixed_qkv, h, batch, W):
         mask = batch.track_mask_t
@@ -41,26 +179,53 @@ def make_track(window_shift=0, all_rows=False, final_from_h=False):
             return
         rows = torch.arange(len(mask)) if all_rows else mask.nonzero()[:, 0]
         cu = batch.cu_seqlens
-        A = (batch.track_lens_t[rows] - batch.prefix_lens_t[rows]).clamp(min=W - 1)
+        A = batch.track_lens_t[rows] - (0 if no_prefix else batch.prefix_lens_t[rows])
+        A = A.clamp(min=W - 1)
         pos = (cu[rows] + A + window_shift)[:, None] + torch.arange(-(W - 1), 0)
         dst = batch.track_slots_t[rows]
         conv_pool[dst] = mixed_qkv[pos.clamp(0, mixed_qkv.shape[0] - 1)].transpose(1, 2)
         E = cu[1:] - cu[:-1]
         chunks = (E + 63) // 64
-        first = chunks.cumsum(0) - chunks
+        first = chunks.cumsum(0) - (0 if inclusive else chunks)
         final = (A == E[rows]) & (not final_from_h)
         ckpt = (first[rows] + A // 64).clamp(max=h.shape[0] - 1)
         ssm_pool[dst] = torch.where(final[:, None, None, None], ssm_pool[batch.working_slots_t[rows]], h[ckpt])
     return track
 
 
-def test_naive_track():
-    ex = lookup(nb06.NOTEBOOK, 3)
-    assert judge(ex, make_track()).status == PASS
-    assert judge(ex, stub).status == NOT_DONE
-    off_by_one = judge(ex, make_track(window_shift=1))      # the window ends at A, not A - 1
-    assert off_by_one.status == FAIL and "conv pool" in off_by_one.message
-    untracked = judge(ex, make_track(all_rows=True))        # writes untracked rows' track slots too
-    assert untracked.status == FAIL and "not tracked" in untracked.message
-    from_h = judge(ex, make_track(final_from_h=True))       # A == E has no checkpoint of its own
-    assert from_h.status == FAIL and "ssm pool" in from_h.message
+def track_by_the_backend(conv_pool, ssm_pool, mixed_qkv, h, batch, W):
+    from mamba_edu.serving import LinearAttentionBackend, get_strategy
+    from mamba_edu.serving.tracking import ForwardMetadata
+    s, md = get_strategy("naive"), ForwardMetadata(batch, W, chunk_meta=None)
+    s.prepare(md)
+    t = s.conv_indices(md)
+    if t is not None:
+        LinearAttentionBackend._track_conv(conv_pool, mixed_qkv, t)
+        LinearAttentionBackend._track_ssm(ssm_pool, h, t)
+
+
+WRONG_3 = {
+    "off by one: the window ends at A": make_track(window_shift=1),
+    "untracked rows' track slots written too": make_track(all_rows=True),
+    "a final-state row copied from h": make_track(final_from_h=True),
+    "off by one chunk: an inclusive running sum": make_track(inclusive=True),
+    "A taken as track_lens, the prefix not subtracted": make_track(no_prefix=True),
+    "the forbidden call: the backend's copies and the naive strategy": track_by_the_backend,
+}
+
+
+def test_naive_track_accepts_the_right_answer():
+    verdict = remote_judge(NB, 3, make_track())
+    assert verdict.status == PASS, verdict.line()
+
+
+@pytest.mark.parametrize("mistake", list(WRONG_3))
+def test_naive_track_rejects(mistake):
+    verdict = remote_judge(NB, 3, WRONG_3[mistake])
+    assert verdict.status == FAIL, verdict.line()
+
+
+def test_naive_track_messages():
+    assert "conv pool" in remote_judge(NB, 3, make_track(window_shift=1)).message
+    assert "not tracked" in remote_judge(NB, 3, make_track(all_rows=True)).message
+    assert "ssm pool" in remote_judge(NB, 3, make_track(final_from_h=True)).message

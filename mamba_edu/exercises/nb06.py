@@ -1,11 +1,16 @@
 """Checks of notebook 06 (naive tracking, SGLang before PR #20522).
 
-1. ``my_naive_syncs`` — the host syncs of one prefill forward with the ``naive`` strategy.
-2. ``my_conv_window`` — the packed rows of ``mixed_qkv`` that form the conv state at ``A``.
+1. ``my_conv_positions`` — the tracked rows' conv windows (rows of ``mixed_qkv``), built on the
+   device from the batch's tensors with no host sync (SGLang's version syncs twice for them).
+2. ``my_ssm_sources`` — each tracked row's SSM source: the checkpoint row of ``h`` and whether
+   the final state is taken instead, on the device, with no host sync (SGLang's version copies
+   six tensors to the host for them).
 3. ``my_naive_track`` — one GDN layer's two track copies (conv windows, SSM states) into the
    tracked rows' track slots, found on the device as SGLang did before the PR.
 
-The helpers :func:`toy_batch` and :func:`strategy_syncs` are shared with notebooks 07 and 08.
+Exercises 1 and 2 are the two halves of the index build that notebook 07's strategy uses.
+The helpers :func:`toy_batch`, :func:`random_tracked_batches` and :func:`strategy_syncs` are shared
+with notebooks 07 and 08.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import random
 
 import torch
 
-from mamba_edu.exercises.core import checker, exercise
+from mamba_edu.exercises.core import checker, exercise, observe
 from mamba_edu.profiling import count_syncs
 from mamba_edu.serving import LinearAttentionBackend, build_batch, get_strategy, plan_tracking
 from mamba_edu.serving.tracking import ForwardMetadata, sglang_track_metadata
@@ -47,48 +52,110 @@ def strategy_syncs(batch, strategy: str, n_layers: int, conv_width: int = 4):
     return syncs
 
 
-@exercise(NOTEBOOK, 1, "naive syncs per forward", "my_naive_syncs",
-          forbidden=("mamba_edu.profiling.syncs",))
-def check_naive_syncs(fn) -> str:
-    """Count the naive strategy's syncs with the sniffer, tracked or not, up to 45 GDN layers."""
-    cases = {True: ([0, 0], [130, 40]), False: ([0, 64], [40, 10])}
-    for tracked, (prefix, extend) in cases.items():
-        batch = toy_batch(prefix, extend)
-        for n_layers in (1, 3, 36, 45):
-            want = strategy_syncs(batch, "naive", n_layers).count
-            got = fn(n_layers, tracked)
-            if got != want:
-                per_layer = strategy_syncs(batch, "naive", 1).count - strategy_syncs(batch, "naive", 0).count
-                raise AssertionError(
-                    f"naive_syncs({n_layers}, any_tracked={tracked}) = {got!r}; the sniffer counts {want} "
-                    f"({per_layer} per GDN layer plus {want - per_layer * n_layers} per forward, before layer 1)")
-    return "matches the sniffer for 1, 3, 36 and 45 GDN layers, tracked and untracked"
-
-
-@exercise(NOTEBOOK, 2, "conv window rows", "my_conv_window",
-          forbidden=("mamba_edu.serving.tracking.sglang_track_metadata",))
-def check_conv_window(fn) -> str:
-    """Compare with the package's conv positions on random batches, W = 2…5."""
-    rng = random.Random(6)
-    n = 0
-    for trial in range(30):
-        size = rng.randint(1, 4)
-        extend = [rng.choice([1, 30, 63, 64, 65, 128, 129, 200]) for _ in range(size)]
-        prefix = [rng.choice([0, 64, 128]) for _ in range(size)]
-        batch = toy_batch(prefix, extend, cache_chunk=rng.choice([64, 128]), seed=trial)
-        rows = [i for i, m in enumerate(batch.track_mask) if m]
-        if not rows:
+def random_tracked_batches(seed: int, n: int = 25):
+    """``(batch, rows, what)`` for random batches with at least one tracked row: tracked at a
+    checkpoint and at the final state (the last request included), untracked rows between them,
+    prefixes of 0, 64 and 128 tokens, cache chunks of 64 and 128. ``rows`` (the tracked rows) is
+    found outside any sniffer."""
+    rng = random.Random(seed)
+    fixed = [([0, 0, 64], [130, 40, 64], 64), ([0], [128], 64), ([128, 0], [200, 10], 128),
+             ([0, 64, 0], [64, 129, 256], 128)]
+    cases = list(fixed)
+    while len(cases) < n:
+        size = rng.randint(1, 5)
+        cases.append(([rng.choice([0, 64, 128]) for _ in range(size)],
+                      [rng.choice([5, 63, 64, 65, 128, 150, 192, 256]) for _ in range(size)], rng.choice([64, 128])))
+    out = []
+    for trial, (prefix, extend, cc) in enumerate(cases):
+        batch = toy_batch(prefix, extend, cache_chunk=cc, seed=trial)
+        if not any(batch.track_mask):
             continue
-        width = rng.randint(2, 5)
-        ref = sglang_track_metadata(batch, width).conv_positions.tolist()
-        for r, want in zip(rows, ref):
-            start, plan = batch.token_ranges[r][0], batch.plans[r]
-            got = [int(x) for x in fn(start, plan.aligned, width)]
-            if got != want:
-                raise AssertionError(f"conv_window(start={start}, aligned={plan.aligned}, conv_width={width}) "
-                                     f"= {got}; expected {want}")
+        rows = torch.tensor([i for i, m in enumerate(batch.track_mask) if m])
+        out.append((batch, rows, f"(prefix_lens {prefix}, extend_lens {extend}, cache chunk {cc})"))
+    return out
+
+
+def _no_syncs(seen, what: str) -> None:
+    if seen.sync_count:
+        raise AssertionError(f"{what} made {seen.sync_count} would-be host syncs "
+                             f"({', '.join(sorted(seen.by_op))}): gathers and arithmetic on the "
+                             "batch's device tensors need none")
+
+
+def _tensor(got, name: str, shape, what: str) -> torch.Tensor:
+    if not isinstance(got, torch.Tensor):
+        raise AssertionError(f"{name} is a {type(got).__name__}; return a tensor (on the batch's device)")
+    if tuple(got.shape) != tuple(shape):
+        raise AssertionError(f"{name} has shape {tuple(got.shape)}; expected {tuple(shape)} {what}")
+    return got
+
+
+@exercise(NOTEBOOK, 1, "the conv windows, without a sync", "my_conv_positions",
+          forbidden=("mamba_edu.serving.tracking", "mamba_edu.serving.backend"))
+def check_conv_positions(fn) -> str:
+    """Random batches: ``fn(batch, rows, W)`` must equal SGLang's conv positions, with no sync,
+    and its windows copied into a conv pool must be what the naive strategy copies."""
+    gen = torch.Generator().manual_seed(60)
+    n = 0
+    for batch, rows, what in random_tracked_batches(6):
+        for width in (2, 4, 5):
+            ref = sglang_track_metadata(batch, width)
+            seen = observe(fn, batch, rows.clone(), width)
+            _no_syncs(seen, "the window build")
+            got = _tensor(seen.result, "conv_positions", ref.conv_positions.shape, what)
+            if not torch.equal(got.long(), ref.conv_positions):
+                raise AssertionError(f"conv_positions = {got.tolist()}; expected {ref.conv_positions.tolist()} "
+                                     f"for W = {width} {what}")
+            T = int(batch.cu_seqlens[-1])
+            mixed_qkv, pool = torch.randn(T, 3, generator=gen), torch.randn(1 + 2 * len(batch.extend_lens), 3, width - 1)
+            mine, theirs = pool.clone(), pool.clone()
+            LinearAttentionBackend._track_conv(mine, mixed_qkv, type(ref)(ref.dst, got.long(), ref.working,
+                                                                          ref.checkpoint, ref.from_final))
+            LinearAttentionBackend._track_conv(theirs, mixed_qkv, ref)
+            assert torch.equal(mine, theirs), "the copies differ although the indices agree"
             n += 1
-    return f"{n} tracked rows match the package's conv positions"
+    return f"{n} batches × widths: the same windows as SGLang's, 0 syncs"
+
+
+@exercise(NOTEBOOK, 2, "the SSM sources, without a sync", "my_ssm_sources",
+          forbidden=("mamba_edu.serving.tracking", "mamba_edu.serving.backend", "mamba_edu.gdn.varlen"))
+def check_ssm_sources(fn) -> str:
+    """Random batches: ``fn(batch, rows) -> (checkpoint, from_final)`` with no sync; a checkpoint
+    row must equal SGLang's, a final-state row must name some row of ``h`` (the gather reads it
+    before ``torch.where`` picks the final state); the SSM copy with them must equal naive's."""
+    gen = torch.Generator().manual_seed(61)
+    n = 0
+    for batch, rows, what in random_tracked_batches(7):
+        ref = sglang_track_metadata(batch, 4)
+        n_rows_h = sum((e + 63) // 64 for e in batch.extend_lens)
+        seen = observe(fn, batch, rows.clone())
+        _no_syncs(seen, "the source build")
+        got = seen.result
+        if not (isinstance(got, (tuple, list)) and len(got) == 2):
+            raise AssertionError("return a tuple of 2 tensors: (checkpoint, from_final)")
+        checkpoint = _tensor(got[0], "checkpoint", ref.checkpoint.shape, what).long()
+        final = _tensor(got[1], "from_final", ref.from_final.shape, what).bool()
+        if not torch.equal(final, ref.from_final):
+            raise AssertionError(f"from_final = {final.tolist()}; expected {ref.from_final.tolist()} "
+                                 f"(the final state is the source exactly when A = E) {what}")
+        for j, (c, want, is_final) in enumerate(zip(checkpoint.tolist(), ref.checkpoint.tolist(), final.tolist())):
+            if is_final and not 0 <= c < n_rows_h:
+                raise AssertionError(f"tracked row {int(rows[j])} takes its final state, but its checkpoint "
+                                     f"{c} is not a row of h (h has {n_rows_h} rows, and the copy gathers "
+                                     f"h[checkpoint] for every row before choosing) {what}")
+            if not is_final and c != want:
+                off = " (one chunk late)" if c == want + 1 else " (one chunk early)" if c == want - 1 else ""
+                raise AssertionError(f"tracked row {int(rows[j])}: checkpoint {c}, expected h row {want}{off}: "
+                                     f"checkpoint = {checkpoint.tolist()}, expected {ref.checkpoint.tolist()} {what}")
+        h = torch.randn(n_rows_h, 2, 3, 3, generator=gen)
+        pool = torch.randn(1 + 2 * len(batch.extend_lens), 2, 3, 3, generator=gen)
+        mine, theirs = pool.clone(), pool.clone()
+        LinearAttentionBackend._track_ssm(mine, h, type(ref)(ref.dst, ref.conv_positions, ref.working, checkpoint, final))
+        LinearAttentionBackend._track_ssm(theirs, h, ref)
+        if not torch.equal(mine, theirs):
+            raise AssertionError(f"the SSM copy with your sources differs from naive's {what}")
+        n += 1
+    return f"{n} random batches: the same SSM sources as SGLang's, 0 syncs"
 
 
 def _toy_layer(batch, W: int, D: int, HV: int, K: int, V: int, gen: torch.Generator):

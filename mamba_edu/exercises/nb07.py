@@ -2,9 +2,13 @@
 
 1. ``my_precomputed_indices`` — every index of the two track copies, for the tracked rows, from
    the batch's device tensors, without a host sync.
-2. ``my_checkpoint_row`` — the row of the packed checkpoint tensor ``h`` that holds the state
-   after ``A`` tokens of request ``i``.
-3. ``my_precomputed_syncs`` — the host syncs left per forward with the ``precomputed`` strategy.
+2. ``my_prepare`` — ``PrecomputedTracking.prepare`` of your own: the PR's gate and tracked rows
+   (its two syncs, no more), then your sync-free index build; checked by the sniffer and by an
+   engine that runs with it and must end with every pool slot and logit equal to the package's
+   ``precomputed`` engine.
+3. ``my_masked_copy`` — the per-layer copy of the tracked rows only, with the mask applied on the
+   device (no ``if mask.any()``, no ``nonzero``, no boolean index): what makes notebook 08's
+   forward sync-free.
 """
 
 from __future__ import annotations
@@ -14,10 +18,9 @@ import random
 import torch
 
 from mamba_edu.exercises.core import checker, exercise, observe
-from mamba_edu.exercises.nb02 import packed_checkpoints
-from mamba_edu.exercises.nb06 import strategy_syncs, toy_batch
-from mamba_edu.gdn import recurrent_gated_delta_rule
-from mamba_edu.serving.tracking import sglang_track_metadata
+from mamba_edu.exercises.nb06 import toy_batch
+from mamba_edu.serving import SCRATCH_SLOT
+from mamba_edu.serving.tracking import TrackIndices, TrackingStrategy, sglang_track_metadata
 
 NOTEBOOK = "07_precomputed_indices"
 check = checker(NOTEBOOK)
@@ -58,44 +61,125 @@ def check_precomputed_indices(fn) -> str:
     return f"{n} random batches match the package's indices, 0 syncs"
 
 
-@exercise(NOTEBOOK, 2, "which checkpoint row", "my_checkpoint_row",
-          forbidden=("mamba_edu.gdn.varlen.checkpoint_offsets",))
-def check_checkpoint_row(fn) -> str:
-    """Run the chunked GDN with checkpoints on a packed batch and compare the row ``fn`` names
-    with the token-by-token state after ``aligned`` tokens of that request."""
-    lengths = [70, 200, 64, 129, 1, 128]
-    (q, k, v, g, beta), cu, h = packed_checkpoints(lengths, 1, 2, 8, 8, seed=8)
-    n = 0
-    for i, length in enumerate(lengths):
-        for aligned in range(64, length, 64):
-            s = int(cu[i])
-            want = recurrent_gated_delta_rule(q[s:s + aligned], k[s:s + aligned], v[s:s + aligned],
-                                              g[s:s + aligned], beta[s:s + aligned],
-                                              use_qk_l2norm=True).final_state[0]
-            row = fn(list(lengths), i, aligned)
-            if not (isinstance(row, int) and 0 <= row < h.shape[0]) or not torch.allclose(h[row], want, atol=1e-4):
-                hint = ""
-                if isinstance(row, int) and 0 <= row + 1 < h.shape[0] and torch.allclose(h[row + 1], want, atol=1e-4):
-                    hint = " (one chunk too early)"
-                elif isinstance(row, int) and 0 <= row - 1 < h.shape[0] and torch.allclose(h[row - 1], want, atol=1e-4):
-                    hint = " (one chunk too late)"
-                raise AssertionError(f"checkpoint_row({lengths}, i={i}, aligned={aligned}) = {row!r}: that row "
-                                     f"is not the state after {aligned} tokens of request {i}{hint}")
-            n += 1
-    return f"{n} rows of h hold the recurrence's state after A tokens"
+
+class _LearnerPrecomputed(TrackingStrategy):
+    """``precomputed`` with the learner's ``prepare``: every forward calls ``fn(batch, W)`` under
+    the instruments and hands what it returns to the layers' two copies."""
+
+    name = "your_precomputed"
+
+    def __init__(self, fn):
+        self.fn, self.seen = fn, []
+
+    def prepare(self, md):
+        batch = md.batch
+        seen = observe(self.fn, batch, md.conv_width)
+        self.seen.append(seen)
+        got = seen.result
+        tracked = sum(batch.track_mask)
+        what = f"(extend_lens {batch.extend_lens}, prefix_lens {batch.prefix_lens}, track_mask {batch.track_mask})"
+        if seen.sync_count > 2:
+            raise AssertionError(f"prepare made {seen.sync_count} would-be host syncs ({', '.join(sorted(seen.by_op))}); "
+                                 f"the PR needs two at most (has_mamba_track_mask and the rows), the index "
+                                 f"build none {what}")
+        if got is None:
+            md.track = None
+            return
+        if not (isinstance(got, (tuple, list)) and len(got) == 5 and all(isinstance(t, torch.Tensor) for t in got)):
+            raise AssertionError("return None or a tuple of 5 tensors: (dst, conv_positions, working, "
+                                 "checkpoint, from_final)")
+        dst, conv, working, checkpoint, final = got
+        n = dst.shape[0] if dst.dim() == 1 else -1
+        shapes = [tuple(t.shape) for t in got]
+        if n < 0 or shapes != [(n,), (n, md.conv_width - 1), (n,), (n,), (n,)]:
+            raise AssertionError(f"shapes {shapes}; expected [n], [n, W-1], [n], [n], [n] for n rows {what}")
+        if n != tracked:
+            raise AssertionError(f"{n} rows of indices for {tracked} tracked rows {what}: only the tracked "
+                                 "rows are copied (untracked rows' track slots must stay as they are)")
+        md.track = TrackIndices(dst.long(), conv.long(), working.long(), checkpoint.long(), final.bool())
 
 
-@exercise(NOTEBOOK, 3, "precomputed syncs per forward", "my_precomputed_syncs",
-          forbidden=("mamba_edu.profiling.syncs",))
-def check_precomputed_syncs(fn) -> str:
-    """Count the precomputed strategy's syncs with the sniffer, tracked or not, 1 to 45 layers."""
-    cases = {True: ([0, 0], [130, 40]), False: ([0, 64], [40, 10])}
-    for tracked, (prefix, extend) in cases.items():
-        batch = toy_batch(prefix, extend)
-        for n_layers in (1, 3, 45):
-            want = strategy_syncs(batch, "precomputed", n_layers).count
-            got = fn(n_layers, tracked)
-            if got != want:
-                raise AssertionError(f"precomputed_syncs({n_layers}, any_tracked={tracked}) = {got!r}; "
-                                     f"the sniffer counts {want}")
-    return "matches the sniffer for 1, 3 and 45 GDN layers, tracked and untracked"
+def _engine_workload(prompt):
+    from mamba_edu.engine import Request
+
+    return ([Request("a", prompt[:130]), Request("b", prompt[:40])],   # a tracked at 128 (h[2]), b not
+            [Request("c", prompt[:256])],                              # hit at 128, tracked at 256 (final)
+            [Request("d", prompt[300:350]), Request("e", prompt[:20])],  # nothing tracked (e: a short hit miss)
+            [Request("f", prompt[400:464]), Request("g", prompt[:200])])  # f final at 64; g hit at 128, h[1] at 192
+
+
+@exercise(NOTEBOOK, 2, "your PrecomputedTracking in the engine", "my_prepare",
+          forbidden=("mamba_edu.serving.tracking", "mamba_edu.serving.backend"))
+def check_prepare(fn) -> str:
+    """Two engines on the same tiny model run the same prefills: the package's ``precomputed`` and
+    one whose strategy's ``prepare`` is ``fn``. After every forward, every slot of both pools
+    (conv and SSM, every layer) and the logits must be bit-identical; ``fn`` may sync at most twice."""
+    from mamba_edu.engine import Engine
+    from mamba_edu.model import build_model
+
+    torch.manual_seed(0)
+    model = build_model("tiny", device="cpu")
+    prompt = torch.randint(0, model.config.vocab, (500,), generator=torch.Generator().manual_seed(7)).tolist()
+    theirs = Engine(model, strategy="precomputed", max_requests=2)
+    mine = Engine(model, strategy="precomputed", max_requests=2)
+    strategy = _LearnerPrecomputed(fn)
+    mine.backend.strategy = strategy
+    forwards = 0
+    for reqs in _engine_workload(prompt):
+        outs = []
+        for engine in (theirs, mine):
+            batch = engine.prepare_prefill(reqs)
+            out = engine.forward_prefill(batch)
+            engine.finish_prefill(batch, out)
+            engine.release(batch.rids)
+            outs.append(out)
+        fb = batch.forward_batch
+        what = (f"after the forward of {[r.rid for r in reqs]} (extend_lens {fb.extend_lens}, prefix_lens "
+                f"{fb.prefix_lens}, tracked {fb.track_mask})")
+        for name in ("conv", "ssm"):
+            a, b = getattr(theirs.pool, name), getattr(mine.pool, name)
+            wrong = sorted({int(s) for s in (a != b).flatten(2).any(-1).any(0).nonzero()[:, 0]})
+            if wrong:
+                raise AssertionError(f"{name} pool differs from the precomputed engine's in slots {wrong} {what}")
+        if not torch.equal(outs[0], outs[1]):
+            raise AssertionError(f"logits differ from the precomputed engine's {what}")
+        forwards += 1
+    counts = [s.sync_count for s in strategy.seen]
+    return f"{forwards} forwards (prefix hits, untracked batches): pools and logits identical; syncs per prepare {counts}"
+
+
+@exercise(NOTEBOOK, 3, "a masked copy without a sync", "my_masked_copy")
+def check_masked_copy(fn) -> str:
+    """Random pools: ``fn(pool, src, dst, mask)`` must leave ``pool[dst[i]] = src[i]`` for every row
+    with ``mask[i]`` and every other slot but the scratch slot as it was, with no sync."""
+    gen = torch.Generator().manual_seed(73)
+    rng = random.Random(73)
+    cases = [[True, False, True], [False, False], [True], [False, True, False, False, True]]
+    cases += [[rng.random() < 0.5 for _ in range(rng.randint(1, 6))] for _ in range(8)]
+    for case, mask_list in enumerate(cases):
+        n = len(mask_list)
+        slots = 2 * n + 3                                  # scratch, rows' slots, slots nobody names
+        dst = torch.tensor(rng.sample(range(1, slots - 1), n))
+        pool = torch.randn(slots, 2, 3, generator=gen)
+        src = torch.randn(n, 2, 3, generator=gen)
+        mask = torch.tensor(mask_list, dtype=torch.bool)
+        want = pool.clone()
+        for i in range(n):
+            if mask_list[i]:
+                want[int(dst[i])] = src[i]
+        got = pool.clone()
+        seen = observe(fn, got, src.clone(), dst.clone(), mask.clone())
+        what = f"(mask {mask_list}, dst {dst.tolist()}, {slots} slots)"
+        if seen.sync_count:
+            raise AssertionError(f"the copy made {seen.sync_count} would-be host syncs ({', '.join(sorted(seen.by_op))}) "
+                                 f"{what}: the host must not look at the mask")
+        wrong = [s for s in range(1, slots) if not torch.equal(got[s], want[s])]
+        if wrong:
+            s = wrong[0]
+            rows = [i for i in range(n) if int(dst[i]) == s]
+            role = (f"the destination of tracked row {rows[0]}" if rows and mask_list[rows[0]] else
+                    f"the destination of untracked row {rows[0]} (leave it alone)" if rows else
+                    "a slot no row names (leave it alone)")
+            raise AssertionError(f"slot {s}, {role}, is wrong {what}; only the scratch slot {SCRATCH_SLOT} "
+                                 "may take the untracked rows' writes")
+    return f"{len(cases)} random pools: tracked rows copied, every other slot but the scratch slot kept, 0 syncs"

@@ -2,9 +2,13 @@
 
 1. ``my_host_plan`` — ``sync_free``'s host plan: one entry per row from the scheduler's host
    lists, untracked rows sent to the scratch slot; no device tensor read.
-2. ``my_checkpoint_bytes`` — the bytes of one layer's checkpoint tensor ``h`` that fusing saves.
+2. ``my_fill_static`` — make the copies capture-ready: write one batch's plan into fixed-size
+   device buffers (one row per slot of the graph's batch, unused rows to the scratch slot), in
+   place, with no sync; checked by "replaying" the copies built once over those buffers with
+   batches of different sizes, against ``sync_free``'s copies of each batch.
 3. ``my_fused_scan`` — a chunk-by-chunk state scan that writes each tracked state straight into
-   its track slot when it passes it (what the ``fused`` kernel does), instead of returning ``h``.
+   its track slot when it passes it (what the ``fused`` kernel does), instead of returning ``h``;
+   asking for checkpoints (``output_checkpoints=True``: compute ``h``, then copy) is refused.
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ import torch
 from mamba_edu.exercises.core import checker, exercise, observe
 from mamba_edu.exercises.nb06 import toy_batch
 from mamba_edu.kernels import build_chunk_meta, gdn_prefill
-from mamba_edu.serving import SCRATCH_SLOT
-from mamba_edu.serving.tracking import host_track_indices
+from mamba_edu.serving import SCRATCH_SLOT, LinearAttentionBackend
+from mamba_edu.serving.tracking import TrackIndices, host_track_indices, track_indices_on_host
 from mamba_edu.testing import check as compare
 
 NOTEBOOK = "08_zero_syncs_and_graphs"
@@ -59,31 +63,82 @@ def check_host_plan(fn) -> str:
     return "30 random batches match host_track_indices, one entry per row, 0 syncs"
 
 
-@exercise(NOTEBOOK, 2, "checkpoint bytes saved by fusing", "my_checkpoint_bytes",
-          forbidden=("mamba_edu.kernels",))
-def check_checkpoint_bytes(fn) -> str:
-    """Run ``gdn_prefill(output_checkpoints=True)`` on small batches and compare ``h.nbytes``."""
-    gen = torch.Generator().manual_seed(10)
-    H, HV, K, V = 1, 2, 8, 16
-    for lengths in ([1], [64], [65, 3], [130, 64, 200]):
-        T = sum(lengths)
-        q, k = torch.randn(2, T, H, K, generator=gen)
-        v = torch.randn(T, HV, V, generator=gen)
-        g, beta = -torch.rand(T, HV, generator=gen), torch.rand(T, HV, generator=gen)
-        pool = torch.zeros(len(lengths) + 1, HV, K, V)
-        meta = build_chunk_meta(lengths, "cpu")
-        _, h = gdn_prefill(q, k, v, g, beta, state_pool=pool, meta=meta,
-                           state_indices=list(range(1, len(lengths) + 1)), output_checkpoints=True,
-                           backend="torch")
-        got = fn(list(lengths), HV, K, V)
-        if got != h.nbytes:
-            raise AssertionError(f"checkpoint_bytes({lengths}, HV={HV}, K={K}, V={V}) = {got!r}; "
-                                 f"h {tuple(h.shape)} {h.dtype} takes {h.nbytes} bytes")
-    return "matches h.nbytes of the chunked prefill"
+#: The fixed sizes of exercise 2's "graph": rows, packed tokens and checkpoint rows it was built for.
+STATIC_ROWS, STATIC_TOKENS, STATIC_CHECKPOINTS = 4, 640, 12
+#: Batches run one after another in the same buffers: (prefix_lens, extend_lens, cache chunk, W = 4).
+STATIC_BATCHES = [([0, 0, 64, 0], [130, 40, 128, 200], 64),   # every kind of row, the buffers full
+                  ([0, 0], [65, 100], 64),                     # fewer rows: the last two must not write
+                  ([64, 0, 0], [10, 256, 64], 128),            # an untracked row first, a final state
+                  ([0], [300], 64),                            # one row
+                  ([0, 64, 0, 0], [64, 64, 30, 129], 64)]      # full again
+
+
+def _static_buffers(W: int) -> list[torch.Tensor]:
+    return [torch.zeros(STATIC_ROWS, dtype=torch.long), torch.zeros(STATIC_ROWS, W - 1, dtype=torch.long),
+            torch.zeros(STATIC_ROWS, dtype=torch.long), torch.zeros(STATIC_ROWS, dtype=torch.long),
+            torch.zeros(STATIC_ROWS, dtype=torch.bool)]
+
+
+@exercise(NOTEBOOK, 2, "capture-ready copies: fixed buffers", "my_fill_static",
+          forbidden=("mamba_edu.serving.tracking", "mamba_edu.serving.backend"))
+def check_fill_static(fn) -> str:
+    """Build the two copies once over fixed buffers (what a CUDA graph records), then for each of
+    several batches of different sizes: ``fn`` fills the buffers in place (0 syncs), the copies are
+    replayed on static inputs, and every pool slot but the scratch slot must equal ``sync_free``'s
+    copies of that batch alone."""
+    W, D, HV, K, V = 4, 3, 2, 3, 3
+    gen = torch.Generator().manual_seed(82)
+    buffers = _static_buffers(W)
+    mixed_qkv = torch.zeros(STATIC_TOKENS, D)                      # the graph's static inputs
+    h = torch.zeros(STATIC_CHECKPOINTS, HV, K, V)
+    slots = 1 + 2 * STATIC_ROWS
+    conv = torch.randn(slots, D, W - 1, generator=gen)
+    ssm = torch.randn(slots, HV, K, V, generator=gen)
+    graph = TrackIndices(*buffers)                                 # "captured" once: these tensors, forever
+
+    def replay():
+        LinearAttentionBackend._track_conv(conv, mixed_qkv, graph)
+        LinearAttentionBackend._track_ssm(ssm, h, graph)
+
+    for trial, (prefix, extend, cc) in enumerate(STATIC_BATCHES):
+        batch = toy_batch(prefix, extend, cache_chunk=cc, seed=trial)
+        T, NT = sum(extend), sum((e + 63) // 64 for e in extend)
+        mixed_qkv.copy_(torch.randn(STATIC_TOKENS, D, generator=gen))
+        h.copy_(torch.randn(STATIC_CHECKPOINTS, HV, K, V, generator=gen))
+        ssm[1:1 + len(extend)] = torch.randn(len(extend), HV, K, V, generator=gen)  # the "final states"
+        want_conv, want_ssm = conv.clone(), ssm.clone()
+        ref = track_indices_on_host(batch, host_track_indices(batch, W), "cpu")
+        LinearAttentionBackend._track_conv(want_conv, mixed_qkv[:T], ref)
+        LinearAttentionBackend._track_ssm(want_ssm, h[:NT], ref)
+        seen = observe(fn, batch, W, *buffers)
+        what = f"(batch {trial + 1}: extend_lens {extend}, prefix_lens {prefix}, track_mask {batch.track_mask})"
+        if seen.sync_count:
+            raise AssertionError(f"filling the buffers made {seen.sync_count} would-be host syncs "
+                                 f"({', '.join(sorted(seen.by_op))}) {what}: a sync cannot be captured; "
+                                 "plan from the batch's host lists")
+        if not (0 <= int(buffers[1].min()) and int(buffers[1].max()) < STATIC_TOKENS
+                and 0 <= int(buffers[3].min()) and int(buffers[3].max()) < STATIC_CHECKPOINTS
+                and 0 <= int(buffers[0].min()) and int(buffers[0].max()) < slots
+                and 0 <= int(buffers[2].min()) and int(buffers[2].max()) < slots):
+            raise AssertionError(f"an index in the buffers is outside the static inputs or the pool {what}: "
+                                 f"dst {buffers[0].tolist()}, conv_positions {buffers[1].tolist()}, working "
+                                 f"{buffers[2].tolist()}, checkpoint {buffers[3].tolist()}")
+        replay()
+        for name, got, want in (("conv", conv, want_conv), ("ssm", ssm, want_ssm)):
+            wrong = [s for s in range(1, slots) if not torch.equal(got[s], want[s])]
+            if wrong:
+                raise AssertionError(
+                    f"after the replay, {name} slots {wrong} differ from sync_free's copies {what}; the "
+                    f"buffers held dst {buffers[0].tolist()}, from_final {buffers[4].long().tolist()}, checkpoint "
+                    f"{buffers[3].tolist()} (rows past the batch's {len(extend)} are replayed too)")
+        conv[SCRATCH_SLOT], ssm[SCRATCH_SLOT] = want_conv[SCRATCH_SLOT], want_ssm[SCRATCH_SLOT]
+    return (f"{len(STATIC_BATCHES)} batches of 1 to {STATIC_ROWS} rows replayed in the same buffers: every slot "
+            "but the scratch slot equals sync_free's copies, 0 syncs")
 
 
 @exercise(NOTEBOOK, 3, "the fused tracking write", "my_fused_scan",
-          forbidden=("mamba_edu.kernels", "mamba_edu.serving"))
+          forbidden=("mamba_edu.kernels", "mamba_edu.serving", "mamba_edu.gdn.chunked",
+                     "mamba_edu.gdn.varlen.checkpoint_offsets"))
 def check_fused_scan(fn) -> str:
     """Packed batches with rows tracked at a checkpoint, at the final state, and untracked
     (chunk −1, destination the scratch slot); compare every pool slot with ``gdn_prefill``'s

@@ -1,58 +1,245 @@
-"""The checks of notebook 07 reject plausible wrong answers and call a stub "not done"."""
+"""Notebook 07's checks reject plausible wrong answers and call a stub "not done".
 
+Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`), so the
+sniffer sees its syncs and the harness refuses its forbidden calls as in ``mamba_edu grade``.
+"""
+
+import numpy as np
+import pytest
 import torch
+from exercise_judge import remote_judge
 
 from mamba_edu.exercises import nb07
-from mamba_edu.exercises.core import FAIL, NOT_DONE, PASS, judge, lookup
+from mamba_edu.exercises.core import FAIL, NOT_DONE, PASS
+
+NB = nb07.NOTEBOOK
+SCRATCH_SLOT = 0
 
 
 def stub(*args):
     raise NotImplementedError("hint: …")
 
 
-def indices(batch, rows, W, chunk_of=lambda A: A // 64, use_mask=False, clamp_with_item=False):
-    """Precomputed indices; the keyword arguments make them wrong in one plausible way."""
-    cu = batch.cu_seqlens
-    E = cu[1:] - cu[:-1]
+@pytest.mark.parametrize("number", [1, 2, 3])
+def test_stub_is_not_done(number):
+    assert remote_judge(NB, number, stub).status == NOT_DONE
+
+
+# --- exercise 1: the precomputed indices, without a sync -----------------------------------------
+
+def indices(shift=0, inclusive=False, clamp="tensor", swap_slots=False):
+    """Exercise 1's five indices; each flag makes them wrong in one plausible way."""
+    def my_precomputed_indices(batch, rows, conv_width):
+        cu = batch.cu_seqlens
+        E = cu[1:] - cu[:-1]
+        chunks = (E + 63) // 64
+        first = chunks.cumsum(0) - (0 if inclusive else chunks)
+        A = batch.track_lens_t[rows] - batch.prefix_lens_t[rows]
+        checkpoint = first[rows] + A // 64
+        if clamp == "tensor":
+            checkpoint = torch.minimum(checkpoint, chunks.sum() - 1)
+        elif clamp == "item":
+            checkpoint = checkpoint.clamp(max=chunks.sum().item() - 1)    # a sync
+        dst, working = batch.track_slots_t[rows], batch.working_slots_t[rows]
+        if swap_slots:
+            dst, working = working, dst
+        window = torch.arange(-(conv_width - 1), 0)
+        return dst, (cu[rows] + A + shift)[:, None] + window, working, checkpoint, A == E[rows]
+    return my_precomputed_indices
+
+
+def indices_by_mask(batch, rows, conv_width):       # rows ignored, the mask applied: a sync
+    mask = batch.track_mask_t
+    return indices()(batch, torch.arange(len(mask))[mask], conv_width)
+
+
+def indices_through_numpy(batch, rows, conv_width):  # np.asarray(rows): a read of the device
+    return indices()(batch, torch.as_tensor(np.asarray(rows)), conv_width)
+
+
+def indices_by_the_package(batch, rows, conv_width):
+    from mamba_edu.serving.tracking import sglang_track_metadata
+    t = sglang_track_metadata(batch, conv_width)
+    return t.dst, t.conv_positions, t.working, t.checkpoint, t.from_final
+
+
+WRONG_1 = {
+    "off by one: the conv window ends at A": indices(shift=1),
+    "off by one chunk: an inclusive running sum": indices(inclusive=True),
+    "no clamp: a final row names a row past h": indices(clamp="none"),
+    "syncing: the clamp's bound read with .item()": indices(clamp="item"),
+    "track and working slots swapped": indices(swap_slots=True),
+    "syncing: a boolean mask": indices_by_mask,
+    "syncing: np.asarray(tensor)": indices_through_numpy,
+    "the forbidden call: sglang_track_metadata": indices_by_the_package,
+}
+
+
+def test_indices_accepts_the_right_answer():
+    verdict = remote_judge(NB, 1, indices())
+    assert verdict.status == PASS, verdict.line()
+
+
+@pytest.mark.parametrize("mistake", list(WRONG_1))
+def test_indices_rejects(mistake):
+    verdict = remote_judge(NB, 1, WRONG_1[mistake])
+    assert verdict.status == FAIL, verdict.line()
+
+
+# --- exercise 2: your PrecomputedTracking.prepare in the engine ----------------------------------
+
+def my_precomputed_indices(batch, rows, conv_width):   # exercise 1's answer, as the notebook has it
+    return indices()(batch, rows, conv_width)
+
+
+def prepare(build=my_precomputed_indices, gate=True, every_row=False):
+    """A prepare: the PR's gate and rows, then an index build."""
+    def my_prepare(batch, conv_width):
+        mask = batch.track_mask_t
+        if gate and not bool(mask.any()):
+            return None
+        rows = torch.arange(len(mask)) if every_row else mask.nonzero()[:, 0]
+        return build(batch, rows, conv_width)
+    return my_prepare
+
+
+def prepare_like_sglang(batch, conv_width):          # nine more syncs: SGLang's per-forward build
+    mask = batch.track_mask_t
+    if not bool(mask.any()):
+        return None
+    rows = mask.nonzero()[:, 0]
+    E, A = (batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]).cpu(), (batch.track_lens_t - batch.prefix_lens_t).cpu()
+    dst, working = batch.track_slots_t.cpu(), batch.working_slots_t.cpu()
     chunks = (E + 63) // 64
     first = chunks.cumsum(0) - chunks
-    if use_mask:                                   # x[mask]: right values, but a boolean index syncs
-        mask = batch.track_mask_t
-        A = batch.track_lens_t[mask] - batch.prefix_lens_t[mask]
-    else:
-        A = batch.track_lens_t[rows] - batch.prefix_lens_t[rows]
-    conv = (cu[rows] + A)[:, None] + torch.arange(-(W - 1), 0)
-    last = int(chunks.sum()) - 1 if clamp_with_item else chunks.sum() - 1  # int(t) syncs
-    ckpt = torch.clamp(first[rows] + chunk_of(A), max=last)
-    return batch.track_slots_t[rows], conv, batch.working_slots_t[rows], ckpt, A == E[rows]
+    r = rows.cpu()
+    checkpoint = torch.minimum(first[r] + A[r] // 64, chunks.sum() - 1)
+    conv = (batch.cu_seqlens[:-1].cpu()[r] + A[r])[:, None] + torch.arange(-(conv_width - 1), 0)
+    return dst[r], conv, working[r], checkpoint, A[r] == E[r]
 
 
-def test_precomputed_indices():
-    ex = lookup(nb07.NOTEBOOK, 1)
-    assert judge(ex, indices).status == PASS
-    assert judge(ex, stub).status == NOT_DONE
-    masked = judge(ex, lambda b, r, W: indices(b, r, W, use_mask=True))
-    assert masked.status == FAIL and "sync" in masked.message
-    item = judge(ex, lambda b, r, W: indices(b, r, W, clamp_with_item=True))
-    assert item.status == FAIL and "sync" in item.message
-    off = judge(ex, lambda b, r, W: indices(b, r, W, chunk_of=lambda A: A // 64 + 1))
-    assert off.status == FAIL and "checkpoint" in off.message
+def prepare_row_by_row(batch, conv_width):            # a sync per row
+    rows = [i for i in range(len(batch.track_mask_t)) if batch.track_mask_t[i].item()]
+    if not rows:
+        return None
+    return my_precomputed_indices(batch, torch.tensor(rows), conv_width)
 
 
-def test_checkpoint_row():
-    ex = lookup(nb07.NOTEBOOK, 2)
-    assert judge(ex, lambda lens, i, A: sum((e + 63) // 64 for e in lens[:i]) + A // 64).status == PASS
-    assert judge(ex, stub).status == NOT_DONE
-    floor = judge(ex, lambda lens, i, A: sum(e // 64 for e in lens[:i]) + A // 64)  # ⌊E/64⌋ rows per request
-    assert floor.status == FAIL
-    late = judge(ex, lambda lens, i, A: sum((e + 63) // 64 for e in lens[:i]) + A // 64 - 1)  # off by one chunk
-    assert late.status == FAIL and "one chunk" in late.message
-    assert judge(ex, lambda lens, i, A: i + A // 64).status == FAIL                # one row per request
+def prepare_by_the_package(batch, conv_width):
+    from mamba_edu.serving.tracking import sglang_track_metadata
+    t = sglang_track_metadata(batch, conv_width)
+    if t is None:
+        return None
+    rows = batch.track_mask_t.nonzero()[:, 0]
+    return batch.track_slots_t[rows], t.conv_positions, t.working, t.checkpoint, t.from_final
 
 
-def test_precomputed_syncs():
-    ex = lookup(nb07.NOTEBOOK, 3)
-    assert judge(ex, lambda L, tracked: 11 if tracked else 2).status == PASS
-    assert judge(ex, stub).status == NOT_DONE
-    assert judge(ex, lambda L, tracked: 2 if tracked else 1).status == FAIL          # any() + nonzero only
-    assert judge(ex, lambda L, tracked: 9 + 3 * L if tracked else 1 + 2 * L).status == FAIL  # naive's count
+def prepare_nothing(batch, conv_width):               # no copies at all: the snapshots never written
+    return None
+
+
+WRONG_2 = {
+    "every row's indices: untracked rows' track slots written": prepare(every_row=True),
+    "off by one: the conv window ends at A": prepare(build=indices(shift=1)),
+    "off by one chunk in the checkpoint": prepare(build=indices(inclusive=True)),
+    "syncing: SGLang's nine .cpu()/gate syncs rebuilt by hand": prepare_like_sglang,
+    "syncing: one .item() per row": prepare_row_by_row,
+    "syncing: np.asarray inside the index build": prepare(build=indices_through_numpy),
+    "nothing returned: no snapshot copied": prepare_nothing,
+    "the forbidden call: sglang_track_metadata": prepare_by_the_package,
+}
+
+
+def test_prepare_accepts_the_right_answers():
+    for right in (prepare(), prepare(gate=False)):   # no gate: an empty nonzero is fine too
+        verdict = remote_judge(NB, 2, right)
+        assert verdict.status == PASS, verdict.line()
+
+
+@pytest.mark.parametrize("mistake", list(WRONG_2))
+def test_prepare_rejects(mistake):
+    verdict = remote_judge(NB, 2, WRONG_2[mistake])
+    assert verdict.status == FAIL, verdict.line()
+
+
+def test_prepare_messages():
+    assert "would-be host syncs" in remote_judge(NB, 2, prepare_like_sglang).message
+    assert "tracked rows" in remote_judge(NB, 2, prepare(every_row=True)).message
+    assert "pool differs" in remote_judge(NB, 2, prepare_nothing).message
+
+
+# --- exercise 3: a masked copy without a sync -----------------------------------------------------
+
+def masked_copy_scratch(pool, src, dst, mask):
+    pool[torch.where(mask, dst, SCRATCH_SLOT)] = src
+
+
+def masked_copy_blend(pool, src, dst, mask):         # read, choose, write back: also sync-free
+    keep = mask.reshape(-1, *[1] * (src.dim() - 1))
+    pool[dst] = torch.where(keep, src, pool[dst])
+
+
+def masked_copy_minus_one(pool, src, dst, mask):      # -1 is the last slot, a real one
+    pool[torch.where(mask, dst, -1)] = src
+
+
+def masked_copy_all(pool, src, dst, mask):            # the mask forgotten
+    pool[dst] = src
+
+
+def masked_copy_inverted(pool, src, dst, mask):
+    pool[torch.where(~mask, dst, SCRATCH_SLOT)] = src
+
+
+def masked_copy_boolean_index(pool, src, dst, mask):  # a sync: the result's size depends on the mask
+    pool[dst[mask]] = src[mask]
+
+
+def masked_copy_nonzero(pool, src, dst, mask):
+    rows = mask.nonzero()[:, 0]
+    pool[dst[rows]] = src[rows]
+
+
+def masked_copy_gated(pool, src, dst, mask):          # if mask.any(): a sync
+    if mask.any():
+        pool[torch.where(mask, dst, SCRATCH_SLOT)] = src
+
+
+def masked_copy_loop(pool, src, dst, mask):           # .tolist(): a sync
+    for i, m in enumerate(mask.tolist()):
+        if m:
+            pool[dst[i]] = src[i]
+
+
+def masked_copy_numpy(pool, src, dst, mask):          # np.asarray(mask): a read of the device
+    for i in np.flatnonzero(np.asarray(mask)):
+        pool[dst[i]] = src[i]
+
+
+WRONG_3 = {
+    "untracked rows sent to slot -1, the last real slot": masked_copy_minus_one,
+    "the mask forgotten: every row written": masked_copy_all,
+    "the mask inverted": masked_copy_inverted,
+    "syncing: boolean index": masked_copy_boolean_index,
+    "syncing: nonzero": masked_copy_nonzero,
+    "syncing: if mask.any()": masked_copy_gated,
+    "syncing: mask.tolist()": masked_copy_loop,
+    "syncing: np.asarray(mask)": masked_copy_numpy,
+}
+
+
+@pytest.mark.parametrize("right", [masked_copy_scratch, masked_copy_blend])
+def test_masked_copy_accepts_the_right_answers(right):
+    verdict = remote_judge(NB, 3, right)
+    assert verdict.status == PASS, verdict.line()
+
+
+@pytest.mark.parametrize("mistake", list(WRONG_3))
+def test_masked_copy_rejects(mistake):
+    verdict = remote_judge(NB, 3, WRONG_3[mistake])
+    assert verdict.status == FAIL, verdict.line()
+
+
+def test_masked_copy_messages():
+    assert "a slot no row names" in remote_judge(NB, 3, masked_copy_minus_one).message
+    assert "np.asarray" in remote_judge(NB, 3, masked_copy_numpy).message

@@ -1,67 +1,184 @@
-"""The checks of notebook 08 reject plausible wrong answers and call a stub "not done"."""
+"""Notebook 08's checks reject plausible wrong answers and call a stub "not done".
 
+Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`), so the
+sniffer sees its syncs and the harness refuses its forbidden calls as in ``mamba_edu grade``.
+"""
+
+import numpy as np
+import pytest
 import torch
+from exercise_judge import remote_judge
 
 from mamba_edu.exercises import nb08
-from mamba_edu.exercises.core import FAIL, NOT_DONE, PASS, judge, lookup
+from mamba_edu.exercises.core import FAIL, NOT_DONE, PASS
 from mamba_edu.gdn import recurrent_gated_delta_rule
-from mamba_edu.serving import SCRATCH_SLOT
+
+NB = nb08.NOTEBOOK
+SCRATCH_SLOT = 0
 
 
 def stub(*args):
     raise NotImplementedError("hint: …")
 
 
-def host_plan(batch, W, masked=False, from_device=False):
-    """sync_free's host plan; ``masked`` keeps only tracked rows (a mask instead of the scratch
-    slot), ``from_device`` reads the mask from the device tensor (a sync)."""
-    tracked = batch.track_mask_t.tolist() if from_device else batch.track_mask
-    offsets = [0]
-    for e in batch.extend_lens:
-        offsets.append(offsets[-1] + (e + 63) // 64)
-    dst, conv, ckpt, final, chunks = [], [], [], [], []
-    for i, plan in enumerate(batch.plans):
-        start = batch.token_ranges[i][0]
-        if tracked[i]:
-            dst.append(plan.track_slot)
-            conv.append([start + plan.aligned - (W - 1) + j for j in range(W - 1)])
-            ckpt.append(min(offsets[i] + plan.aligned // 64, offsets[-1] - 1))
-            final.append(int(plan.aligned == plan.extend_len))
-            chunks.append(plan.aligned // 64)
-        elif not masked:
-            dst.append(SCRATCH_SLOT)
-            conv.append([start] * (W - 1))
-            ckpt.append(0)
-            final.append(0)
-            chunks.append(-1)
-    return dst, conv, ckpt, final, chunks
+@pytest.mark.parametrize("number", [1, 2, 3])
+def test_stub_is_not_done(number):
+    assert remote_judge(NB, number, stub).status == NOT_DONE
 
 
-def test_host_plan():
-    ex = lookup(nb08.NOTEBOOK, 1)
-    assert judge(ex, host_plan).status == PASS
-    assert judge(ex, stub).status == NOT_DONE
-    masked = judge(ex, lambda b, W: host_plan(b, W, masked=True))
-    assert masked.status == FAIL and "scratch" in masked.message
-    synced = judge(ex, lambda b, W: host_plan(b, W, from_device=True))
-    assert synced.status == FAIL and "sync" in synced.message
+# --- exercise 1: the host plan of sync_free -------------------------------------------------------
 
-    def own_slot(b, W):                     # untracked rows write their own track slot: no scratch
-        dst, *rest = host_plan(b, W)
-        return [b.track_slots[i] for i in range(len(dst))], *rest
-    assert judge(ex, own_slot).status == FAIL
+def host_plan(masked=False, from_device=False, own_slot=False, shift=0, clamp=True, numpy=False):
+    """sync_free's host plan; each flag makes it wrong in one plausible way."""
+    def my_host_plan(batch, W):
+        tracked = batch.track_mask
+        if from_device:
+            tracked = batch.track_mask_t.tolist()                       # a sync
+        if numpy:
+            tracked = list(np.asarray(batch.track_mask_t))              # a read of the device
+        offsets = [0]
+        for e in batch.extend_lens:
+            offsets.append(offsets[-1] + (e + 63) // 64)
+        dst, conv, ckpt, final, chunks = [], [], [], [], []
+        for i, plan in enumerate(batch.plans):
+            start = batch.token_ranges[i][0]
+            if tracked[i]:
+                dst.append(plan.track_slot)
+                conv.append([start + plan.aligned - (W - 1) + j + shift for j in range(W - 1)])
+                c = offsets[i] + plan.aligned // 64
+                ckpt.append(min(c, offsets[-1] - 1) if clamp else c)
+                final.append(int(plan.aligned == plan.extend_len))
+                chunks.append(plan.aligned // 64)
+            elif not masked:
+                dst.append(batch.track_slots[i] if own_slot else SCRATCH_SLOT)
+                conv.append([start] * (W - 1))
+                ckpt.append(0)
+                final.append(0)
+                chunks.append(-1)
+        return dst, conv, ckpt, final, chunks
+    return my_host_plan
 
 
-def test_checkpoint_bytes():
-    ex = lookup(nb08.NOTEBOOK, 2)
-    assert judge(ex, lambda lens, HV, K, V: sum((e + 63) // 64 for e in lens) * HV * K * V * 4).status == PASS
-    assert judge(ex, stub).status == NOT_DONE
-    assert judge(ex, lambda lens, HV, K, V: sum(lens) * HV * K * V * 4).status == FAIL          # per token
-    assert judge(ex, lambda lens, HV, K, V: sum(e // 64 for e in lens) * HV * K * V * 4).status == FAIL  # floor
-    assert judge(ex, lambda lens, HV, K, V: sum((e + 63) // 64 for e in lens) * HV * K * V * 2).status == FAIL  # bf16
+def host_plan_by_the_package(batch, W):
+    from mamba_edu.serving.tracking import host_track_indices
+    p = host_track_indices(batch, W)
+    return p.dst, p.conv_positions, p.checkpoint, p.from_final, p.chunks
 
 
-def fused_scan(shift=0, write_untracked=False, skip_final=False, return_h=False):
+WRONG_1 = {
+    "only the tracked rows: a mask instead of the scratch slot": host_plan(masked=True),
+    "untracked rows write their own track slot": host_plan(own_slot=True),
+    "off by one: the conv window ends at A": host_plan(shift=1),
+    "no clamp: a final row's checkpoint past h": host_plan(clamp=False),
+    "syncing: track_mask_t.tolist()": host_plan(from_device=True),
+    "syncing: np.asarray(track_mask_t)": host_plan(numpy=True),
+    "the forbidden call: host_track_indices": host_plan_by_the_package,
+}
+
+
+def test_host_plan_accepts_the_right_answer():
+    verdict = remote_judge(NB, 1, host_plan())
+    assert verdict.status == PASS, verdict.line()
+
+
+@pytest.mark.parametrize("mistake", list(WRONG_1))
+def test_host_plan_rejects(mistake):
+    verdict = remote_judge(NB, 1, WRONG_1[mistake])
+    assert verdict.status == FAIL, verdict.line()
+
+
+def test_host_plan_messages():
+    assert "scratch" in remote_judge(NB, 1, host_plan(masked=True)).message
+    assert "sync" in remote_judge(NB, 1, host_plan(from_device=True)).message
+
+
+# --- exercise 2: capture-ready copies in fixed buffers ---------------------------------------------
+
+def my_host_plan(batch, W):                 # exercise 1's answer, as the notebook has it
+    return host_plan()(batch, W)
+
+
+def fill(pad="scratch", rebind=False, plan=my_host_plan, rows_only=False):
+    """Fill the five buffers with the batch's plan; each flag makes it wrong in one way."""
+    def my_fill_static(batch, W, dst, conv_positions, working, checkpoint, from_final):
+        d, conv, ckpt, final, _ = plan(batch, W)
+        work = list(batch.working_slots)
+        n, rows = len(d), dst.shape[0]
+        if pad == "scratch":
+            d, conv, work = d + [SCRATCH_SLOT] * (rows - n), conv + [[0] * (W - 1)] * (rows - n), work + [0] * (rows - n)
+            ckpt, final = ckpt + [0] * (rows - n), final + [0] * (rows - n)
+        elif pad == "zeros_everywhere_but_dst":       # dst of the padding rows: slot 1, a real slot
+            d, conv, work = d + [1] * (rows - n), conv + [[0] * (W - 1)] * (rows - n), work + [0] * (rows - n)
+            ckpt, final = ckpt + [0] * (rows - n), final + [0] * (rows - n)
+        values = (d, conv, work, ckpt, final)
+        buffers = [dst, conv_positions, working, checkpoint, from_final]
+        for k, (buf, v) in enumerate(zip(buffers, values)):
+            t = torch.tensor(v, dtype=buf.dtype)
+            if rebind:
+                buffers[k] = t                        # a new tensor: the "graph" never sees it
+            elif rows_only or pad is None:
+                buf[:n] = t                           # the rows past the batch keep the last batch's
+            else:
+                buf.copy_(t)
+    return my_fill_static
+
+
+def fill_compacted(batch, W, dst, conv_positions, working, checkpoint, from_final):
+    """The tracked rows found on the device (nonzero: a sync), padded to the scratch slot."""
+    rows = batch.track_mask_t.nonzero()[:, 0]
+    d, conv, ckpt, final, _ = my_host_plan(batch, W)
+    keep = rows.tolist()
+    pad = dst.shape[0] - len(keep)
+    dst.copy_(torch.tensor([d[i] for i in keep] + [SCRATCH_SLOT] * pad))
+    conv_positions.copy_(torch.tensor([conv[i] for i in keep] + [[0] * (W - 1)] * pad))
+    working.copy_(torch.tensor([batch.working_slots[i] for i in keep] + [0] * pad))
+    checkpoint.copy_(torch.tensor([ckpt[i] for i in keep] + [0] * pad))
+    from_final.copy_(torch.tensor([bool(final[i]) for i in keep] + [False] * pad))
+
+
+def fill_by_the_package(batch, W, dst, conv_positions, working, checkpoint, from_final):
+    from mamba_edu.serving.tracking import host_track_indices
+    p = host_track_indices(batch, W)
+    pad = dst.shape[0] - len(p.dst)
+    dst.copy_(torch.tensor(p.dst + [SCRATCH_SLOT] * pad))
+    conv_positions.copy_(torch.tensor(p.conv_positions + [[0] * (W - 1)] * pad))
+    working.copy_(torch.tensor(list(batch.working_slots) + [0] * pad))
+    checkpoint.copy_(torch.tensor(p.checkpoint + [0] * pad))
+    from_final.copy_(torch.tensor([bool(x) for x in p.from_final] + [False] * pad))
+
+
+WRONG_2 = {
+    "only the batch's rows written: the last batch's rows replayed": fill(pad=None),
+    "padding rows sent to slot 1, a real slot": fill(pad="zeros_everywhere_but_dst"),
+    "new tensors instead of the buffers": fill(rebind=True),
+    "off by one: the conv window ends at A": fill(plan=host_plan(shift=1)),
+    "untracked rows write their own track slot": fill(plan=host_plan(own_slot=True)),
+    "syncing: the plan from track_mask_t.tolist()": fill(plan=host_plan(from_device=True)),
+    "syncing: the tracked rows found with nonzero": fill_compacted,
+    "syncing: np.asarray(track_mask_t)": fill(plan=host_plan(numpy=True)),
+    "the forbidden call: host_track_indices": fill_by_the_package,
+}
+
+
+def test_fill_static_accepts_the_right_answer():
+    verdict = remote_judge(NB, 2, fill())
+    assert verdict.status == PASS, verdict.line()
+
+
+@pytest.mark.parametrize("mistake", list(WRONG_2))
+def test_fill_static_rejects(mistake):
+    verdict = remote_judge(NB, 2, WRONG_2[mistake])
+    assert verdict.status == FAIL, verdict.line()
+
+
+def test_fill_static_messages():
+    assert "rows past the batch" in remote_judge(NB, 2, fill(pad=None)).message
+    assert "cannot be captured" in remote_judge(NB, 2, fill_compacted).message
+
+
+# --- exercise 3: the fused tracking write -------------------------------------------------------------
+
+def fused_scan(shift=0, write_untracked=False, skip_final=False, return_h=False, skip_working=False):
     """A chunk-by-chunk scan with the tracking write; the flags make it wrong in one way."""
     def scan(q, k, v, g, beta, pool, lengths, working, track_slots, track_chunks):
         start, h = 0, []
@@ -77,19 +194,79 @@ def fused_scan(shift=0, write_untracked=False, skip_final=False, return_h=False)
                                                    initial_state=state[None], use_qk_l2norm=True).final_state[0]
             if track_chunks[n] + shift == n_chunks and not skip_final:
                 pool[track_slots[n]] = state
-            pool[working[n]] = state
+            if not skip_working:
+                pool[working[n]] = state
             start += L
         return torch.stack(h) if return_h else None
     return scan
 
 
-def test_fused_scan():
-    ex = lookup(nb08.NOTEBOOK, 3)
-    assert judge(ex, fused_scan()).status == PASS
-    assert judge(ex, stub).status == NOT_DONE
-    late = judge(ex, fused_scan(shift=-1))          # off by one chunk: the state 64 tokens early
-    assert late.status == FAIL and "track slot" in late.message
-    scratch = judge(ex, fused_scan(write_untracked=True))   # chunk −1 means: write nothing
-    assert scratch.status == FAIL and "scratch" in scratch.message
-    assert judge(ex, fused_scan(skip_final=True)).status == FAIL   # ⌈L/64⌉ = the final state
-    assert judge(ex, fused_scan(return_h=True)).status == FAIL     # still hands back h
+def unfused_recurrent(q, k, v, g, beta, pool, lengths, working, track_slots, track_chunks):
+    """Compute h (the recurrence with output_checkpoints=True), then copy: the unfused version."""
+    start = 0
+    for n, L in enumerate(lengths):
+        s, e = start, start + L
+        out = recurrent_gated_delta_rule(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e],
+                                         initial_state=pool[working[n]][None].clone(), use_qk_l2norm=True,
+                                         output_checkpoints=True)
+        c = track_chunks[n]
+        if 0 <= c < out.checkpoints.shape[0]:
+            pool[track_slots[n]] = out.checkpoints[c]
+        elif c == out.checkpoints.shape[0]:
+            pool[track_slots[n]] = out.final_state[0]
+        pool[working[n]] = out.final_state[0]
+        start += L
+
+
+def unfused_chunked(q, k, v, g, beta, pool, lengths, working, track_slots, track_chunks):
+    """The chunked form with checkpoints, then the copy."""
+    from mamba_edu.gdn import chunk_gated_delta_rule
+    cu = torch.tensor([0] + list(np.cumsum(lengths)))
+    out = chunk_gated_delta_rule(q[None] if q.dim() == 3 else q, k, v, g, beta, cu_seqlens=cu,
+                                 initial_state=pool[list(working)].clone(), use_qk_l2norm=True,
+                                 output_checkpoints=True)
+    first = 0
+    for n, L in enumerate(lengths):
+        c = track_chunks[n]
+        if 0 <= c < (L + 63) // 64:
+            pool[track_slots[n]] = out.checkpoints[first + c]
+        elif c == (L + 63) // 64:
+            pool[track_slots[n]] = out.final_state[n]
+        pool[working[n]] = out.final_state[n]
+        first += (L + 63) // 64
+
+
+def fused_by_the_package(q, k, v, g, beta, pool, lengths, working, track_slots, track_chunks):
+    from mamba_edu.kernels import build_chunk_meta, gdn_prefill
+    gdn_prefill(q, k, v, g, beta, state_pool=pool, meta=build_chunk_meta(lengths, "cpu"),
+                state_indices=list(working), track_slots=torch.tensor(track_slots),
+                track_chunks=torch.tensor(track_chunks), backend="torch")
+
+
+WRONG_3 = {
+    "off by one chunk: the state 64 tokens early": fused_scan(shift=-1),
+    "chunk -1 written (to the scratch slot)": fused_scan(write_untracked=True),
+    "ceil(L/64), the final state, never written": fused_scan(skip_final=True),
+    "the working slot not updated": fused_scan(skip_working=True),
+    "unfused: still hands back h": fused_scan(return_h=True),
+    "unfused: the recurrence with output_checkpoints=True, then the copy": unfused_recurrent,
+    "unfused: the chunked form with checkpoints, then the copy": unfused_chunked,
+    "the forbidden call: gdn_prefill": fused_by_the_package,
+}
+
+
+def test_fused_scan_accepts_the_right_answer():
+    verdict = remote_judge(NB, 3, fused_scan())
+    assert verdict.status == PASS, verdict.line()
+
+
+@pytest.mark.parametrize("mistake", list(WRONG_3))
+def test_fused_scan_rejects(mistake):
+    verdict = remote_judge(NB, 3, WRONG_3[mistake])
+    assert verdict.status == FAIL, verdict.line()
+
+
+def test_fused_scan_messages():
+    assert "track slot" in remote_judge(NB, 3, fused_scan(shift=-1)).message
+    assert "scratch" in remote_judge(NB, 3, fused_scan(write_untracked=True)).message
+    assert "checkpoint_offsets" in remote_judge(NB, 3, unfused_recurrent).message

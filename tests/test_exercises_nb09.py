@@ -1,16 +1,30 @@
-"""Notebook 09's checks reject the plausible wrong answers and call a stub "not done"."""
+"""Notebook 09's checks reject plausible wrong answers and call a stub "not done".
+
+Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`), so the
+harness refuses the forbidden calls (the package's own bubble analysis) as in ``mamba_edu grade``.
+"""
 
 import pytest
+from exercise_judge import remote_judge
 
-from mamba_edu.exercises.core import FAIL, NOT_DONE, PASS, judge, lookup
+from mamba_edu.exercises.core import FAIL, NOT_DONE, PASS
 from mamba_edu.exercises.nb09 import NOTEBOOK
 
+NB = NOTEBOOK
 WAITS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy"}
+GPU = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 def stub(*args):
     raise NotImplementedError("hint: …")
 
+
+@pytest.mark.parametrize("number", [1, 2, 3])
+def test_stub_is_not_done(number):
+    assert remote_judge(NB, number, stub).status == NOT_DONE
+
+
+# --- exercise 1: the GPU lane --------------------------------------------------------------------
 
 def merged(intervals):
     out = []
@@ -22,72 +36,172 @@ def merged(intervals):
     return out
 
 
-def gaps_of(busy, start, end, keep):
-    edges = [start] + [t for iv in busy for t in iv] + [end]
-    return [(a, b) for a, b in zip(edges[0::2], edges[1::2]) if keep(b - a) and b > a]
-
-
-def lane(clip=True, union=True, keep=lambda d, th: d >= th, ends=True):
+def lane(clip=True, union=True, keep=lambda d, th: d >= th, ends=True, drop_empty=True):
     """A GPU-lane answer with one mistake switched on."""
-    def fn(intervals, start, end, threshold):
+    def my_gpu_lane(intervals, start, end, threshold):
         ivs = [(max(s, start), min(e, end)) if clip else (s, e) for s, e in intervals]
+        if drop_empty:
+            ivs = [(s, e) for s, e in ivs if s <= e]
         busy = merged(ivs) if union else sorted(ivs)  # no union: overlaps counted twice
-        gaps = gaps_of(merged(ivs), start, end, lambda d: keep(d, threshold))
+        edges = [start] + [t for iv in merged(ivs) for t in iv] + [end]
+        gaps = [(a, b) for a, b in zip(edges[0::2], edges[1::2]) if keep(b - a, threshold) and b > a]
         if not ends:
             gaps = [g for g in gaps if g[0] != start and g[1] != end]
         return busy, gaps
-    return fn
+    return my_gpu_lane
 
 
-def syncs(all_waits=False, async_copies=False, all_dtoh=False):
+def lane_by_the_package(intervals, start, end, threshold):
+    from mamba_edu.profiling.bubbles import find_gaps, merge_intervals
+    busy = merge_intervals((max(s, start), min(e, end)) for s, e in intervals if min(e, end) >= max(s, start))
+    return busy, find_gaps(busy, start, end, threshold)
+
+
+WRONG_1 = {
+    "durations summed without the union": lane(union=False),
+    "busy time outside the forward's window": lane(clip=False),
+    "a gap exactly at the threshold dropped": lane(keep=lambda d, th: d > th),
+    "idle time before the first and after the last kernel ignored": lane(ends=False),
+    "intervals outside the window kept as negative stretches": lane(drop_empty=False),
+    "the forbidden call: merge_intervals / find_gaps": lane_by_the_package,
+}
+
+
+def test_gpu_lane_accepts_the_right_answer():
+    verdict = remote_judge(NB, 1, lane())
+    assert verdict.status == PASS, verdict.line()
+
+
+@pytest.mark.parametrize("mistake", list(WRONG_1))
+def test_gpu_lane_rejects(mistake):
+    verdict = remote_judge(NB, 1, WRONG_1[mistake])
+    assert verdict.status == FAIL, verdict.line()
+
+
+def test_gpu_lane_messages():
+    assert "union" in remote_judge(NB, 1, lane(union=False)).message
+    assert "kernels outside the window" in remote_judge(NB, 1, lane(drop_empty=False)).message
+
+
+# --- exercise 2: a forward's syncs in a trace ------------------------------------------------------
+
+def syncs(all_waits=False, async_copies=False, all_dtoh=False, window_dtoh=False, any_thread=False):
     """A sync-counting answer with one mistake switched on."""
-    def fn(trace, range_name="prefill_forward"):
+    def my_trace_syncs(trace, range_name="prefill_forward"):
         events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
         fwd = [e for e in events if e["name"] == range_name][-1]
         t0, t1 = fwd["ts"], fwd["ts"] + fwd["dur"]
         thread = (fwd["pid"], fwd["tid"])
         runtime = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
-        inside = [e for e in runtime if (e["pid"], e["tid"]) == thread and t0 <= e["ts"] < t1]
+        inside = [e for e in runtime if (any_thread or (e["pid"], e["tid"]) == thread) and t0 <= e["ts"] < t1]
         names = WAITS | {"cudaMemcpyAsync"} if async_copies else WAITS
         waits = sum(e["name"] in names for e in (runtime if all_waits else inside))
         launched = {(e.get("args") or {}).get("correlation") for e in inside}
-        dtoh = sum(e.get("cat") == "gpu_memcpy" and e["name"].startswith("Memcpy DtoH")
-                   and (all_dtoh or (e.get("args") or {}).get("correlation") in launched)
-                   for e in events)
+        if window_dtoh:       # the copies that run inside the range, whoever launched them
+            dtoh = sum(e.get("cat") == "gpu_memcpy" and e["name"].startswith("Memcpy DtoH") and t0 <= e["ts"] < t1
+                       for e in events)
+        else:
+            dtoh = sum(e.get("cat") == "gpu_memcpy" and e["name"].startswith("Memcpy DtoH")
+                       and (all_dtoh or (e.get("args") or {}).get("correlation") in launched)
+                       for e in events)
         return waits, dtoh
-    return fn
+    return my_trace_syncs
 
 
-def test_reference_answers_pass():
-    assert judge(lookup(NOTEBOOK, 1), lane()).status == PASS
-    assert judge(lookup(NOTEBOOK, 2), syncs()).status == PASS
+def syncs_by_the_package(trace, range_name="prefill_forward"):
+    from mamba_edu.profiling.bubbles import analyze_trace
+    a = analyze_trace(trace, range_name)
+    return a.n_syncs, a.n_dtoh
 
 
-@pytest.mark.parametrize("wrong", [
-    lane(union=False),                                  # summing durations without the union
-    lane(clip=False),                                   # busy time outside the forward's window
-    lane(keep=lambda d, th: d > th),                    # a gap exactly at the threshold dropped
-    lane(ends=False),                                   # idle time before the first kernel ignored
-])
-def test_gpu_lane_rejects_wrong_answers(wrong):
-    verdict = judge(lookup(NOTEBOOK, 1), wrong)
+WRONG_2 = {
+    "the caller's synchronize after the forward counted": syncs(all_waits=True),
+    "every cudaMemcpyAsync counted as a wait": syncs(async_copies=True),
+    "copies launched after the forward counted": syncs(all_dtoh=True),
+    "DtoH counted by time window, no thread filter": syncs(window_dtoh=True),
+    "another host thread's waits and copies counted": syncs(any_thread=True),
+    "the forbidden call: analyze_trace": syncs_by_the_package,
+}
+
+
+def test_trace_syncs_accepts_the_right_answer():
+    verdict = remote_judge(NB, 2, syncs())
+    assert verdict.status == PASS, verdict.line()
+
+
+@pytest.mark.parametrize("mistake", list(WRONG_2))
+def test_trace_syncs_rejects(mistake):
+    verdict = remote_judge(NB, 2, WRONG_2[mistake])
     assert verdict.status == FAIL, verdict.line()
 
 
-def test_gpu_lane_names_the_union():
-    assert "union" in judge(lookup(NOTEBOOK, 1), lane(union=False)).message
+# --- exercise 3: which wait cost the GPU most ----------------------------------------------------------
+
+def worst_wait(longest=False, own_duration=False, runtime_name=False, outermost=False, any_thread=False,
+               always_next=False, until_launch=False):
+    """A reading of a zoomed stretch with one mistake switched on."""
+    def my_worst_wait(trace, t0, t1):
+        events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+        fwd = [e for e in events if e["name"] == "prefill_forward" and e.get("cat") in ("user_annotation", "cpu_op")][-1]
+        mine = (fwd.get("pid"), fwd.get("tid"))
+        thread = [e for e in events if any_thread or (e.get("pid"), e.get("tid")) == mine]
+        gpu = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in GPU]
+        launches = [e["ts"] for e in thread if e["name"] == "cudaLaunchKernel"]
+        cpu = [e for e in events if (e.get("pid"), e.get("tid")) == mine and e.get("cat") in ("cpu_op", "user_annotation")]
+        waits = sorted((e for e in thread if e.get("cat") in ("cuda_runtime", "cuda_driver")
+                        and e["name"] in WAITS and t0 <= e["ts"] < t1), key=lambda e: e["ts"])
+        best, best_score = (None, 0.0), None
+        for w in waits:
+            t = w["ts"] + w["dur"]
+            nxt = [ts for ts in launches if ts > t] if until_launch else [s for s, e in gpu if s > t]
+            busy = not always_next and any(s <= t < e for s, e in gpu)
+            idle = w["dur"] if own_duration else (0.0 if busy or not nxt else min(nxt) - t)
+            open_ops = [e for e in cpu if e["ts"] <= w["ts"] < e["ts"] + e["dur"]]
+            pick = min if outermost else max
+            op = w["name"] if runtime_name else (pick(open_ops, key=lambda e: (e["ts"], -e["dur"]))["name"]
+                                                 if open_ops else None)
+            score = w["dur"] if longest else idle
+            if best_score is None or score > best_score:
+                best, best_score = (op, idle), score
+        return best
+    return my_worst_wait
 
 
-@pytest.mark.parametrize("wrong", [
-    syncs(all_waits=True),      # the caller's synchronize after the forward counted
-    syncs(async_copies=True),   # every cudaMemcpyAsync counted as a wait (uploads do not wait)
-    syncs(all_dtoh=True),       # copies launched after the forward counted
-])
-def test_trace_syncs_rejects_wrong_answers(wrong):
-    verdict = judge(lookup(NOTEBOOK, 2), wrong)
+def worst_wait_by_the_package(trace, t0, t1):
+    from mamba_edu.profiling.bubbles import analyze_trace
+    a = analyze_trace(trace, "prefill_forward")
+    best = (None, 0.0)
+    for s in a.syncs:
+        if s.kind == "wait" and t0 <= s.start < t1:
+            idle = next((b[0] - s.end for b in a.gpu_busy if b[0] > s.end), 0.0)
+            if idle > best[1]:
+                best = (s.op, idle)
+    return best
+
+
+WRONG_3 = {
+    "the longest wait, not the costliest": worst_wait(longest=True),
+    "the wait's own duration as the GPU's idle": worst_wait(own_duration=True),
+    "the CUDA call (cudaStreamSynchronize) named, not the op": worst_wait(runtime_name=True),
+    "the outermost range named, not the innermost op": worst_wait(outermost=True),
+    "another host thread's waits counted": worst_wait(any_thread=True),
+    "a stream still busy when the wait ends ignored": worst_wait(always_next=True),
+    "idle until the host's next launch, not the GPU's next work": worst_wait(until_launch=True),
+    "the forbidden call: analyze_trace": worst_wait_by_the_package,
+}
+
+
+def test_worst_wait_accepts_the_right_answer():
+    verdict = remote_judge(NB, 3, worst_wait())
+    assert verdict.status == PASS, verdict.line()
+
+
+@pytest.mark.parametrize("mistake", list(WRONG_3))
+def test_worst_wait_rejects(mistake):
+    verdict = remote_judge(NB, 3, WRONG_3[mistake])
     assert verdict.status == FAIL, verdict.line()
 
 
-@pytest.mark.parametrize("number", [1, 2])
-def test_stub_is_not_done(number):
-    assert judge(lookup(NOTEBOOK, number), stub).status == NOT_DONE
+def test_worst_wait_messages():
+    assert "aten::nonzero" in remote_judge(NB, 3, worst_wait(longest=True)).message
+    assert "mamba_edu.profiling.bubbles" in remote_judge(NB, 3, worst_wait_by_the_package).message

@@ -105,7 +105,8 @@ def _engine_workload(prompt):
     return ([Request("a", prompt[:130]), Request("b", prompt[:40])],   # a tracked at 128 (h[2]), b not
             [Request("c", prompt[:256])],                              # hit at 128, tracked at 256 (final)
             [Request("d", prompt[300:350]), Request("e", prompt[:20])],  # nothing tracked (e: a short hit miss)
-            [Request("f", prompt[400:464]), Request("g", prompt[:200])])  # f final at 64; g hit at 128, h[1] at 192
+            [Request("f", prompt[400:464]), Request("g", prompt[:200]),   # f final at 64; g hit at 128, h[1] at 192
+             Request("h", prompt[350:390])])                               # h not tracked
 
 
 @exercise(NOTEBOOK, 2, "your PrecomputedTracking in the engine", "my_prepare",
@@ -120,8 +121,8 @@ def check_prepare(fn) -> str:
     torch.manual_seed(0)
     model = build_model("tiny", device="cpu")
     prompt = torch.randint(0, model.config.vocab, (500,), generator=torch.Generator().manual_seed(7)).tolist()
-    theirs = Engine(model, strategy="precomputed", max_requests=2)
-    mine = Engine(model, strategy="precomputed", max_requests=2)
+    theirs = Engine(model, strategy="precomputed", max_requests=3)
+    mine = Engine(model, strategy="precomputed", max_requests=3)
     strategy = _LearnerPrecomputed(fn)
     mine.backend.strategy = strategy
     forwards = 0

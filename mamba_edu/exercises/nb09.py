@@ -262,7 +262,7 @@ def _zoom_trace() -> dict:
         x("cudaLaunchKernel", "cuda_runtime", 700, 3, corr=5),
         x("late_kernel", "kernel", 705, 10, tid=7, corr=5),
         x("cudaStreamSynchronize", "cuda_runtime", 230, 10, tid=2),    # another thread: idle 303 - 240
-        x("cudaStreamSynchronize", "cuda_runtime", 560, 5, tid=2),     # another thread: idle 705 - 565
+        x("cudaStreamSynchronize", "cuda_runtime", 620, 5, tid=2),     # another thread: idle 705 - 625
     ]
     return {"traceEvents": events}
 

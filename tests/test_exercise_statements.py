@@ -94,3 +94,18 @@ def test_every_cited_section_exists(path):
         if section not in _sections(where):
             missing.append(f"cell {cell} cites section {section} of {target}")
     assert not missing, f"{_rel(path)}: " + "; ".join(missing)
+
+
+def test_teaching_guide_lists_every_exercise():
+    """docs/teaching.md's table of exercises names every registered exercise, its functions and
+    what it forbids beyond the checks' modules, and nothing else."""
+    text = (ROOT / "docs" / "teaching.md").read_text()
+    rows = re.findall(r"^\| (\d\d)·(\d+) \| `([^`]*)` \| [^|]+ \| ([^|]+) \|$", text, re.M)
+    listed = {(nb, int(n)): (names, sorted(re.findall(r"`([^`]+)`", forbidden))) for nb, n, names, forbidden in rows}
+    registered = {
+        (notebook[:2], number): (", ".join(ex.names),
+                                 sorted(f for f in ex.forbidden if f not in core.ALWAYS_FORBIDDEN))
+        for notebook, exercises in core.REGISTRY.items() for number, ex in exercises.items()}
+    assert listed == registered
+    total = sum(len(exercises) for exercises in core.REGISTRY.values())
+    assert f"{total} exercises in ten notebooks" in text

@@ -477,22 +477,25 @@ class Engine:
         slots = torch.tensor(owned, device=self.model.device)
         saved = (self.pool.conv[:, slots].clone(), self.pool.ssm[:, slots].clone())
         captured = CapturedPrefill(batch, slots, saved, self.backend.init_forward_metadata(fb), mode)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up: lazy inits and autotuning happen outside the capture
-                self._run_model(fb)
-        torch.cuda.current_stream().wait_stream(stream)
-        captured.restore_states()
-        if mode == "graph":
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out = self._run_model(fb)
-        else:
-            graph = CudaGraphPieces()
-            out = run_in_pieces(self.model, fb, self.backend, graph)
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm-up: lazy inits and autotuning happen outside the capture
+                    self._run_model(fb)
+            torch.cuda.current_stream().wait_stream(stream)
+            captured.restore_states()
+            if mode == "graph":
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    out = self._run_model(fb)
+            else:
+                graph = CudaGraphPieces()
+                out = run_in_pieces(self.model, fb, self.backend, graph)
+        finally:  # the warm-up and the capture wrote into the batch's slots, failed or not
+            torch.cuda.synchronize()  # the warm-up stream too, if it failed before the wait
+            captured.restore_states()
         captured.graph, captured.logits, captured.kv = graph, out.logits, out.kv
-        captured.restore_states()
         batch.captured = captured  # its replays are this batch's forwards: finish_prefill accepts their logits
         return captured
 

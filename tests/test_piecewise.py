@@ -163,3 +163,30 @@ def test_replay_matches_eager(strategy, mode):
         torch.testing.assert_close(engine.pool.conv[:, 1:], pools[0], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(engine.pool.ssm[:, 1:], pools[1], rtol=1e-5, atol=1e-5)
     engine.finish_prefill(batch, captured.logits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode,fail_at", [("graph", 1), ("graph", 3), ("piecewise", 2)])
+def test_a_failed_capture_leaves_the_pool_as_before(mode, fail_at):
+    """An exception in the warm-up (call 1-2) or the capture (call 3) of the model: the batch's
+    slots hold their pre-capture states, the batch is not marked captured and still runs eagerly."""
+    model = build_model("tiny", device="cuda")
+    engine, batch = _engine_and_batch(model, "fused")
+    before = engine.pool.conv.clone(), engine.pool.ssm.clone()
+    real, calls = engine._run_model, []
+
+    def failing(fb):
+        calls.append(fb)
+        if len(calls) == fail_at:
+            raise RuntimeError("injected")
+        return real(fb)
+
+    engine._run_model = failing
+    try:
+        with pytest.raises(RuntimeError, match="injected"):
+            engine.capture_prefill(batch, mode=mode)
+    finally:
+        engine._run_model = real
+    assert torch.equal(engine.pool.conv, before[0]) and torch.equal(engine.pool.ssm, before[1])
+    assert batch.captured is None
+    engine.finish_prefill(batch, engine.forward_prefill(batch))

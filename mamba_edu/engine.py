@@ -108,7 +108,15 @@ class _Undo:
             self.saved.update(new)
 
     def rollback(self) -> None:
-        """Put everything back as it was when this undo was taken (host first: plain assignments)."""
+        """Put everything back as it was when this undo was taken (host first: plain assignments).
+        If putting back fails too, the engine is marked broken and refuses every later call."""
+        try:
+            self._put_back()
+        except BaseException as err:
+            self.engine._broken = f"{type(err).__name__}: {err}"
+            raise
+
+    def _put_back(self) -> None:
         e = self.engine
         e.pool._restore_bookkeeping(self.books)
         e.cache._restore_tree(self.tree)
@@ -130,6 +138,10 @@ def _single_threaded(method):
     thread (``prefill`` calls ``prepare_prefill``) pass."""
     @functools.wraps(method)
     def call(self, *args, **kwargs):
+        if self._broken is not None:
+            raise RuntimeError(f"Engine.{method.__name__}: this Engine is broken: undoing an earlier failed "
+                               f"call failed too ({self._broken}), so its pool and cache are in an unknown "
+                               f"state. Build a new Engine")
         me = threading.get_ident()
         with self._guard:
             holder = self._thread
@@ -169,6 +181,7 @@ class Engine:
         if type(ping_pong) is not bool:
             raise TypeError(f"ping_pong must be a bool (True: two track slots per request); got {ping_pong!r}")
         self._guard, self._thread = threading.Lock(), None
+        self._broken: str | None = None  # why, once an undo failed (every call is then refused)
         self.model = model
         self.config = model.config
         self.max_requests = _positive_int("max_requests", max_requests)

@@ -446,3 +446,27 @@ def test_the_scratch_slot_contents_reach_no_output_and_no_other_slot(strategy):
     assert_same_states_but_scratch(dirty.pool.conv, clean.pool.conv, "conv")
     assert_same_states_but_scratch(dirty.pool.ssm, clean.pool.ssm, "ssm")
     assert cache_state(dirty.cache) == cache_state(clean.cache)
+
+
+def test_an_undo_that_fails_too_marks_the_engine_broken(monkeypatch):
+    """The forward fails, then putting the pool's bookkeeping back fails as well: nothing can
+    vouch for the engine's state, so every later call (of any kind) is refused with why."""
+    engine = full_pool_engine()
+    monkeypatch.setattr(engine, "_run_model", failing_once(engine._run_model))
+    monkeypatch.setattr(engine.pool, "_restore_bookkeeping", failing_once(engine.pool._restore_bookkeeping))
+    with pytest.raises(Injected):
+        engine.prefill([Request("x", P[:140] + P[200:260])])
+    monkeypatch.undo()
+    for call in (lambda: engine.prefill([Request("y", P[:70])]), lambda: engine.decode(1),
+                 lambda: engine.release(["run"]), lambda: engine.prepare_prefill([Request("z", P[:70])])):
+        with pytest.raises(RuntimeError, match="this Engine is broken: undoing an earlier failed call failed too"):
+            call()
+
+
+def test_a_successful_undo_does_not_mark_the_engine_broken(monkeypatch):
+    engine = full_pool_engine()
+    monkeypatch.setattr(engine, "_run_model", failing_once(engine._run_model))
+    with pytest.raises(Injected):
+        engine.prefill([Request("x", P[:140] + P[200:260])])
+    monkeypatch.undo()
+    engine.prefill([Request("x", P[:140] + P[200:260])])  # accepted: the undo put everything back

@@ -24,6 +24,9 @@ Outputs in ``--out``: ``results.json``, ``results.csv``, figures, and for the he
 trimmed trace per strategy in TensorBoard's layout, ``runs/<case>/<strategy>.pt.trace.json.gz``
 (also what https://ui.perfetto.dev opens). On a CPU the ``tiny`` preset runs instead: the sync
 counts are real, bubbles need a GPU.
+
+``--tp N``, under ``torchrun --nproc-per-node N``: the same on N tensor-parallel ranks, per rank
+(:mod:`mamba_edu.benchmarks.ttft_tp`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Callable
 
 import matplotlib.pyplot as plt
 import torch
@@ -149,6 +153,12 @@ class Result:
     def label(self) -> str:
         return self.strategy if self.mode == "eager" else f"{self.strategy}+{self.mode}"
 
+    @classmethod
+    def of(cls, case: Case, preset: str, strategy: str, mode: str, **measured):
+        """A row of ``case`` on ``preset``, its measured fields from ``measured`` (None if not)."""
+        return cls(case.name, case.group, case.x, preset, case.shape, len(case.lengths),
+                   sum(case.lengths), case.tracked, strategy, mode, **measured)
+
 
 class ModelBench:
     """One model and its engines, one per (strategy, cache chunk), reused across cases."""
@@ -168,25 +178,32 @@ class ModelBench:
 
 
 def measure(bench: ModelBench, case: Case, preset: str, strategy: str, mode: str, args,
-            trace_dir: Path | None) -> Result:
+            trace_dir: Path | None, barrier: Callable[[], None] | None = None) -> Result:
     """All numbers of one (case, strategy, mode); ``trace_dir`` keeps its trimmed trace.
 
     In ``piecewise`` and ``graph`` mode the prefill of one batch is captured (one capture per
     batch shape) and replayed; the replays recompute that batch in its own slots.
+
+    ``barrier`` (tensor-parallel ranks, :mod:`mamba_edu.benchmarks.ttft_tp`): called before the
+    capture and before each timed forward, so that the ranks start together; and a failure is
+    raised instead of recorded, since the other ranks wait for this one in a collective.
     """
-    row = Result(case.name, case.group, case.x, preset, case.shape, len(case.lengths),
-                 sum(case.lengths), case.tracked, strategy, mode, repeats=args.repeats)
+    row = Result.of(case, preset, strategy, mode, repeats=args.repeats)
     prefills = Prefills(bench.engine(strategy, case.cache_chunk), case.lengths, args.seed)
     forward, setup = prefills.forward, prefills.next
     try:
         if mode != "eager":
-            captured = prefills.engine.capture_prefill(prefills.next(), mode=mode)
+            batch = prefills.next()
+            if barrier is not None:
+                barrier()
+            captured = prefills.engine.capture_prefill(batch, mode=mode)
             prefills.logits = captured.logits
             forward, setup = (lambda _: captured.replay()), (lambda: None)
         for _ in range(args.warmup):
             forward(setup())
         row.started_utc = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
-        times, host = timed_calls(forward, setup, args.repeats)
+        times, host = timed_calls(forward, setup if barrier is None else _then(setup, barrier),
+                                  args.repeats)
         row.ttft_ms, row.ttft_min_ms = statistics.median(times), min(times)
         row.host_ms = statistics.median(host)
         arg = setup()
@@ -202,12 +219,23 @@ def measure(bench: ModelBench, case: Case, preset: str, strategy: str, mode: str
         if not args.no_profile:
             profile_into(row, forward, setup, trace_dir)
     except Exception as err:  # one failing strategy must not lose the rest of a GPU run
+        if barrier is not None:
+            raise
         row.error = f"{type(err).__name__}: {err}"
         tqdm.write(f"{case.name} {row.label}: {row.error}")
         bench.engines.pop((strategy, case.cache_chunk))  # the next measurement gets a fresh engine
     finally:
         prefills.close()
     return row
+
+
+def _then(setup: Callable[[], object], after: Callable[[], None]) -> Callable[[], object]:
+    """``setup`` followed by ``after`` (returning what ``setup`` returned)."""
+    def both():
+        arg = setup()
+        after()
+        return arg
+    return both
 
 
 def trace_name(row: Result) -> str:
@@ -229,14 +257,18 @@ def profile_into(row: Result, forward, setup, trace_dir: Path | None) -> None:
         row.trace_syncs = analysis.n_syncs
 
 
-def run_case(bench: ModelBench, case: Case, preset: str, args, bar: tqdm) -> list[Result]:
-    """Every requested strategy (eager, then captured in the modes it allows) on one case."""
-    trace_dir = args.out / "runs" / case.name if case.group == "headline" else None
+def run_case(bench: ModelBench, case: Case, preset: str, args, bar: tqdm,
+             runs: Path | None = None, barrier: Callable[[], None] | None = None) -> list[Result]:
+    """Every requested strategy (eager, then captured in the modes it allows) on one case.
+    Headline cases keep their traces in ``runs/<case>/`` (default ``args.out/runs``);
+    ``barrier``: see :func:`measure`."""
+    runs = args.out / "runs" if runs is None else runs
+    trace_dir = runs / case.name if case.group == "headline" else None
     rows = []
     for strategy in args.strategies:
         for mode in modes(strategy, args.graphs):
             bar.set_postfix_str(f"{case.name} {strategy} {mode}")
-            rows.append(measure(bench, case, preset, strategy, mode, args, trace_dir))
+            rows.append(measure(bench, case, preset, strategy, mode, args, trace_dir, barrier))
             bar.update()
     naive = next((r.ttft_ms for r in rows if r.label == "naive"), None)
     for r in rows:
@@ -262,14 +294,17 @@ def preset_for(case: Case, device: torch.device, preset: str | None = None) -> s
     return preset or (case.preset if device.type == "cuda" else CPU_PRESET)
 
 
-def make_benches(cases: list[Case], device, dtype, forced: str | None = None) -> dict[str, ModelBench]:
-    """One bench per preset, its model built once and sized for the largest batch of its cases."""
+def make_benches(cases: list[Case], device, dtype, forced: str | None = None, seed: int = 0,
+                 build: Callable | None = None) -> dict[str, ModelBench]:
+    """One bench per preset, its model built once (``build(preset, device=, dtype=, seed=)``,
+    default :func:`~mamba_edu.model.build_model`) and sized for the largest batch of its cases."""
     from mamba_edu.model import build_model
 
+    build = build_model if build is None else build
     benches = {}
     for preset in dict.fromkeys(preset_for(c, device, forced) for c in cases):
         largest = max(len(c.lengths) for c in cases if preset_for(c, device, forced) == preset)
-        benches[preset] = ModelBench(build_model(preset, device=device, dtype=dtype), largest)
+        benches[preset] = ModelBench(build(preset, device=device, dtype=dtype, seed=seed), largest)
     return benches
 
 
@@ -278,7 +313,7 @@ def write_results(rows: list[Result], out: Path, meta: dict) -> None:
     (out / "results.json").write_text(json.dumps({**meta, "results": [asdict(r) for r in rows]},
                                                  indent=1))
     with open(out / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[fl.name for fl in fields(Result)])
+        writer = csv.DictWriter(f, fieldnames=[fl.name for fl in fields(rows[0] if rows else Result)])
         writer.writeheader()
         writer.writerows(asdict(r) for r in rows)
 
@@ -375,6 +410,11 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=DTYPES, default="auto",
                    help="model dtype; auto = bfloat16 on a GPU, float32 on a CPU")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and prompts")
+    p.add_argument("--tp", type=positive_int, default=1, metavar="N",
+                   help="tensor parallelism over N ranks, one process each, started by torchrun: "
+                        "torchrun --nproc-per-node N -m mamba_edu bench --tp N (gloo on the CPU, "
+                        "NCCL on N GPUs); per rank TTFT and syncs beside the 1-rank syncs, in "
+                        "--out (out/bench_tpN when --out is left out; docs/tensor_parallel.md)")
     return p
 
 
@@ -382,8 +422,11 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse
     """Resolve the ``auto`` values and turn every bad value into a usage error (exit 2) before
     anything is built or measured."""
     from mamba_edu._cli import check_out_dir, resolve_device
+    from mamba_edu.benchmarks.ttft_tp import check_tp_args
 
     if args.replot:
+        if args.tp > 1:
+            p.error("--replot redraws a single-device run from its results.json; not with --tp")
         if not (args.out / "results.json").is_file():
             p.error(f"--replot: no results.json in {args.out} (measure first, or point --out at a "
                     "folder with one)")
@@ -411,6 +454,7 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse
     if args.quick:
         args.repeats, args.warmup = min(args.repeats, 3), min(args.warmup, 1)
     args.graphs = args.graphs and cuda
+    check_tp_args(p, args)  # --tp N: torchrun's N processes, N splitting the presets
     return args
 
 
@@ -433,9 +477,23 @@ def main(argv=None) -> int:
     return run(check_args(parser, parser.parse_args(argv)))
 
 
+def run_meta(args: argparse.Namespace) -> dict:
+    """What results.json says about the run besides its rows (``skipped``: cases cut by the time
+    limit, filled in as the run goes)."""
+    return {"device": torch.cuda.get_device_name() if args.device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "dtype": args.dtype, "quick": args.quick,
+            "repeats": args.repeats, "note": MOE_NOTE,
+            "ttft": "median wall time of one synchronized prefill forward",
+            "created": time.strftime("%Y-%m-%d %H:%M:%S"), "skipped": []}
+
+
 def run(args: argparse.Namespace) -> int:
     """The bench on checked arguments (:func:`check_args`): 0 when every measurement succeeded,
     1 when one failed (its row says why)."""
+    if args.tp > 1:
+        from mamba_edu.benchmarks.ttft_tp import run_tp
+
+        return run_tp(args)
     if args.replot:
         rows = load_results(args.out)
         make_figures(rows, args.out)
@@ -448,12 +506,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{why}: every case runs the {args.preset or CPU_PRESET!r} preset on the CPU. Sync counts are real; "
               "TTFT is CPU time, and GPU bubbles and CUDA graphs need a GPU.", flush=True)
     print(f"Note: {MOE_NOTE}.", flush=True)
-    meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "dtype": args.dtype, "quick": args.quick,
-            "repeats": args.repeats, "note": MOE_NOTE,
-            "ttft": "median wall time of one synchronized prefill forward",
-            "created": time.strftime("%Y-%m-%d %H:%M:%S"), "skipped": []}
-    benches = make_benches(cases, device, getattr(torch, args.dtype), args.preset)
+    meta = run_meta(args)
+    benches = make_benches(cases, device, getattr(torch, args.dtype), args.preset, args.seed)
     rows: list[Result] = []
     total = sum(len(modes(st, args.graphs)) for st in args.strategies) * len(cases)
     with tqdm(total=total, desc="bench", unit="run") as bar:

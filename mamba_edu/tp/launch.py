@@ -59,15 +59,18 @@ def backend_for(device_type: str) -> str:
     return "nccl" if device_type == "cuda" else "gloo"
 
 
-def init_rank(rank: int, world: int, device_type: str, init_method: str, collective_timeout: float):
-    """``torch.distributed.init_process_group`` for one rank; on CUDA, GPU ``rank`` becomes the
-    current device and NVLink multicast is turned off (``NCCL_NVLS_ENABLE=0``)."""
+def init_rank(rank: int, world: int, device_type: str, init_method: str, collective_timeout: float,
+              gpu: int | None = None):
+    """``torch.distributed.init_process_group`` for one rank; on CUDA, GPU ``gpu`` (default
+    ``rank``; torchrun's ``LOCAL_RANK``) becomes the current device and NVLink multicast is turned
+    off (``NCCL_NVLS_ENABLE=0``). ``init_method="env://"`` reads torchrun's ``MASTER_ADDR`` and
+    ``MASTER_PORT``."""
     import torch
     import torch.distributed as dist
 
     if device_type == "cuda":
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-        torch.cuda.set_device(rank)
+        torch.cuda.set_device(rank if gpu is None else gpu)
     dist.init_process_group(backend_for(device_type), init_method=init_method, rank=rank,
                             world_size=world, timeout=timedelta(seconds=collective_timeout))
 

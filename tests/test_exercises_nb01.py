@@ -1,4 +1,4 @@
-"""Notebook 01's checks: the right answers pass, plausible wrong ones fail, a stub is "not done".
+"""Notebook 01's checks: the right answers pass, plausible wrong ones fail (stubs: test_exercise_stubs.py).
 
 Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`).
 """
@@ -7,19 +7,10 @@ import pytest
 import torch
 from exercise_judge import remote_judge
 
-from mamba_edu.exercises.core import FAIL, NOT_DONE, PASS
+from mamba_edu.exercises.core import FAIL, PASS
 from mamba_edu.gdn import gdn_gating, l2norm, recurrent_gated_delta_rule
 
 NB = "01_gated_deltanet_recurrence"
-
-
-def stub(*args):
-    raise NotImplementedError("hint")
-
-
-@pytest.mark.parametrize("number", [1, 2, 3])
-def test_stub_is_not_done(number):
-    assert remote_judge(NB, number, stub).status == NOT_DONE
 
 
 def _judged(number, right, wrong):

@@ -1,4 +1,4 @@
-"""Notebook 02's checks: the right answers pass, plausible wrong ones fail, a stub is "not done".
+"""Notebook 02's checks: the right answers pass, plausible wrong ones fail (stubs: test_exercise_stubs.py).
 
 Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`).
 """
@@ -8,20 +8,11 @@ import torch
 from exercise_judge import remote_judge
 
 from mamba_edu.exercises import nb02
-from mamba_edu.exercises.core import FAIL, NOT_DONE, PASS
+from mamba_edu.exercises.core import FAIL, PASS
 from mamba_edu.gdn import checkpoint_offsets
 from mamba_edu.gdn.chunked import intra_chunk
 
 NB = nb02.NOTEBOOK
-
-
-def stub(*args):
-    raise NotImplementedError("hint: …")
-
-
-@pytest.mark.parametrize("number", [1, 2, 3])
-def test_stub_is_not_done(number):
-    assert remote_judge(NB, number, stub).status == NOT_DONE
 
 
 # --- exercise 1: the triangular inverse -------------------------------------------------------

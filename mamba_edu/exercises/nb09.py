@@ -127,45 +127,47 @@ def check_gpu_lane(fn) -> str:
     return f"union and gaps match mamba_edu.profiling.bubbles on synthetic lanes{where}"
 
 
+def _event(name: str, cat: str, ts: float, dur: float, tid: int = 1, corr: int | None = None) -> dict:
+    """One complete ("X") event of a hand-made trace; thread 7 is the GPU stream (pid 0)."""
+    event = {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 1 if tid != 7 else 0,
+             "tid": tid}
+    if corr is not None:
+        event["args"] = {"correlation": corr}
+    return event
+
+
 def _synthetic_trace() -> tuple[dict, int, int]:
     """A small trace with one forward and the traps around it: (trace, host waits, DtoH copies)."""
-    def x(name, cat, ts, dur, tid=1, corr=None):
-        event = {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 1 if tid != 7 else 0,
-                 "tid": tid}
-        if corr is not None:
-            event["args"] = {"correlation": corr}
-        return event
-
     events = [
         {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "python"}},
-        x("cudaMemcpyAsync", "cuda_runtime", 2, 3, corr=1),            # the batch upload, before
-        x("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", 4, 2, tid=7, corr=1),
-        x("prefill_forward", "user_annotation", 10, 200),
-        x("aten::nonzero", "cpu_op", 20, 40),
-        x("cudaLaunchKernel", "cuda_runtime", 21, 4, corr=2),
-        x("nonzero_kernel", "kernel", 26, 6, tid=7, corr=2),
-        x("cudaMemcpyAsync", "cuda_runtime", 30, 3, corr=3),            # not a wait by itself
-        x("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 33, 2, tid=7, corr=3),
-        x("cudaStreamSynchronize", "cuda_runtime", 34, 20),             # wait 1
-        x("aten::item", "cpu_op", 80, 30),
-        x("cudaMemcpyAsync", "cuda_runtime", 82, 3, corr=4),
-        x("Memcpy DtoH (Device -> Pageable)", "gpu_memcpy", 86, 2, tid=7, corr=4),
-        x("cudaStreamSynchronize", "cuda_runtime", 85, 10),             # wait 2
-        x("cudaMemcpy", "cuda_runtime", 120, 15, corr=5),               # wait 3: synchronous copy
-        x("Memcpy DtoH (Device -> Pageable)", "gpu_memcpy", 125, 3, tid=7, corr=5),
-        x("cudaMemcpyAsync", "cuda_runtime", 150, 3, corr=6),           # an upload inside
-        x("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", 160, 2, tid=7, corr=6),
-        x("cudaLaunchKernel", "cuda_runtime", 170, 4, corr=7),
-        x("gemm", "kernel", 175, 60, tid=7, corr=7),                    # outlives the range
-        x("cudaMemcpyAsync", "cuda_runtime", 200, 3, corr=9),           # launched inside, copies after
-        x("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 215, 2, tid=7, corr=9),
-        x("cudaStreamSynchronize", "cuda_runtime", 100, 15, tid=2),    # another host thread's wait
-        x("cudaMemcpyAsync", "cuda_runtime", 140, 3, tid=2, corr=10),  # another thread's copy, later
-        x("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 262, 2, tid=7, corr=10),
-        x("cudaDeviceSynchronize", "cuda_runtime", 212, 30),            # the caller's, after
-        x("cudaMemcpyAsync", "cuda_runtime", 250, 3, corr=8),           # logits to the host, after
-        x("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 254, 2, tid=7, corr=8),
-        x("cudaStreamSynchronize", "cuda_runtime", 253, 5),
+        _event("cudaMemcpyAsync", "cuda_runtime", 2, 3, corr=1),            # the batch upload, before
+        _event("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", 4, 2, tid=7, corr=1),
+        _event("prefill_forward", "user_annotation", 10, 200),
+        _event("aten::nonzero", "cpu_op", 20, 40),
+        _event("cudaLaunchKernel", "cuda_runtime", 21, 4, corr=2),
+        _event("nonzero_kernel", "kernel", 26, 6, tid=7, corr=2),
+        _event("cudaMemcpyAsync", "cuda_runtime", 30, 3, corr=3),            # not a wait by itself
+        _event("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 33, 2, tid=7, corr=3),
+        _event("cudaStreamSynchronize", "cuda_runtime", 34, 20),             # wait 1
+        _event("aten::item", "cpu_op", 80, 30),
+        _event("cudaMemcpyAsync", "cuda_runtime", 82, 3, corr=4),
+        _event("Memcpy DtoH (Device -> Pageable)", "gpu_memcpy", 86, 2, tid=7, corr=4),
+        _event("cudaStreamSynchronize", "cuda_runtime", 85, 10),             # wait 2
+        _event("cudaMemcpy", "cuda_runtime", 120, 15, corr=5),               # wait 3: synchronous copy
+        _event("Memcpy DtoH (Device -> Pageable)", "gpu_memcpy", 125, 3, tid=7, corr=5),
+        _event("cudaMemcpyAsync", "cuda_runtime", 150, 3, corr=6),           # an upload inside
+        _event("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", 160, 2, tid=7, corr=6),
+        _event("cudaLaunchKernel", "cuda_runtime", 170, 4, corr=7),
+        _event("gemm", "kernel", 175, 60, tid=7, corr=7),                    # outlives the range
+        _event("cudaMemcpyAsync", "cuda_runtime", 200, 3, corr=9),           # launched inside, copies after
+        _event("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 215, 2, tid=7, corr=9),
+        _event("cudaStreamSynchronize", "cuda_runtime", 100, 15, tid=2),    # another host thread's wait
+        _event("cudaMemcpyAsync", "cuda_runtime", 140, 3, tid=2, corr=10),  # another thread's copy, later
+        _event("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 262, 2, tid=7, corr=10),
+        _event("cudaDeviceSynchronize", "cuda_runtime", 212, 30),            # the caller's, after
+        _event("cudaMemcpyAsync", "cuda_runtime", 250, 3, corr=8),           # logits to the host, after
+        _event("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 254, 2, tid=7, corr=8),
+        _event("cudaStreamSynchronize", "cuda_runtime", 253, 5),
     ]
     return {"traceEvents": events}, 3, 4
 
@@ -230,39 +232,32 @@ def _zoom_trace() -> dict:
     """A hand-made forward with the traps of exercise 3 (times in µs): the longest wait is not the
     costliest; a wait ends while another stream still runs (no idle); another thread's wait is
     followed by the longest idle; the waiting op sits inside a range and an aten op."""
-    def x(name, cat, ts, dur, tid=1, corr=None):
-        event = {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 1 if tid != 7 else 0,
-                 "tid": tid}
-        if corr is not None:
-            event["args"] = {"correlation": corr}
-        return event
-
     events = [
         {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "python"}},
-        x("prefill_forward", "user_annotation", 0, 1000),
-        x("layer00.gdn", "user_annotation", 5, 300),
-        x("cudaLaunchKernel", "cuda_runtime", 6, 3, corr=1),
-        x("conv_kernel", "kernel", 10, 150, tid=7, corr=1),
-        x("track.conv", "user_annotation", 20, 200),
-        x("aten::item", "cpu_op", 25, 160),
-        x("aten::_local_scalar_dense", "cpu_op", 26, 158),
-        x("cudaMemcpyAsync", "cuda_runtime", 27, 3, corr=2),
-        x("Memcpy DtoH (Device -> Pageable)", "gpu_memcpy", 160, 1, tid=7, corr=2),
-        x("cudaStreamSynchronize", "cuda_runtime", 30, 132),           # the longest wait: 132 µs
-        x("cudaLaunchKernel", "cuda_runtime", 168, 3, corr=3),
-        x("copy_kernel", "kernel", 172, 8, tid=7, corr=3),             # idle after it: 172 - 162 = 10
-        x("aten::nonzero", "cpu_op", 200, 60),
-        x("cudaStreamSynchronize", "cuda_runtime", 202, 20),           # ends at 222 ...
-        x("cudaLaunchKernel", "cuda_runtime", 300, 3, corr=4),
-        x("gdn_kernel", "kernel", 303, 100, tid=7, corr=4),             # ... idle 222 -> 303 = 81
-        x("side_kernel", "kernel", 400, 200, tid=8),                   # a second stream
-        x("layer01.gdn", "user_annotation", 410, 400),
-        x("aten::_local_scalar_dense", "cpu_op", 450, 50),
-        x("cudaStreamSynchronize", "cuda_runtime", 452, 40),           # ends at 492, side_kernel runs: 0
-        x("cudaLaunchKernel", "cuda_runtime", 700, 3, corr=5),
-        x("late_kernel", "kernel", 705, 10, tid=7, corr=5),
-        x("cudaStreamSynchronize", "cuda_runtime", 230, 10, tid=2),    # another thread: idle 303 - 240
-        x("cudaStreamSynchronize", "cuda_runtime", 620, 5, tid=2),     # another thread: idle 705 - 625
+        _event("prefill_forward", "user_annotation", 0, 1000),
+        _event("layer00.gdn", "user_annotation", 5, 300),
+        _event("cudaLaunchKernel", "cuda_runtime", 6, 3, corr=1),
+        _event("conv_kernel", "kernel", 10, 150, tid=7, corr=1),
+        _event("track.conv", "user_annotation", 20, 200),
+        _event("aten::item", "cpu_op", 25, 160),
+        _event("aten::_local_scalar_dense", "cpu_op", 26, 158),
+        _event("cudaMemcpyAsync", "cuda_runtime", 27, 3, corr=2),
+        _event("Memcpy DtoH (Device -> Pageable)", "gpu_memcpy", 160, 1, tid=7, corr=2),
+        _event("cudaStreamSynchronize", "cuda_runtime", 30, 132),           # the longest wait: 132 µs
+        _event("cudaLaunchKernel", "cuda_runtime", 168, 3, corr=3),
+        _event("copy_kernel", "kernel", 172, 8, tid=7, corr=3),             # idle after it: 172 - 162 = 10
+        _event("aten::nonzero", "cpu_op", 200, 60),
+        _event("cudaStreamSynchronize", "cuda_runtime", 202, 20),           # ends at 222 ...
+        _event("cudaLaunchKernel", "cuda_runtime", 300, 3, corr=4),
+        _event("gdn_kernel", "kernel", 303, 100, tid=7, corr=4),             # ... idle 222 -> 303 = 81
+        _event("side_kernel", "kernel", 400, 200, tid=8),                   # a second stream
+        _event("layer01.gdn", "user_annotation", 410, 400),
+        _event("aten::_local_scalar_dense", "cpu_op", 450, 50),
+        _event("cudaStreamSynchronize", "cuda_runtime", 452, 40),           # ends at 492, side_kernel runs: 0
+        _event("cudaLaunchKernel", "cuda_runtime", 700, 3, corr=5),
+        _event("late_kernel", "kernel", 705, 10, tid=7, corr=5),
+        _event("cudaStreamSynchronize", "cuda_runtime", 230, 10, tid=2),    # another thread: idle 303 - 240
+        _event("cudaStreamSynchronize", "cuda_runtime", 620, 5, tid=2),     # another thread: idle 705 - 625
     ]
     return {"traceEvents": events}
 

@@ -106,20 +106,31 @@ class HybridModel(nn.Module):
 
     @torch.no_grad()
     def forward(self, batch, backend) -> ModelOutput:
-        cfg = self.config
-        with profile_range("embed"):
-            x = self.embed[batch.input_ids]
-            rotary = (rope_tables(batch.positions, cfg.attn_head_dim, cfg.rope_theta)
-                      if self.has_attention else None)
-        pending, attn_kv = None, []  # attn_kv[j][i]: attention layer j, sequence i
-        for layer in self.layers:
-            x, pending, kv = layer(x, pending, batch, backend, rotary)
-            if kv is not None:
-                attn_kv.append(kv)
-        with profile_range("lm_head"):
-            rows = batch.last_token_index  # only the last tokens need the final add and norm
-            _, logits = self.norm.add_linear(x[rows], pending[rows], self.lm_head)
-        return ModelOutput(logits.float(), [[layer_kv[i] for layer_kv in attn_kv] for i in range(batch.size)])
+        return run_forward(self, lambda ids: self.embed[ids], batch, backend)
+
+
+def run_forward(model: nn.Module, embed, batch, backend, gather_logits=None) -> ModelOutput:
+    """The forward of :class:`HybridModel` and of a tensor-parallel rank's model: embed, the
+    layers, then the final add, norm and LM head on each sequence's last token.
+
+    ``embed(ids [T]) -> [T, hidden]``; ``gather_logits([N, vocab_part]) -> [N, vocab]`` (a rank's
+    all-gather; None on one device). ``model`` has ``config``, ``layers``, ``norm``, ``lm_head``
+    and ``has_attention``."""
+    cfg = model.config
+    with profile_range("embed"):
+        x = embed(batch.input_ids)
+        rotary = (rope_tables(batch.positions, cfg.attn_head_dim, cfg.rope_theta)
+                  if model.has_attention else None)
+    pending, attn_kv = None, []  # attn_kv[j][i]: attention layer j, sequence i
+    for layer in model.layers:
+        x, pending, kv = layer(x, pending, batch, backend, rotary)
+        if kv is not None:
+            attn_kv.append(kv)
+    with profile_range("lm_head"):
+        rows = batch.last_token_index  # only the last tokens need the final add and norm
+        _, logits = model.norm.add_linear(x[rows], pending[rows], model.lm_head)
+        logits = logits.float() if gather_logits is None else gather_logits(logits.float())
+    return ModelOutput(logits, [[layer_kv[i] for layer_kv in attn_kv] for i in range(batch.size)])
 
 
 def build_model(preset: str | ModelConfig = "tiny", device=None, dtype=torch.float32, seed: int = 0,

@@ -45,8 +45,8 @@ import torch
 from torch import nn
 
 from mamba_edu.model.config import ModelConfig, get_config
-from mamba_edu.model.hybrid import HybridLayer, HybridModel, ModelOutput
-from mamba_edu.model.layers import MLP, Attention, GDNMixer, RMSNorm, init_param, rope_tables
+from mamba_edu.model.hybrid import HybridLayer, HybridModel, ModelOutput, run_forward
+from mamba_edu.model.layers import MLP, Attention, GDNMixer, RMSNorm, init_param
 from mamba_edu.probes import profile_range
 
 
@@ -310,21 +310,7 @@ class TPHybridModel(nn.Module):
 
     @torch.no_grad()
     def forward(self, batch, backend) -> ModelOutput:
-        cfg = self.config
-        with profile_range("embed"):
-            x = self._embed(batch.input_ids)
-            rotary = (rope_tables(batch.positions, cfg.attn_head_dim, cfg.rope_theta)
-                      if self.has_attention else None)
-        pending, attn_kv = None, []
-        for layer in self.layers:
-            x, pending, kv = layer(x, pending, batch, backend, rotary)
-            if kv is not None:
-                attn_kv.append(kv)
-        with profile_range("lm_head"):
-            rows = batch.last_token_index
-            _, logits = self.norm.add_linear(x[rows], pending[rows], self.lm_head)
-            logits = self.comm.all_gather_cols(logits.float())
-        return ModelOutput(logits, [[layer_kv[i] for layer_kv in attn_kv] for i in range(batch.size)])
+        return run_forward(self, self._embed, batch, backend, gather_logits=self.comm.all_gather_cols)
 
 
 def shard_model(full: HybridModel, rank: int, world: int, group=None) -> TPHybridModel:

@@ -2,8 +2,9 @@
 
 The face is what a user runs: the command line (``__main__``, ``_cli`` and its command modules),
 the demo and the benchmarks, and the lab's own benchmark entry points (``mamba_edu.lab.bench_*``,
-which time a variant with the benchmarks' instrument). The core (the math, the kernels, serving, the model, the engine,
-profiling, the exercises) is what they are made of; no core module may import a face module,
+which time a variant with the benchmarks' instrument or measure it at their shapes). The core
+(the math, the kernels, serving, the model, the engine, profiling, the exercises) is what they
+are made of; no core module may import a face module,
 not even inside a function. Read from the source with ``ast``, so nothing is imported.
 """
 

@@ -1,0 +1,66 @@
+"""The lab's sm_90 resource report (mamba_edu/lab/bench_sm90_resources.py): ptxas's lines read right,
+launch arguments rebuilt with their layout, and one case compiled end to end on the CPU."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mamba_edu import triton_available
+from mamba_edu.lab.bench_sm90_resources import _describe, _rebuild, parse_ptxas
+
+PTXAS = ("ptxas info    : 0 bytes gmem\n"
+         "ptxas info    : Compiling entry function 'k' for 'sm_90a'\n"
+         "ptxas info    : Function properties for k\n"
+         "    {stack} bytes stack frame, {st} bytes spill stores, {ld} bytes spill loads\n"
+         "ptxas info    : Used {regs} registers, used 1 barriers\n")
+
+
+def test_ptxas_lines_are_read():
+    assert parse_ptxas(PTXAS.format(stack=0, st=0, ld=0, regs=117)) == {
+        "registers": 117, "spill_stores": 0, "spill_loads": 0}
+    assert parse_ptxas(PTXAS.format(stack=2656, st=2656, ld=2684, regs=255)) == {
+        "registers": 255, "spill_stores": 2656, "spill_loads": 2684}
+
+
+@pytest.mark.parametrize("text", [
+    "",                                                       # ptxas printed nothing (no -v)
+    "ptxas info    : Used 10 registers, used 0 barriers\n",   # no spill line: not "no spills"
+    "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n",  # no register line
+    "ptxas fatal   : Unresolved extern function 'foo'\n",
+])
+def test_a_report_without_both_lines_is_refused(text):
+    with pytest.raises(ValueError, match="no register or spill line"):
+        parse_ptxas(text)
+
+
+def test_arguments_rebuild_with_their_layout():
+    base = torch.zeros(10, 6, dtype=torch.float16)
+    for view in (base, base[:, 2:5], base[1:].t(), base.view(-1)[1:]):
+        rebuilt = _rebuild(_describe(view), bf16=False)
+        assert (rebuilt.shape, rebuilt.stride(), rebuilt.storage_offset(), rebuilt.dtype) == (
+            view.shape, view.stride(), view.storage_offset(), view.dtype)
+        # alignment drives Triton's specialisation: an odd offset must stay odd
+        assert (rebuilt.data_ptr() % 16 == 0) == (view.data_ptr() % 16 == 0)
+    assert _rebuild(_describe(base), bf16=True).dtype == torch.bfloat16
+    assert _rebuild(_describe(base.float()), bf16=True).dtype == torch.float32  # fp32 stays
+    assert _rebuild(_describe(None), bf16=True) is None and _rebuild(_describe(7), bf16=True) == 7
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not triton_available() or sys.platform != "linux",
+                    reason="needs Triton on Linux (its compiler and ptxas)")
+def test_one_case_compiles_for_sm90(tmp_path):
+    out = tmp_path / "r.json"
+    subprocess.run([sys.executable, "-m", "mamba_edu.lab.bench_sm90_resources", "--case", "qwen3.5-tp8 1x512",
+                    "--out", str(out)], check=True, capture_output=True, timeout=600)
+    d = json.loads(out.read_text())
+    assert {"commit", "date", "device", "torch", "triton", "ptxas"} <= set(d["meta"])
+    kernels = [(r["arm"], r["kernel"]) for r in d["rows"]]
+    assert kernels == [("ours", "chunk_prepare_kernel"), ("ours", "chunk_scan_kernel"),
+                       ("ours", "chunk_output_kernel"), ("lab_chunk_loop", "chunk_loop_kernel")]
+    for r in d["rows"]:
+        assert 1 <= r["registers"] <= 255 and r["shared_bytes"] > 0 and r["num_warps"] >= 1
+        assert r["register_limited_programs_per_sm"] == 65536 // (r["registers"] * 32 * r["num_warps"])

@@ -64,3 +64,4 @@ def test_one_case_compiles_for_sm90(tmp_path):
     for r in d["rows"]:
         assert 1 <= r["registers"] <= 255 and r["shared_bytes"] > 0 and r["num_warps"] >= 1
         assert r["register_limited_programs_per_sm"] == 65536 // (r["registers"] * 32 * r["num_warps"])
+        assert r["shared_limited_programs_per_sm"] == 228 * 1024 // (r["shared_bytes"] + 1024)

@@ -9,11 +9,12 @@
    the interpreter is chosen when the kernels are imported);
 2. compiles every recorded launch for sm_90a in a second child (Triton's own compiler, no
    driver), with the fp16 tensors made bf16 (the interpreter refuses bf16; the GPU runs bf16);
-3. asks ``ptxas -v`` (shipped with Triton) for registers per thread and spill bytes, and reads the
-   shared memory from the compiled kernel.
+3. asks ``ptxas -v`` (shipped with Triton) for registers per thread and spill bytes, reads the
+   shared memory from the compiled kernel, and says how many programs of it fit one SM by
+   registers (65,536) and by shared memory (228 KiB).
 
-A kernel that spills, or needs more registers than 65,536 / threads, is slow before it runs; a
-number here is a compile fact, not a timing. It is Triton's output on this machine (the version is
+A kernel that spills, or fits one program per SM, is slow before it runs; a number here is a
+compile fact, not a timing. It is Triton's output on this machine (the version is
 recorded), which may differ from the Triton of the GPU machine.
 """
 
@@ -33,6 +34,7 @@ from datetime import datetime, timezone
 import torch
 
 TARGET_CAPABILITY = 90
+SHARED_PER_SM, SHARED_RESERVED = 228 * 1024, 1024  # an H100/H200 SM; the driver keeps 1 KiB per program
 _PTXAS_LINE = re.compile(r"Used (\d+) registers")
 _SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 
@@ -137,7 +139,8 @@ def compile_launch(launch: dict, bf16: bool = True) -> dict:
     return {"case": launch["case"], "arm": launch["arm"], "kernel": name, "grid": list(launch["grid"]),
             "num_warps": kernel.metadata.num_warps, "num_stages": kernel.metadata.num_stages,
             **used, "shared_bytes": kernel.metadata.shared,
-            "register_limited_programs_per_sm": 65536 // (used["registers"] * threads)}
+            "register_limited_programs_per_sm": 65536 // (used["registers"] * threads),
+            "shared_limited_programs_per_sm": SHARED_PER_SM // (kernel.metadata.shared + SHARED_RESERVED)}
 
 
 def _child(step: str, interpret: str, payload: str, result: str) -> None:

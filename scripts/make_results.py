@@ -384,6 +384,37 @@ same instrument and run as ours: {"; ".join(lines)}. It stays in the lab.
 """
 
 
+def section_sm90_resources() -> str:
+    """Registers, spills and shared memory per kernel, compiled for sm_90a on a CPU (the lab)."""
+    rel = "benchmarks/sm90_resources.json"
+    if not (DATA / rel).exists():
+        return ""
+    d = load(rel)
+    groups: dict = {}
+    for r in d["rows"]:
+        key = (r["arm"], r["kernel"], r["num_warps"], r["registers"], f"{r['spill_stores']} / {r['spill_loads']}",
+               r["shared_bytes"], r["register_limited_programs_per_sm"], r["shared_limited_programs_per_sm"])
+        groups.setdefault(key, []).append(f"`{r['case']}`")
+    order = {"chunk_prepare_kernel": 0, "chunk_scan_kernel": 1, "chunk_output_kernel": 2}
+    rows = [list(k) + [", ".join(cases)]
+            for k, cases in sorted(groups.items(), key=lambda kv: (kv[0][0] != "ours", order.get(kv[0][1], 3)))]
+    m = d["meta"]
+    return f"""## Kernel resources on sm_90 (compiled, not run)
+
+`python -m mamba_edu.lab.bench_sm90_resources`: each kernel launch of our prefill and of the lab's
+chunk loop at the reference shapes, compiled for sm_90a by Triton {m['triton']} on a CPU ({m['dtype']}
+inputs) and read back from `ptxas -v` ({m['ptxas']}): registers per thread, spill bytes per thread,
+shared memory per program, and how many programs of it fit one SM by its 65,536 registers and by
+its 228 KiB of shared memory. Compile facts, not timings; the GPU machine's Triton may allocate
+differently.
+
+{run_line(rel)}
+
+{table(["arm", "kernel", "warps", "registers", "spill stores / loads (B)", "shared (B)",
+        "programs per SM: registers", "programs per SM: shared", "shapes"], rows)}
+"""
+
+
 def section_capture_modes() -> str:
     """Eager, piecewise and whole-graph prefill in one run (the TTFT bench's headline cases)."""
     rel = "bench/piecewise/results.json"
@@ -709,7 +740,7 @@ def section_other() -> str:
 
 def results_md() -> str:
     READ.clear()
-    sections = [section_targets(), section_ttft(), section_tests(), section_kernels(), section_references(), section_capture_modes(), section_replay_overhead(),
+    sections = [section_targets(), section_ttft(), section_tests(), section_kernels(), section_references(), section_sm90_resources(), section_capture_modes(), section_replay_overhead(),
                 section_prefill_experiments(),
                 section_layer_floor(), section_conv(), section_replay(), section_pdl(), section_serving(),
                 section_traces()]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mamba_edu import triton_available
-from mamba_edu.lab.bench_sm90_resources import _describe, _rebuild, parse_ptxas
+from mamba_edu.lab.bench_sm90_resources import LOOP_CONFIGS, _describe, _rebuild, parse_ptxas
 
 PTXAS = ("ptxas info    : 0 bytes gmem\n"
          "ptxas info    : Compiling entry function 'k' for 'sm_90a'\n"
@@ -60,7 +60,10 @@ def test_one_case_compiles_for_sm90(tmp_path):
     assert {"commit", "date", "device", "torch", "triton", "ptxas"} <= set(d["meta"])
     kernels = [(r["arm"], r["kernel"]) for r in d["rows"]]
     assert kernels == [("ours", "chunk_prepare_kernel"), ("ours", "chunk_scan_kernel"),
-                       ("ours", "chunk_output_kernel"), ("lab_chunk_loop", "chunk_loop_kernel")]
+                       ("ours", "chunk_output_kernel"), ("lab_chunk_loop", "chunk_loop_kernel")] + [
+        (f"lab_chunk_loop BV={bv} warps={w}", "chunk_loop_kernel") for bv, w in LOOP_CONFIGS]
+    for r, (bv, w) in zip(d["rows"][4:], LOOP_CONFIGS):  # the tiling asked for is the one compiled
+        assert r["num_warps"] == w and r["grid"][0] == 128 // bv
     for r in d["rows"]:
         assert 1 <= r["registers"] <= 255 and r["shared_bytes"] > 0 and r["num_warps"] >= 1
         assert r["register_limited_programs_per_sm"] == 65536 // (r["registers"] * 32 * r["num_warps"])

@@ -4,9 +4,10 @@
 (the reference benchmark's shapes, :data:`mamba_edu.benchmarks.references.CASES`) it
 
 1. runs the package's prefill (:func:`mamba_edu.kernels.gdn_prefill`, as the benchmark's ``ours``
-   arm calls it) and the lab's :func:`~mamba_edu.lab.chunk_loop.prefill_chunk_loop` in the Triton
-   interpreter, recording each kernel launch's arguments instead of running it (a child process:
-   the interpreter is chosen when the kernels are imported);
+   arm calls it) and the lab's :func:`~mamba_edu.lab.chunk_loop.prefill_chunk_loop` (and, at the
+   first case, its other tilings :data:`LOOP_CONFIGS`) in the Triton interpreter, recording each
+   kernel launch's arguments instead of running it (a child process: the interpreter is chosen
+   when the kernels are imported);
 2. compiles every recorded launch for sm_90a in a second child (Triton's own compiler, no
    driver), with the fp16 tensors made bf16 (the interpreter refuses bf16; the GPU runs bf16);
 3. asks ``ptxas -v`` (shipped with Triton) for registers per thread and spill bytes, reads the
@@ -34,6 +35,9 @@ from datetime import datetime, timezone
 import torch
 
 TARGET_CAPABILITY = 90
+# The chunk loop's other tilings, compiled at the first case only (its code does not depend on
+# the shape): narrower V-tiles hold less state, more warps spread the registers.
+LOOP_CONFIGS = [(128, 8), (128, 16), (64, 4), (64, 8), (32, 4), (32, 8), (16, 8)]
 SHARED_PER_SM, SHARED_RESERVED = 228 * 1024, 1024  # an H100/H200 SM; the driver keeps 1 KiB per program
 _PTXAS_LINE = re.compile(r"Used (\d+) registers")
 _SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -88,9 +92,12 @@ def record(cases: list[str]) -> list[dict]:
             pool = torch.zeros(len(lengths) + 1, HV, 128, 128)
             where.update(case=name, arm="ours")
             gdn_prefill(**x, state_pool=pool, meta=meta, **indices, backend="triton")
-            where.update(arm="lab_chunk_loop")
-            prefill_chunk_loop(x["q"], x["k"], x["v"], x["g"], x["beta"], pool,
-                               indices["state_indices"], meta, 128 ** -0.5, True)
+            for block_v, warps in [(None, 4)] + (LOOP_CONFIGS if name == cases[0] else []):
+                where.update(arm="lab_chunk_loop" if block_v is None else
+                             f"lab_chunk_loop BV={block_v} warps={warps}")
+                prefill_chunk_loop(x["q"], x["k"], x["v"], x["g"], x["beta"], pool,
+                                   indices["state_indices"], meta, 128 ** -0.5, True,
+                                   block_v=block_v, num_warps=warps)
     finally:
         InterpretedFunction.run = original
     return launches

@@ -124,11 +124,11 @@ def chunk_loop_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_p
 
 def prefill_chunk_loop(q, k, v, g, beta, state_pool, state_indices, meta, scale, use_qk_l2norm,
                        output_checkpoints=False, track_slots=None, track_chunks=None, gating=None,
-                       output_norm=None, block_v=None):
+                       output_norm=None, block_v=None, num_warps=4):
     """:func:`~mamba_edu.kernels.prefill.prefill_triton` as one kernel: same arguments (checked
     inputs, as :func:`mamba_edu.kernels.gdn_prefill` checks them), same results
     ``(o [T, HV, V], checkpoints [NT, HV, K, V] fp32 or None)``. ``block_v``: the V-tile (the
-    whole head by default; the output norm needs the whole head)."""
+    whole head by default; the output norm needs the whole head); ``num_warps``: warps per program."""
     T, H, K = q.shape
     HV, V = v.shape[1:]
     BV = block_v or head_block(V)
@@ -144,5 +144,5 @@ def prefill_chunk_loop(q, k, v, g, beta, state_pool, state_indices, meta, scale,
         meta.chunk_offsets, state_indices, track_slots, track_chunks, scale, q.stride(0),
         k.stride(0), v.stride(0), g.stride(0), beta.stride(0), 0 if z is None else z.stride(0),
         eps, H, HV, K, V, head_block(K), BV, use_qk_l2norm,
-        fp16_inverse(use_qk_l2norm, work_dtype(v.dtype)), num_warps=4)
+        fp16_inverse(use_qk_l2norm, work_dtype(v.dtype)), num_warps=num_warps)
     return o, ckpt

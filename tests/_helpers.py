@@ -101,3 +101,18 @@ def check_prefill_against_reference(inputs, lengths, o, ckpt, pool, pool0, slots
             expected = ref.checkpoints[meta.offsets[n] + chunk]
         assert rel_err(pool[slot], expected) <= tol, (n, chunk)
     assert torch.equal(pool[-1], pool0[-1])
+
+
+def draw_prefill_case(data, lengths: list[int], heads: tuple[int, int]):
+    """A hypothesis-drawn prefill batch at K = 16, V = 32: ``(inputs, slots, (track_slots,
+    track_chunks))``, each sequence tracked at a drawn chunk (-1: not tracked), slots 0..N-1 for the
+    states and N..2N-1 for the tracked copies."""
+    from hypothesis import strategies as st
+
+    from mamba_edu.kernels.inputs import random_prefill_inputs
+
+    H, HV = heads
+    N = len(lengths)
+    chunks = [data.draw(st.integers(-1, -(-n // 64)), label=f"track chunk {i}") for i, n in enumerate(lengths)]
+    inputs = random_prefill_inputs(lengths, H, HV, 16, 32, seed=data.draw(st.integers(0, 99)))
+    return inputs, list(range(N)), (list(range(N, 2 * N)), chunks)

@@ -12,7 +12,7 @@ from mamba_edu.kernels.inputs import random_pool, random_prefill_inputs
 from mamba_edu.kernels.prefill import prefill_triton
 from mamba_edu.lab.chunk_loop import prefill_chunk_loop
 from mamba_edu.testing import rel_err
-from _helpers import check_prefill_against_reference
+from _helpers import check_prefill_against_reference, draw_prefill_case
 
 interpreted = pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1")
 
@@ -34,18 +34,11 @@ def _launch(fn, inputs, pool, lengths, slots, track, **kw):
 def test_chunk_loop_matches_the_reference(lengths, data, heads, block_v):
     """Any batch shape, tracking position (or none), head grouping and V-tile: outputs,
     checkpoints, final and tracked states equal the chunked reference; no other slot changes."""
-    H, HV = heads
-    K, V, N = 16, 32, len(lengths)
-    counts = [-(-n // 64) for n in lengths]
-    chunks = [data.draw(st.integers(-1, c), label=f"track chunk {i}") for i, c in enumerate(counts)]
-    slots, track_slots = list(range(N)), list(range(N, 2 * N))
-    inputs = random_prefill_inputs(lengths, H, HV, K, V, seed=data.draw(st.integers(0, 99)))
-    pool0 = random_pool(2 * N + 1, HV, K, V)
+    inputs, slots, track = draw_prefill_case(data, lengths, heads)
+    pool0 = random_pool(2 * len(lengths) + 1, heads[1], 16, 32)
     pool = pool0.clone()
-    o, ckpt, meta = _launch(prefill_chunk_loop, inputs, pool, lengths, slots,
-                            (track_slots, chunks), block_v=block_v)
-    check_prefill_against_reference(inputs, lengths, o, ckpt, pool, pool0, slots,
-                                    (track_slots, chunks), meta)
+    o, ckpt, meta = _launch(prefill_chunk_loop, inputs, pool, lengths, slots, track, block_v=block_v)
+    check_prefill_against_reference(inputs, lengths, o, ckpt, pool, pool0, slots, track, meta)
 
 
 @interpreted

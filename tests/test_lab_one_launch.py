@@ -10,7 +10,7 @@ from mamba_edu.kernels import build_chunk_meta_with_indices, gdn_prefill
 from mamba_edu.kernels.inputs import random_pool, random_prefill_inputs
 from mamba_edu.lab.one_launch import prefill_one_launch
 from mamba_edu.testing import rel_err
-from _helpers import check_prefill_against_reference
+from _helpers import check_prefill_against_reference, draw_prefill_case
 
 interpreted = pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1")
 
@@ -42,17 +42,10 @@ def _one_launch(inputs, pool, meta, state_indices, **kw):
        heads=st.sampled_from([(1, 1), (1, 2), (2, 4)]))
 def test_one_launch_matches_the_reference(lengths, data, heads):
     """Any batch shape, tracking position (or none) and head grouping: outputs, checkpoints, final
-    and tracked states equal the chunked reference; no other slot is written; the workspace is
-    """
-    H, HV = heads
-    K, V, N = 16, 32, len(lengths)
-    counts = [-(-n // 64) for n in lengths]
-    chunks = [data.draw(st.integers(-1, c), label=f"track chunk {i}") for i, c in enumerate(counts)]
-    slots, track_slots = list(range(N)), list(range(N, 2 * N))
-    inputs = random_prefill_inputs(lengths, H, HV, K, V, seed=data.draw(st.integers(0, 99)))
-    o, ckpt, pool, pool0, meta = _run(inputs, lengths, slots, (track_slots, chunks), HV, K, V, True)
-    check_prefill_against_reference(inputs, lengths, o, ckpt, pool, pool0, slots,
-                                    (track_slots, chunks), meta)
+    and tracked states equal the chunked reference; no other slot is written."""
+    inputs, slots, track = draw_prefill_case(data, lengths, heads)
+    o, ckpt, pool, pool0, meta = _run(inputs, lengths, slots, track, heads[1], 16, 32, True)
+    check_prefill_against_reference(inputs, lengths, o, ckpt, pool, pool0, slots, track, meta)
 
 
 def _gpu_inputs(lengths, H, HV, seed=0):

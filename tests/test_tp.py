@@ -148,6 +148,12 @@ def test_check_tp_reasons():
     assert check_tp(tiny, 1) == check_tp(tiny, 2) == check_tp(tiny, 4) == []
     assert check_tp(tiny, 0) and check_tp(tiny, True) and check_tp(tiny, 2.0)
     assert any("MLP" in r for r in check_tp(tiny.replace(mlp_width=130), 4))
+    assert check_tp(tiny.replace(attn_heads=6, attn_kv_heads=2), 4) == ["attention heads (6) do not split into 4"]
+    assert check_tp(tiny.replace(attn_heads=6, attn_kv_heads=3), 2) == [
+        "attention KV heads (3) neither split into 2 nor divide it (to be replicated)"]
+    assert check_tp(tiny.replace(gdn_key_heads=3, gdn_value_heads=6), 2) == [
+        "GDN key heads (3) neither split into 2 nor divide it (to be replicated)"]
+    assert check_tp(tiny.replace(attn_every=0, attn_heads=6, attn_kv_heads=3), 4) == []  # no attention layer
 
 
 def test_demo_tp2_prints_pass():

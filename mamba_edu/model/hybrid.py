@@ -60,6 +60,18 @@ class ModelOutput(NamedTuple):
     kv: list[list[KV]]
 
 
+def draw_layers(cfg: ModelConfig, gen: torch.Generator, device, dtype, out_std: float):
+    """The model's layers in order, each drawn from ``gen`` when it is asked for (one at a time,
+    so a caller can shard a layer before the next exists)."""
+    n_attn = n_gdn = 0
+    for i in range(cfg.n_layers):
+        if cfg.is_attention(i):
+            mixer, n_attn = Attention(cfg, n_attn, gen, device, dtype, out_std), n_attn + 1
+        else:
+            mixer, n_gdn = GDNMixer(cfg, n_gdn, gen, device, dtype, out_std), n_gdn + 1
+        yield HybridLayer(cfg, i, mixer, gen, device, dtype, out_std)
+
+
 class HybridModel(nn.Module):
     """Random-weight hybrid GDN + attention model (no downloads), built by :func:`build_model`.
 
@@ -84,16 +96,9 @@ class HybridModel(nn.Module):
         # residual stream stays O(1) however deep the model is.
         out_std = (2 * cfg.n_layers) ** -0.5
         self.embed = init_param(gen, (cfg.vocab, cfg.hidden), 1.0, device, dtype)
-        layers, n_attn, n_gdn = [], 0, 0
-        for i in range(cfg.n_layers):
-            if cfg.is_attention(i):
-                mixer, n_attn = Attention(cfg, n_attn, gen, device, dtype, out_std), n_attn + 1
-            else:
-                mixer, n_gdn = GDNMixer(cfg, n_gdn, gen, device, dtype, out_std), n_gdn + 1
-            layers.append(HybridLayer(cfg, i, mixer, gen, device, dtype, out_std))
-        self.layers = nn.ModuleList(layers)
+        self.layers = nn.ModuleList(draw_layers(cfg, gen, device, dtype, out_std))
         self.norm = RMSNorm(cfg.hidden, cfg.norm_eps, device, dtype)
-        self.has_attention = n_attn > 0
+        self.has_attention = bool(cfg.attn_layers)
         self.lm_head = init_param(gen, (cfg.vocab, cfg.hidden), cfg.hidden ** -0.5, device, dtype)
 
     @property

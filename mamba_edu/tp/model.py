@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from mamba_edu.model.config import ModelConfig, get_config
-from mamba_edu.model.hybrid import HybridLayer, HybridModel, ModelOutput, run_forward
+from mamba_edu.model.hybrid import HybridLayer, HybridModel, ModelOutput, draw_layers, run_forward
 from mamba_edu.model.layers import MLP, Attention, GDNMixer, RMSNorm, init_param
 from mamba_edu.probes import profile_range
 
@@ -64,18 +64,16 @@ def check_tp(cfg: ModelConfig, world) -> list[str]:
     if type(world) is not int or world < 1:
         return [f"the number of ranks must be an int >= 1; got {world!r}"]
     reasons = []
-    if cfg.gdn_layers:
-        if cfg.gdn_value_heads % world:
-            reasons.append(f"GDN value heads ({cfg.gdn_value_heads}) do not split into {world}")
-        if not _fits(cfg.gdn_key_heads, world, True):
-            reasons.append(f"GDN key heads ({cfg.gdn_key_heads}) neither split into {world} nor "
-                           f"divide it (to be replicated)")
-    if cfg.attn_layers:
-        if cfg.attn_heads % world:
-            reasons.append(f"attention heads ({cfg.attn_heads}) do not split into {world}")
-        if not _fits(cfg.attn_kv_heads, world, True):
-            reasons.append(f"attention KV heads ({cfg.attn_kv_heads}) neither split into {world} nor "
-                           f"divide it (to be replicated)")
+    for present, heads, key_heads in (
+            (cfg.gdn_layers, ("GDN value heads", cfg.gdn_value_heads), ("GDN key heads", cfg.gdn_key_heads)),
+            (cfg.attn_layers, ("attention heads", cfg.attn_heads), ("attention KV heads", cfg.attn_kv_heads))):
+        if not present:
+            continue
+        if heads[1] % world:
+            reasons.append(f"{heads[0]} ({heads[1]}) do not split into {world}")
+        if not _fits(key_heads[1], world, True):
+            reasons.append(f"{key_heads[0]} ({key_heads[1]}) neither split into {world} nor divide it "
+                           f"(to be replicated)")
     if cfg.mlp_width % world:
         reasons.append(f"the MLP width ({cfg.mlp_width}) does not split into {world}")
     if cfg.vocab % world:
@@ -291,13 +289,7 @@ class TPHybridModel(nn.Module):
         self.has_attention = bool(full_config.attn_layers)
         self.lm_head = _param(lm_head)
 
-    @property
-    def device(self) -> torch.device:
-        return self.embed.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.embed.dtype
+    device, dtype = HybridModel.device, HybridModel.dtype  # the embedding's, as the full model's
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Vocab-parallel lookup: this rank's rows, zeros for the ids of other ranks, summed over
@@ -344,13 +336,7 @@ def build_tp_model(preset: str | ModelConfig = "tiny", rank: int = 0, world: int
     out_std = (2 * cfg.n_layers) ** -0.5  # as HybridModel.__init__, draw for draw
     embed = init_param(gen, (cfg.vocab, cfg.hidden), 1.0, device, dtype)
     embed = embed[shapes.vocab[0]:shapes.vocab[0] + shapes.vocab[1]].clone()  # the full one goes
-    layers, n_attn, n_gdn = [], 0, 0
-    for i in range(cfg.n_layers):
-        if cfg.is_attention(i):
-            mixer, n_attn = Attention(cfg, n_attn, gen, device, dtype, out_std), n_attn + 1
-        else:
-            mixer, n_gdn = GDNMixer(cfg, n_gdn, gen, device, dtype, out_std), n_gdn + 1
-        layers.append(_shard_layer(HybridLayer(cfg, i, mixer, gen, device, dtype, out_std), shapes, comm))
+    layers = [_shard_layer(layer, shapes, comm) for layer in draw_layers(cfg, gen, device, dtype, out_std)]
     norm = RMSNorm(cfg.hidden, cfg.norm_eps, device, dtype)
     lm_head = init_param(gen, (cfg.vocab, cfg.hidden), cfg.hidden ** -0.5, device, dtype)
     lm_head = lm_head[shapes.vocab[0]:shapes.vocab[0] + shapes.vocab[1]]

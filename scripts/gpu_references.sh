@@ -18,7 +18,18 @@ if [ -f /tmp/parts/cutlass_cu13.part.aa ] && [ -f /tmp/parts/cutlass_cu13.part.a
     cat /tmp/parts/cutlass_cu13.part.* \
         > /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
 fi
-for whl in /tmp/nvidia_cutlass_dsl_libs_cu13-*.whl .w?/*.whl; do
+# The CUTLASS DSL wheels share one folder (nvidia_cutlass_dsl/): pip --target would let the last
+# one replace the others', so they go into /tmp/cut together, once all four have arrived; their
+# .pth (which adds dsl_packages to sys.path) is not run from a --target folder: PYTHONPATH does it.
+cp -n .w?/nvidia_cutlass_dsl*.whl /tmp/parts/ 2>/dev/null
+CUT=(/tmp/nvidia_cutlass_dsl_libs_cu13-*.whl /tmp/parts/nvidia_cutlass_dsl_libs_base-*.whl
+     /tmp/parts/nvidia_cutlass_dsl_libs_core-*.whl /tmp/parts/nvidia_cutlass_dsl-[0-9]*.whl)
+if ls "${CUT[@]}" >/dev/null 2>&1 && [ ! -f /tmp/cut/.got ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/cut "${CUT[@]}" \
+        2>&1 | tail -2 && touch /tmp/cut/.got
+fi
+for whl in .w?/*.whl; do
+    case "$whl" in */nvidia_cutlass_dsl*) continue ;; esac
     [ -f "$whl" ] && [ ! -f "/tmp/site/.got_$(basename "$whl")" ] || continue
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site "$whl" 2>&1 | tail -2 && touch "/tmp/site/.got_$(basename "$whl")"
@@ -32,7 +43,7 @@ if [ -f .wS/src.tgz ]; then
     SRC=/tmp/src; rm -rf $SRC; mkdir -p $SRC; tar xzf .wS/src.tgz -C $SRC
     export MAMBA_EDU_COMMIT=$(cat .wS/commit)
 fi
-export PYTHONPATH=/tmp/site:$SRC PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:/tmp/cut:/tmp/cut/nvidia_cutlass_dsl/dsl_packages:$SRC PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu \
     --format=csv -lms 500 > "$OUT/gpu_clocks.csv" &
 SMI=$!

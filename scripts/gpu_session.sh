@@ -10,7 +10,8 @@ S=/tmp/session; rm -rf $S; mkdir -p $S
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv > $S/gpu.txt; cat $S/gpu.txt
 OUT=$S STAGE_ONLY=1 bash scripts/gpu_references.sh > $S/stage.log 2>&1
 SRC=/tmp/src; rm -rf $SRC; mkdir -p $SRC; tar xzf .wS/src.tgz -C $SRC
-export MAMBA_EDU_COMMIT=$(cat .wS/commit) PYTHONPATH=/tmp/site:$SRC PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+export MAMBA_EDU_COMMIT=$(cat .wS/commit) PYTHONPATH=/tmp/site:/tmp/cut:/tmp/cut/nvidia_cutlass_dsl/dsl_packages:$SRC \
+    PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 cd $SRC
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv \
     -lms 500 > $S/gpu_clocks.csv &

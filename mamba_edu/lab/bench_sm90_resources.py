@@ -187,6 +187,7 @@ def main(argv=None) -> int:
     ptxas = subprocess.run([_ptxas_path(), "--version"], capture_output=True, text=True).stdout
     result = {"meta": {"commit": commit_hash(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                        "device": f"none: compiled on a CPU for sm_{TARGET_CAPABILITY}a, not run",
+                       "machine_gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
                        "torch": torch.__version__, "triton": triton.__version__,
                        "ptxas": ptxas.strip().splitlines()[-1], "dtype": "bfloat16",
                        "command": "python -m mamba_edu.lab.bench_sm90_resources"},

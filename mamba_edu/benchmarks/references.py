@@ -166,9 +166,11 @@ def _flashqla(case):
 
 def _flashinfer(case):
     from flashinfer.gdn_prefill import chunk_gated_delta_rule as fi_chunk
-    # FlashInfer takes the decay as a factor (alpha = exp(g)), fp32 gates, packed [T, ·, ·].
+    # FlashInfer takes the decay as a factor (alpha = exp(g)), fp32 gates, packed [T, ·, ·], and
+    # keeps states as [N, HV, V, K] (its docstring): the start state goes in transposed.
     alphas = [x["g"].exp() for x in case.sets]
     states = [torch.zeros_like(case.h0) for _ in range(ROTATE)]
+    h0_vk = case.h0.transpose(-1, -2).contiguous()
     cu32 = case.cu.to(torch.int32)
 
     def run(i, h0, state):
@@ -178,7 +180,7 @@ def _flashinfer(case):
                             use_qk_l2norm_in_kernel=True)
         return o, final
     return ((lambda i: run(i, states[i], states[i])),
-            (lambda: run(0, case.h0.clone(), torch.empty_like(case.h0))), {})
+            (lambda: run(0, h0_vk.clone(), torch.empty_like(h0_vk))), {})
 
 
 ARMS = {"ours": _ours, "fla_triton": lambda c: _fla(c, False),

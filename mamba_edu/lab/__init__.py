@@ -25,6 +25,13 @@ Modules (each built on the package's public kernels and helpers):
 - :mod:`.prologue_gemms`: projections that compute the RMSNorm, SwiGLU or gated output norm in
   their own GEMM's prologue, one launch instead of two. Never timed against cuBLAS on a GPU.
 
+Tools that measure the lab beside the package (the benchmarks' face, also never imported):
+
+- :mod:`.bench_chunk_loop`: the reference benchmark with the chunk loop as one more arm.
+- :mod:`.bench_sm90_resources`: registers, spills and shared memory of the three kernels and of
+  the chunk loop's tilings, compiled for sm_90a without a GPU
+  (``data/benchmarks/sm90_resources*.json``): the chunk loop spills in every tiling tried.
+
 Tried and removed without a module here (their write-ups stay in ``data/``):
 
 - programmatic dependent launch (PDL), every kernel opening with a ``griddepcontrol`` wait: it

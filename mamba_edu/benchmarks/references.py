@@ -265,7 +265,7 @@ class _Graph:
 def summarize(arms: dict) -> dict:
     """Median and spread of each timed arm (in place), and the row's ``ratio_best``: ours over
     the fastest of :data:`REFERENCES` that was timed without an error (an arm with ``error``
-    never counts). An arm that is neither ours nor a reference (a lab variant passed to
+    never counts). An arm that is neither ours nor a reference (a variant passed to
     :func:`main`) gets ``ratio_ours``, its median over ours."""
     timed = [n for n, e in arms.items() if e.get("rounds_ms") and "error" not in e]
     for name in timed:
@@ -341,7 +341,7 @@ def _case_in_child(module: str, name: str, args) -> dict:
 def main(argv=None, extra_arms: dict | None = None,
          module: str = "mamba_edu.benchmarks.references") -> int:
     """The command line; ``extra_arms`` adds arms (name → builder, like :data:`ARMS`'s) that
-    run by default too: how :mod:`mamba_edu.lab` times a variant beside ours (``module``: the
+    run by default too, so a caller can time its own variant beside ours (``module``: the
     module whose ``-m`` runs one shape in a child process)."""
     table = ARMS | (extra_arms or {})
     parser = argparse.ArgumentParser(prog="python -m mamba_edu.benchmarks.references",

@@ -20,7 +20,7 @@ needs the output. Computing it inside the serial pass makes every chunk step lon
 only ``(V/BV)·N·HV`` programs for all of that work. Writing ``h`` and ``Ṽ`` to memory costs
 bandwidth but lets the output run over every (chunk, head, tile) at once. (Folding the output
 into the scan, and running all three stages in one launch, were tried and measured slower on
-the H200: :mod:`mamba_edu.lab` keeps them and their data.) ``h`` is stored in the input dtype
+the H200: notebook 10, the appendix, shows them and their data.) ``h`` is stored in the input dtype
 (bf16 on a GPU), or in fp32 when checkpoints are requested: then the checkpoints *are* ``h``.
 
 The inverse is a block doubling of the 64×64 tile (:func:`invert_unit_lower`): every

@@ -1,14 +1,25 @@
 """python -m mamba_edu grade PATH: execute submitted notebooks and grade their exercises.
 
-PATH is one notebook or a folder of them (not searched recursively). Each notebook runs top to
-bottom in its own kernel, in a throwaway copy of its folder (a failing cell does not stop it);
-then the grader calls the notebook's functions from its own process, with inputs it makes, and
-judges what they return: nothing the notebook prints or patches reaches a verdict. A symbolic
-link, a folder or a file that is not a JSON notebook is refused with a line naming it; a dead
-kernel, a timeout, exit() or KeyboardInterrupt gives that notebook 0 with the reason, and grading
-goes on. One line per exercise, then the score; --json prints one JSON report instead. Exit
-status: 0 when every exercise passes, 1 when one does not, 2 when PATH holds no notebook with
-registered exercises (or --sandbox cannot be had).
+PATH is one notebook, a folder of notebooks (one student: not searched recursively), or a class
+folder: a folder with no .ipynb directly inside but sub-folders, one per student, each named by
+the student's id (submissions/alice/, submissions/bob/, ...; hidden folders are ignored, a
+symbolic link is refused with a line naming it).
+
+Each notebook runs top to bottom in its own kernel, in a throwaway copy of its folder (a failing
+cell does not stop it); then the grader calls the notebook's functions from its own process, with
+inputs it makes, and judges what they return: nothing the notebook prints or patches reaches a
+verdict. A symbolic link, a folder or a file that is not a JSON notebook is refused with a line
+naming it; a dead kernel, a timeout, exit() or KeyboardInterrupt gives that notebook 0 with the
+reason, and grading goes on. A notebook whose name is not one of the course's is not graded and
+is reported with the closest course name (rename it to grade it).
+
+Scores: one point per exercise. A class folder is scored over the whole course (a fixed
+denominator): every registered exercise counts for every student, a notebook not submitted
+counts 0. A single folder or notebook is scored over the notebooks submitted. Progress (each
+notebook as it starts and ends) goes to stderr; the report to stdout: one line per exercise then
+the score (a class: one score line per student), or with --json one JSON report. Exit status: 0
+when every exercise of every student passes, 1 when one does not, 2 for a usage error (PATH
+holds no notebook with registered exercises and no student folder, --sandbox cannot be had).
 
 Grading runs the submitted code: use --sandbox (bubblewrap) or a container; docs/teaching.md says
 what each protects.
@@ -19,12 +30,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import shutil
 import sys
-from dataclasses import asdict
+import threading
 from pathlib import Path
 
-from mamba_edu._cli import HelpFormatter, positive_int, prog_name
+from mamba_edu._cli import HelpFormatter, positive_int, prog_name, unwritable_reason
 
 GRADE_NEEDS = ("nbformat", "nbclient", "ipykernel")  # the extra "grade": pip install 'mamba_edu[grade]'
 
@@ -34,56 +46,130 @@ def missing_modules() -> list[str]:
     return [name for name in GRADE_NEEDS if importlib.util.find_spec(name) is None]
 
 
-def main(argv=None) -> int:
-    """Grade every notebook at the path given in ``argv``; the exit status (0, 1 or 2)."""
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"{prog_name()} grade", description=__doc__,
                                      formatter_class=HelpFormatter)
-    parser.add_argument("path", type=Path, help="a notebook (.ipynb) or a folder of notebooks")
+    parser.add_argument("path", type=Path,
+                        help="a notebook (.ipynb), a folder of notebooks, or a class folder (one "
+                             "sub-folder per student)")
     parser.add_argument("--timeout", type=positive_int, default=900,
                         help="seconds one cell, or one call of a learner's function, may run")
     parser.add_argument("--json", action="store_true",
-                        help="print one JSON report (per notebook and exercise) instead of lines")
+                        help="print one JSON report (per student, notebook and exercise) instead of lines")
     parser.add_argument("--sandbox", action="store_true",
                         help="run each kernel in bubblewrap: file system read-only but for the "
                              "notebook's copy, no network, private /tmp and process tree")
-    args = parser.parse_args(argv)
+    parser.add_argument("--jobs", type=positive_int, default=1,
+                        help="students graded at a time (a class folder); each notebook runs in "
+                             "its own worker process")
+    parser.add_argument("--csv", type=Path, metavar="FILE",
+                        help="also write one row per (student, exercise): student, notebook, "
+                             "exercise, title, status, points, max_points, message")
+    parser.add_argument("--feedback", type=Path, metavar="DIR",
+                        help="also write DIR/<student>.md per student: the score, each notebook and "
+                             "exercise with its status and message (by default none is written)")
+    return parser
+
+
+def usage_error(args, class_mode: bool) -> str | None:
+    """What is wrong with the command line before any grading starts, or None."""
     if missing := missing_modules():
-        print(f"{parser.prog}: grading runs notebooks, which needs {', '.join(missing)}: "
-              "pip install 'mamba_edu[grade]' (make setup installs them)", file=sys.stderr)
-        return 2
+        return (f"grading runs notebooks, which needs {', '.join(missing)}: "
+                "pip install 'mamba_edu[grade]' (make setup installs them)")
     if args.sandbox and shutil.which("bwrap") is None:
-        print(f"{parser.prog}: --sandbox needs bubblewrap (bwrap), which is not installed "
-              "(apt install bubblewrap, dnf install bubblewrap); or grade inside a container "
-              "(docs/teaching.md)", file=sys.stderr)
+        return ("--sandbox needs bubblewrap (bwrap), which is not installed (apt install bubblewrap, "
+                "dnf install bubblewrap); or grade inside a container (docs/teaching.md)")
+    if args.csv and (why := "is a folder" if args.csv.is_dir() else unwritable_reason(args.csv.parent)):
+        return f"--csv {args.csv}: {why}"
+    if args.feedback and (why := unwritable_reason(args.feedback)):
+        return f"--feedback {args.feedback}: {why}"
+    if args.feedback and class_mode and args.path.resolve() in args.feedback.resolve().parents:
+        return f"--feedback {args.feedback}: inside the class folder it would be taken for a student"
+    return None
+
+
+def main(argv=None) -> int:
+    """Grade the notebooks, folder or class folder given in ``argv``; the exit status (0, 1, 2)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from mamba_edu.exercises import classroom
+
+    class_mode = classroom.is_class_folder(args.path)
+    if why := usage_error(args, class_mode):
+        print(f"{parser.prog}: {why}", file=sys.stderr)
         return 2
-    from mamba_edu.exercises import core
-    from mamba_edu.exercises.grader import grade_paths, notebooks_in
+    lock = threading.Lock()
 
-    gradable = [p for p in notebooks_in(args.path) if p.stem in core.REGISTRY]
-    if not gradable:
-        print(f"{parser.prog}: no notebook with registered exercises at {args.path} "
-              f"(expected names like {sorted(core.REGISTRY)[0]}.ipynb)", file=sys.stderr)
+    def progress(line: str) -> None:
+        with lock:  # students graded in threads: one whole line at a time
+            print(line, file=sys.stderr, flush=True)
+
+    try:
+        reports = (grade_class if class_mode else grade_folder)(args, progress)
+    except classroom.NothingToGrade as err:
+        print(f"{parser.prog}: {err}", file=sys.stderr)
         return 2
+    if args.csv:
+        classroom.write_csv(reports, args.csv)
+    if args.feedback:
+        classroom.write_feedback(reports, args.feedback)
+    return 0 if all(r.points == r.max_points for r in reports) else 1
 
-    def report(result) -> None:
-        if args.json:
-            return
-        print(result.file, flush=True)
-        if result.status == "refused":
-            print(f"  refused: {result.reason}", flush=True)
-            return
-        if result.status == "zero":
-            print(f"  0 points: {result.reason}", flush=True)
-            return
-        for e in result.exercises:
-            detail = f" — {e.message.removeprefix('FAIL ')}" if e.status == core.FAIL and e.message else ""
-            print(f"  exercise {e.number} ({e.title}): {e.status}{detail}", flush=True)
 
-    results = grade_paths(gradable, args.timeout, sandbox=args.sandbox, report=report)
-    passed, total = sum(r.passed for r in results), sum(r.total for r in results)
+def grade_class(args, progress) -> list:
+    """Every student of a class folder, over the whole course: one score line per student, or
+    the JSON report with its ``students`` list."""
+    from mamba_edu.exercises import classroom
+
+    reports = classroom.grade_class(args.path, args.timeout, args.sandbox, args.jobs, progress)
     if args.json:
-        print(json.dumps({"passed": passed, "total": total, "sandbox": args.sandbox, "notebooks": [
-            {**asdict(r), "passed": r.passed, "total": r.total} for r in results]}, indent=1))
+        print(json.dumps({"points": sum(r.points for r in reports),
+                          "max_points": sum(r.max_points for r in reports), "sandbox": args.sandbox,
+                          "students": [r.as_dict() for r in reports]}, indent=1))
     else:
-        print(f"score: {passed}/{total} ({100 * passed / total:.0f} %)")
-    return 0 if passed == total else 1
+        for r in reports:
+            refused = f", refused: {r.reason}" if r.reason else ""
+            print(f"{r.student}: {classroom.score(r.points, r.max_points)}{refused}")
+    return reports
+
+
+def grade_folder(args, progress) -> list:
+    """One student's folder or notebook, over the notebooks submitted: one line per exercise and
+    the score, or the JSON report (``student`` is the folder's name)."""
+    from mamba_edu.exercises import classroom
+
+    gradable, wrong = classroom.submitted(args.path)
+    if not gradable:
+        raise classroom.NothingToGrade(f"no notebook with registered exercises at {args.path} (expected names like "
+                         f"{classroom.course_notebooks()[0]}.ipynb, or one sub-folder per student)"
+                         + "".join(f"; {w.file}: {w.reason}" for w in wrong))
+    folder = Path(os.path.abspath(args.path))
+    student = folder.parent.name if folder.suffix == ".ipynb" else folder.name
+    report = classroom.grade_student(student, args.path, args.timeout, args.sandbox, progress,
+                                     fixed_denominator=False)
+    if args.json:
+        print(json.dumps({"student": student, "passed": report.points, "total": report.max_points,
+                          "sandbox": args.sandbox,
+                          "notebooks": [classroom.notebook_dict(nb) for nb in report.notebooks]}, indent=1))
+    else:
+        print_notebooks(report)
+        print(f"score: {classroom.score(report.points, report.max_points)}")
+    return [report]
+
+
+#: How the text report introduces the reason of a notebook that was not graded.
+NOT_GRADED = {"refused": "refused: ", "zero": "0 points: ", "misnamed": ""}
+
+
+def print_notebooks(report) -> None:
+    """One line per notebook, then one per exercise of a notebook that was graded."""
+    from mamba_edu.exercises import core
+
+    for nb in report.notebooks:
+        print(nb.file)
+        if nb.status != "graded":
+            print(f"  {NOT_GRADED[nb.status]}{nb.reason}")
+            continue
+        for e in nb.exercises:
+            detail = f" — {e.message.removeprefix('FAIL ')}" if e.status == core.FAIL and e.message else ""
+            print(f"  exercise {e.number} ({e.title}): {e.status}{detail}")

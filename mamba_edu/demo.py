@@ -164,8 +164,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="folder for the figure (and live traces on a GPU)")
     parser.add_argument("--traces", type=Path, default=H200_RUNS, metavar="DIR",
                         help="committed H200 traces to draw when no GPU records live ones: a runs "
-                             f"folder holding {H200_CASE}/ (the repository's data/runs, absent "
-                             "from an installed wheel)")
+                             f"folder holding {H200_CASE}/ (default: the repository's data/runs "
+                             "when run from a clone; none in an installed wheel)")
     parser.add_argument("--tp", type=positive_int, default=1, metavar="N",
                         help="tensor parallelism: N > 1 starts N ranks on this machine (gloo on the "
                              "CPU, NCCL on N GPUs) and checks them against the 1-rank model instead "

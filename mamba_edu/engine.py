@@ -10,10 +10,12 @@
 ``prefill`` is ``prepare_prefill`` (host work) + ``forward_prefill`` (the timed forward:
 metadata, layers, tracking) + ``finish_prefill`` (cache insert, bookkeeping); benchmarks call
 the three parts themselves (``abort_prefill`` gives back a batch they do not finish), and
-``capture_prefill`` captures the forward for replay (in one CUDA graph, or in SGLang's pieces).
+``capture_prefill`` captures the forward of a token bucket for the replay of any batch that fits
+(in one CUDA graph, or in SGLang's breakable pieces).
 What a caller hands in and gets back (:class:`Request`, its checks, the results) lives in
 :mod:`mamba_edu.serving.requests`; a prepared batch's life (:class:`PreparedPrefill`, the
-engine's record of its live batches, :class:`CapturedPrefill`) in :mod:`mamba_edu.serving.prepared`.
+engine's record of its live batches) in :mod:`mamba_edu.serving.prepared`; a captured bucket
+(:class:`CapturedBucket`) in :mod:`mamba_edu.serving.bucket`.
 
 Contracts (docs/architecture.md):
 
@@ -50,10 +52,9 @@ from mamba_edu.model.hybrid import ModelOutput
 from mamba_edu.serving import (SCRATCH_SLOT, ForwardBatch, LinearAttentionBackend, PoolExhausted,
                                RadixCache, StatePool, plan_tracking)
 from mamba_edu.serving.batch import build_decode_batch, build_extend_batch
-from mamba_edu.serving.piecewise import CudaGraphPieces, run_in_pieces
+from mamba_edu.serving.bucket import CAPTURE_MODES, Bucket, CapturedBucket, StaticBucket, empty_batch
 from mamba_edu.serving.planning import check_cache_chunk, plan_decode
-from mamba_edu.serving.prepared import (ABORTED, FINISHED, FORWARDED, PREPARED, CapturedPrefill,
-                                        LiveBatches, PreparedPrefill)
+from mamba_edu.serving.prepared import ABORTED, FINISHED, FORWARDED, PREPARED, LiveBatches, PreparedPrefill
 from mamba_edu.serving.requests import (DecodeResult, EngineStats, PrefillResult, Request, RunningRequest,
                                         check_rid)
 
@@ -315,26 +316,34 @@ class Engine:
         half-way (e.g. stopped by ``cuda_sync_guard``) puts the batch's slots back to their
         prepared states, so it may be retried.
         """
-        self._live.check(batch, "forward_prefill")
+        return self._forward(batch, "forward_prefill", self._eager_forward)
+
+    def _eager_forward(self, fb: ForwardBatch):
+        self.backend.init_forward_metadata(fb)
+        return self._run_model(fb)
+
+    def _forward(self, batch: PreparedPrefill, action: str, run) -> torch.Tensor:
+        """``run(batch.forward_batch) -> (logits, kv)`` as the batch's one forward, with the
+        checks and the undo of :meth:`forward_prefill` (``action`` names the caller)."""
+        self._live.check(batch, action)
         if batch.status == FORWARDED:
-            raise ValueError("forward_prefill already ran on this batch: its working slots now hold the "
-                             "states after its prompts, so a second forward would continue from them "
-                             "(wrong logits and snapshots). Call engine.reset_prefill(batch) first to rerun "
-                             "it from its prepared states, or prepare a new batch")
+            raise ValueError(f"{action}: forward_prefill already ran on this batch: its working slots now "
+                             "hold the states after its prompts, so a second forward would continue from "
+                             "them (wrong logits and snapshots). Call engine.reset_prefill(batch) first to "
+                             "rerun it from its prepared states, or prepare a new batch")
         if batch._started:  # an earlier forward failed and its undo failed too
             self._restore_prepared_states(batch)
         batch._started = True
         scratch = self.pool.conv[:, SCRATCH_SLOT].clone(), self.pool.ssm[:, SCRATCH_SLOT].clone()
         try:
-            self.backend.init_forward_metadata(batch.forward_batch)
-            out = self._run_model(batch.forward_batch)
+            logits, kv = run(batch.forward_batch)
         except BaseException:
             self._restore_prepared_states(batch)
             self.pool.conv[:, SCRATCH_SLOT], self.pool.ssm[:, SCRATCH_SLOT] = scratch
             batch._started = False
             raise
-        batch.logits, batch.kv, batch._status = out.logits, out.kv, FORWARDED
-        return out.logits
+        batch.logits, batch.kv, batch._status = logits, kv, FORWARDED
+        return logits
 
     def _restore_prepared_states(self, batch: PreparedPrefill) -> None:
         """Put the batch's slots back to what prepare_prefill left: zeros, and the (locked,
@@ -384,18 +393,17 @@ class Engine:
     def finish_prefill(self, batch: PreparedPrefill, logits: torch.Tensor | None = None) -> None:
         """After the forward: insert tracked snapshots into the cache, then register the requests.
 
-        ``logits``: what ``forward_prefill(batch)`` returned (or the batch's captured graph's
-        ``logits``); None means the batch's own. If it fails half way (out of memory), everything
+        ``logits``: what ``forward_prefill(batch)`` (or ``captured.replay(batch)``) returned; None
+        means the batch's own. If it fails half way (out of memory), everything
         is undone (the cache inserts too): the batch stays forwarded and can be finished (or
         aborted) again.
         """
         self._live.check(batch, "finish_prefill")
-        runs = [run for run in (batch, batch.captured) if run is not None and run.logits is not None]
-        if not runs:
-            raise ValueError("batch has not been run: call forward_prefill(batch) before finish_prefill "
-                             "(or abort_prefill(batch) to give it back)")
-        run = runs[0] if logits is None else next((r for r in runs if r.logits is logits), None)
-        if run is None:
+        if batch.logits is None:
+            raise ValueError("batch has not been run: call forward_prefill(batch) (or a captured bucket's "
+                             "replay(batch)) before finish_prefill (or abort_prefill(batch) to give it back)")
+        run = batch
+        if logits is not None and logits is not batch.logits:
             shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
             raise ValueError(f"logits must be the tensor forward_prefill(batch) returned for this batch "
                              f"([{batch.forward_batch.size}, {self.config.vocab}]); got another ({shape}): "
@@ -464,52 +472,57 @@ class Engine:
         return PrefillResult(logits, logits.argmax(-1).tolist(), list(fb.prefix_lens), list(fb.track_lens))
 
     @_single_threaded
-    def capture_prefill(self, batch: PreparedPrefill, mode: str = "graph") -> CapturedPrefill:
-        """Capture the prefill forward of ``batch`` for replay (``captured.replay()``).
+    def capture_prefill(self, bucket: Bucket, mode: str = "graph", graphs: bool = True) -> CapturedBucket:
+        """Capture the prefill forward for every batch of a token ``bucket``; replay one with
+        ``captured.replay(batch)`` (a prepared batch that fits), then ``finish_prefill(batch)``.
 
-        ``mode="graph"``: the whole forward, every layer with its tracking, in one CUDA graph
-        (``sync_free``/``fused`` only: a sync cannot be captured). The metadata of a fixed batch
-        is constant, so it is built once, outside the graph.
-        ``mode="piecewise"``: what SGLang does today (:mod:`mamba_edu.serving.piecewise`): the
-        work between GDN layers in graphs, each GDN layer's core eager between them, and the
-        forward's metadata rebuilt eagerly at every replay; every strategy.
+        Modes (:mod:`mamba_edu.serving.breakable`, :mod:`mamba_edu.serving.bucket`):
 
-        The batch's slots are restored after the warm-up and the capture, so they hold their
-        pre-capture states.
+        * ``"breakable"``: SGLang's default today: graph pieces, every attention core (GDN and
+          full attention) an eager break reading the live batch, the LM head an eager tail;
+          every strategy.
+        * ``"gdn_inside"``: the same, but the GDN layers run inside the pieces on the bucket's
+          fixed-capacity metadata (SGLang's open issue #35851); ``sync_free``/``fused`` only.
+        * ``"graph"``: the whole forward in one graph, attention included (over the bucket's
+          static prefix KV); ``sync_free``/``fused`` only.
+
+        ``graphs=False`` runs the same static-buffer forward, cut the same way, without CUDA
+        graphs (on a CPU too): what each replay computes, for tests and comparisons. Capturing
+        runs the forward on padding only (no request's slot is touched); the scratch slot is
+        put back afterwards.
         """
-        self._live.check(batch, "capture_prefill")
-        if mode not in ("graph", "piecewise"):
-            raise ValueError(f"mode must be 'graph' or 'piecewise'; got {mode!r}")
-        if mode == "graph" and self.strategy not in ("sync_free", "fused"):
-            raise ValueError(f"strategy must be 'sync_free' or 'fused' to capture a prefill (a sync "
-                             f"cannot be captured); engine strategy is {self.strategy!r}")
-        if self.model.device.type != "cuda":
-            raise RuntimeError(f"capture_prefill needs a CUDA device; the model is on {self.model.device}")
-        fb = batch.forward_batch
-        owned = batch.owned_slots + [SCRATCH_SLOT]
-        slots = torch.tensor(owned, device=self.model.device)
-        saved = (self.pool.conv[:, slots].clone(), self.pool.ssm[:, slots].clone())
-        captured = CapturedPrefill(batch, slots, saved, self.backend.init_forward_metadata(fb), mode)
+        if not isinstance(bucket, Bucket):
+            raise TypeError(f"bucket must be a Bucket(max_tokens, max_requests[, max_prefix_tokens]); "
+                            f"got {type(bucket).__name__}")
+        if mode not in CAPTURE_MODES:
+            raise ValueError(f"mode must be one of {list(CAPTURE_MODES)}; got {mode!r}")
+        if type(graphs) is not bool:
+            raise TypeError(f"graphs must be a bool; got {graphs!r}")
+        if mode != "breakable" and not self.backend.strategy.capturable:
+            raise ValueError(f"mode {mode!r} runs the GDN layers inside a graph, which needs a strategy "
+                             f"that never syncs (sync_free or fused); engine strategy is {self.strategy!r}")
+        if graphs and self.model.device.type != "cuda":
+            raise RuntimeError(f"capture_prefill needs a CUDA device; the model is on {self.model.device} "
+                               "(graphs=False runs the same forward without graphs)")
+        static = StaticBucket(bucket, self.model, self.config.conv_width, fixed=mode != "breakable",
+                              prefix_in_graph=mode == "graph")
+        captured = CapturedBucket(self, static, mode)
+        if not graphs:
+            return captured
+        scratch = self.pool.conv[:, SCRATCH_SLOT].clone(), self.pool.ssm[:, SCRATCH_SLOT].clone()
         try:
+            static.fill(empty_batch(self.model.device))  # padding only: the dummy request's tokens
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(2):  # warm-up: lazy inits and autotuning happen outside the capture
-                    self._run_model(fb)
+                    self._eager_forward(static.batch)
             torch.cuda.current_stream().wait_stream(stream)
-            captured.restore_states()
-            if mode == "graph":
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    out = self._run_model(fb)
-            else:
-                graph = CudaGraphPieces()
-                out = run_in_pieces(self.model, fb, self.backend, graph)
-        finally:  # the warm-up and the capture wrote into the batch's slots, failed or not
+            self.backend.init_forward_metadata(static.batch)
+            captured.capture(self.model, self.backend)
+        finally:
             torch.cuda.synchronize()  # the warm-up stream too, if it failed before the wait
-            captured.restore_states()
-        captured.graph, captured.logits, captured.kv = graph, out.logits, out.kv
-        batch.captured = captured  # its replays are this batch's forwards: finish_prefill accepts their logits
+            self.pool.conv[:, SCRATCH_SLOT], self.pool.ssm[:, SCRATCH_SLOT] = scratch
         return captured
 
     # ---- decode -------------------------------------------------------------------------

@@ -158,7 +158,8 @@ def _reuse(e):
 for method in ("forward_prefill", "finish_prefill", "abort_prefill", "reset_prefill", "capture_prefill"):
     for label, arg in [("None", None), ("a list", []), ("a ForwardBatch-like dict", {"rids": ["x"]}),
                        ("an int", 3)]:
-        engine_case(f"{method} of {label}", "PreparedPrefill", lambda e, m=method, a=arg: getattr(e, m)(a))
+        engine_case(f"{method} of {label}", "Bucket" if method == "capture_prefill" else "PreparedPrefill",
+                    lambda e, m=method, a=arg: getattr(e, m)(a))
 engine_case("finish_prefill with a logits str", "has not been run|logits",
             lambda e: e.finish_prefill(_prepared(e), "logits"))
 engine_case("finish_prefill with foreign logits", "logits must be the tensor",
@@ -280,7 +281,7 @@ for label, over, pat in [
         ("state_indices bool tensor", dict(state_indices=torch.tensor([True, False])), "state_indices"),
         ("state_indices out of range", dict(state_indices=[0, 4]), "out of range"),
         ("state_indices huge", dict(state_indices=[0, 2 ** 40]), "state_indices"),
-        ("state_indices negative", dict(state_indices=[-1, 0]), "out of range"),
+        ("state_indices below int32", dict(state_indices=[-2 ** 40, 0]), "state_indices"),
         ("state_indices repeated", dict(state_indices=[1, 1]), "repeat"),
         ("state_indices None", dict(state_indices=None), "state_indices"),
         ("state_indices str", dict(state_indices="01"), "state_indices"),

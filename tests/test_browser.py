@@ -30,7 +30,7 @@ NOTEBOOK = "00_start_here.ipynb"
 TOKEN = "mamba-edu-browser-test"
 RUN_TIMEOUT_S = 600  # every cell of notebook 00 on a shared CPU, Triton in the interpreter
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.extra,
               pytest.mark.skipif(not (NOTEBOOKS / NOTEBOOK).exists(), reason="no notebooks/")]
 
 

@@ -236,6 +236,22 @@ def test_help_never_shows_default_none_or_a_second_default(capsys):
             assert entry.lower().count("default") <= 1, entry
 
 
+@pytest.mark.parametrize("installed", [False, True])
+def test_demo_help_words_the_traces_default_without_a_path(capsys, monkeypatch, installed):
+    """--traces' default is the repository's data/runs, which an installed wheel lacks: the help
+    says so in words and never prints an absolute path (in site-packages, where it may not exist)."""
+    from mamba_edu import demo
+
+    if installed:  # as from a wheel: data_dir() points into site-packages
+        monkeypatch.setattr(demo, "H200_RUNS",
+                            Path(sys.prefix) / "lib" / "site-packages" / "data" / "runs")
+    code, out, _ = run_main(capsys, "demo", "--help")
+    assert code == 0
+    flat = " ".join(out.split())
+    assert "site-packages" not in out and str(demo.H200_RUNS) not in out
+    assert "(default: the repository's data/runs when run from a clone; none in an installed wheel)" in flat
+
+
 def test_bench_kernels_help_has_the_common_style(capsys):
     code, out, _ = run_main(capsys, "bench-kernels", "--help")
     assert code == 0

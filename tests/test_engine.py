@@ -7,6 +7,7 @@ from mamba_edu.engine import Engine, Request
 from mamba_edu.model import build_model
 from mamba_edu.profiling import count_syncs, cuda_sync_guard
 from mamba_edu.serving import SCRATCH_SLOT, STRATEGIES, PoolExhausted
+from mamba_edu.serving.bucket import Bucket
 
 SEQ = torch.randint(0, 128, (400,), generator=torch.Generator().manual_seed(3)).tolist()
 
@@ -186,8 +187,8 @@ def test_decode_and_capture_errors(hybrid):
     with pytest.raises(ValueError, match="running requests"):
         engine.decode(1)
     batch = engine.prepare_prefill([Request("a", SEQ[:10])])
-    with pytest.raises(ValueError, match="strategy must be 'sync_free' or 'fused'"):
-        engine.capture_prefill(batch)
+    with pytest.raises(ValueError, match="needs a strategy that never syncs"):
+        engine.capture_prefill(Bucket(64, 2), "gdn_inside", graphs=False)
     other = engine.prepare_prefill([Request("b", SEQ[:5])])
     logits, other_logits = engine.forward_prefill(batch), engine.forward_prefill(other)
     with pytest.raises(ValueError, match="logits must be the tensor forward_prefill"):
@@ -204,7 +205,7 @@ def test_decode_and_capture_errors(hybrid):
 def test_capture_needs_cuda(hybrid):
     engine = Engine(hybrid, strategy="sync_free", max_requests=1)
     with pytest.raises(RuntimeError, match="CUDA"):
-        engine.capture_prefill(engine.prepare_prefill([Request("a", SEQ[:10])]))
+        engine.capture_prefill(Bucket(64, 1))
 
 
 # ---- GPU ------------------------------------------------------------------------------------

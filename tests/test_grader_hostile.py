@@ -1,5 +1,9 @@
 """The grader against hostile notebooks (issue 28): every cheat gets 0, every failure mode costs
-that notebook alone. The notebooks are in tests/hostile_notebooks/<cheat>/<stem>.ipynb."""
+that notebook alone. The notebooks are in tests/hostile_notebooks/<cheat>/<stem>.ipynb.
+
+The cheats that cannot touch one another are graded in one class-mode run (issue 37: one student
+per cheat, two at a time) and each test reads its student's part of the report; what needs a
+folder, a package or a process of its own is graded in a run of its own."""
 
 import json
 import os
@@ -17,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = ROOT / "tests" / "hostile_notebooks"
 SOLUTIONS = ROOT / "notebooks" / "solutions"
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.extra, pytest.mark.solutions]
 
 
 def _grade(path, *extra, env=None, json_report=True, timeout=900, cwd=None):
@@ -28,8 +32,8 @@ def _grade(path, *extra, env=None, json_report=True, timeout=900, cwd=None):
     return result, report
 
 
-def _messages(report) -> list[str]:
-    return [e["message"] for nb in report["notebooks"] for e in nb["exercises"]]
+def _messages(notebooks) -> list[str]:
+    return [e["message"] for nb in notebooks for e in nb["exercises"]]
 
 
 def _bwrap_works() -> bool:
@@ -57,30 +61,61 @@ CHEATS = {
 }
 
 
+@pytest.fixture(scope="module")
+def shared_run(tmp_path_factory):
+    """Every cheat of CHEATS a student of one class folder (named after the cheat), graded once.
+    Two at a time is safe: none of them writes outside its throwaway copy, edits a file of the
+    package, signals a process or leaves the kernel (the cheats that do — write_outside,
+    delete_solutions, edit_package, kill_grader, os_exit, exit_call, endless_loop — are graded in
+    runs of their own below), and each notebook has its own worker, kernel and package copy.
+    The exec cheats look for the solutions next to the package; the grader's private copy of the
+    package has none, so they are told where the repository's are (the others never read it)."""
+    cls = tmp_path_factory.mktemp("hostile") / "class"
+    for cheat in CHEATS:
+        shutil.copytree(HOSTILE / cheat, cls / cheat)
+    result, report = _grade(cls, "--timeout", "120", "--jobs", "2", env={"HOSTILE_SOLUTIONS": str(SOLUTIONS)})
+    assert report is not None, result.stderr[-3000:]
+    assert sorted(s["student"] for s in report["students"]) == sorted(CHEATS), report["students"]
+    return result, {s["student"]: s for s in report["students"]}
+
+
+def _submitted(students: dict, cheat: str) -> tuple[dict, list[dict]]:
+    """The cheat's student and its notebooks that were submitted (the cheat folder's, in order);
+    every other notebook of the course is reported "missing", as not submitted."""
+    student = students[cheat]
+    files = sorted(p.name for p in (HOSTILE / cheat).glob("*.ipynb"))
+    mine = [nb for nb in student["notebooks"] if nb["file"] in files]
+    assert [nb["file"] for nb in mine] == files, student
+    assert all(nb["status"] == "missing" and nb["reason"] == "not submitted"
+               for nb in student["notebooks"] if nb["file"] not in files), student
+    return student, mine
+
+
 @pytest.mark.parametrize("cheat", sorted(CHEATS))
-def test_each_cheat_scores_zero(cheat):
-    # the exec cheats look for the solutions next to the package; the grader's private copy of
-    # the package has none, so they are told where the repository's are
-    result, report = _grade(HOSTILE / cheat, "--timeout", "120", env={"HOSTILE_SOLUTIONS": str(SOLUTIONS)})
+def test_each_cheat_scores_zero(cheat, shared_run):
+    result, students = shared_run
     assert result.returncode == 1, result.stderr[-2000:]
-    assert report["passed"] == 0 and report["total"] >= 2, report
+    student, mine = _submitted(students, cheat)
+    assert student["points"] == 0 and sum(nb["passed"] for nb in mine) == 0, student
+    assert sum(nb["total"] for nb in mine) >= 2, mine
     if cheat == "wrap_json_dumps":  # its kernel's own messages break: the notebook gets 0
-        assert report["notebooks"][0]["status"] == "zero", report
+        assert mine[0]["status"] == "zero", mine
         return
-    assert all(nb["status"] == "graded" for nb in report["notebooks"]), report
+    assert all(nb["status"] == "graded" for nb in mine), mine
     if CHEATS[cheat]:
-        assert any(CHEATS[cheat] in m for m in _messages(report)), _messages(report)
+        assert any(CHEATS[cheat] in m for m in _messages(mine)), _messages(mine)
     else:
-        assert {e["status"] for nb in report["notebooks"] for e in nb["exercises"]} == {"not done"}
+        assert {e["status"] for nb in mine for e in nb["exercises"]} == {"not done"}
 
 
-def test_more_cheat_verdicts():
+def test_more_cheat_verdicts(shared_run):
     """The other half of two cheat notebooks: a wrapper that calls the package's function, and
     the private oracle of notebook 03 (what _expected_counts calls is refused, by name)."""
-    _, report = _grade(HOSTILE / "package_answers", "--timeout", "120")
-    assert "the answer calls mamba_edu.gdn.gating" in _messages(report)[1]
-    _, report = _grade(HOSTILE / "triton_stand_in_and_oracles", "--timeout", "120")
-    assert "mamba_edu.exercises.nb03" in _messages(report)[1]
+    _, students = shared_run
+    _, mine = _submitted(students, "package_answers")
+    assert "the answer calls mamba_edu.gdn.gating" in _messages(mine)[1]
+    _, mine = _submitted(students, "triton_stand_in_and_oracles")
+    assert "mamba_edu.exercises.nb03" in _messages(mine)[1]
 
 
 # --- a notebook can do damage (it cannot any more, or it costs it its grade) -----------------

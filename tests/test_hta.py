@@ -28,7 +28,7 @@ pytest.importorskip(
     "hta", reason="HTA is optional: pip install -r requirements-ci.txt (.ci/run does) or .[hta]")
 
 TRACE = data_dir() / "runs" / "launch_bound_1x512" / "naive.pt.trace.json.gz"
-pytestmark = pytest.mark.skipif(not TRACE.exists(), reason="data/ is not in this checkout")
+pytestmark = [pytest.mark.extra, pytest.mark.skipif(not TRACE.exists(), reason="data/ is not in this checkout")]
 
 
 def hta_breakdown(tmp_path, monkeypatch, rounding: bool) -> dict:

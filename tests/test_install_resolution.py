@@ -39,6 +39,7 @@ def pypi_reachable() -> bool:
 
 pytestmark = [
     pytest.mark.network,
+    pytest.mark.extra,
     pytest.mark.skipif(not PINNED.exists(), reason="no requirements-pinned.txt: not a source checkout"),
     pytest.mark.skipif(not pypi_reachable(), reason="PyPI (pypi.org:443) cannot be reached: no network"),
 ]

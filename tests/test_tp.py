@@ -39,6 +39,7 @@ def rows_of(ranks):
     return [row for rank_rows in ranks for row in rank_rows]
 
 
+@pytest.mark.extra  # several processes
 def test_tp2_matches_one_rank_for_every_strategy(tp2):
     assert [r["strategy"] for r in tp2[0]] == list(STRATEGIES)
     for row in rows_of(tp2):
@@ -48,6 +49,7 @@ def test_tp2_matches_one_rank_for_every_strategy(tp2):
         assert row["snapshots"] >= 4 and row["snapshot_err"] <= TOL, name
 
 
+@pytest.mark.extra  # several processes
 def test_tp2_prefix_hits_and_decisions_are_the_same_on_every_rank(tp2):
     """Prefix hits on the first prefill's tracked snapshots (128 and 192 tokens), the same
     decisions as the 1-rank engine, and the same on both ranks (all_gather_object in the job)."""
@@ -60,6 +62,7 @@ def test_tp2_prefix_hits_and_decisions_are_the_same_on_every_rank(tp2):
         assert rows[0]["decisions"] == rows[1]["decisions"]
 
 
+@pytest.mark.extra  # several processes
 def test_tp2_decode_after_prefill(tp2):
     """4 greedy decode steps after the prefills: the same tokens as the 1-rank engine (in
     ``same_as_1_rank``), and decode tracking stored the 62-token prompt's state at 64 tokens."""
@@ -69,6 +72,7 @@ def test_tp2_decode_after_prefill(tp2):
         assert 64 in [length for length, _ in d["cache"]], row["strategy"]
 
 
+@pytest.mark.extra  # several processes
 def test_tp2_syncs_per_rank_match_one_rank(tp2):
     """The collectives add no host sync: each rank counts what the 1-rank model counts."""
     for row in rows_of(tp2):
@@ -100,6 +104,7 @@ def test_slices_build_alike_and_one_rank_is_the_model():
     assert s.value_heads == (2, 2) and s.key_heads == (1, 1) and s.vocab == (64, 64)
 
 
+@pytest.mark.extra  # several processes
 def test_rank_failing_mid_forward_is_reported_and_nothing_hangs():
     """Rank 1 raises inside layer 1 of its first forward; rank 0, waiting in the all-reduce,
     fails at once (the peer's sockets closed) and says so; every process ends."""
@@ -113,6 +118,7 @@ def test_rank_failing_mid_forward_is_reported_and_nothing_hangs():
     assert time.monotonic() - start < 60
 
 
+@pytest.mark.extra  # several processes
 def test_rank_hanging_mid_forward_times_out_and_is_stopped():
     """Rank 1 hangs inside layer 1: rank 0's all-reduce times out (the collective timeout) and
     reports; the watchdog then stops rank 1 and says why."""
@@ -156,6 +162,7 @@ def test_check_tp_reasons():
     assert check_tp(tiny.replace(attn_every=0, attn_heads=6, attn_kv_heads=3), 4) == []  # no attention layer
 
 
+@pytest.mark.extra  # several processes
 def test_demo_tp2_prints_pass():
     """What a user runs: ``python -m mamba_edu demo --tp 2 --device cpu`` spawns its ranks."""
     env = dict(os.environ, TRITON_INTERPRET="1")

@@ -60,6 +60,7 @@ def tp2(tmp_path_factory):
     return done.stdout, json.loads((out / "results.json").read_text()), out
 
 
+@pytest.mark.extra  # several processes
 def test_rows_for_both_ranks_and_every_strategy(tp2):
     _, results, out = tp2
     rows = results["results"]
@@ -79,6 +80,7 @@ def test_rows_for_both_ranks_and_every_strategy(tp2):
     assert (out / "results.csv").read_text().count("\n") == len(rows) + 1
 
 
+@pytest.mark.extra  # several processes
 def test_syncs_per_rank_equal_the_one_rank_counts(tp2):
     """The collectives add no sync and every rank plans alike: each rank counts, per strategy,
     what the full model counts on one device (naive per layer, precomputed 11, none without)."""
@@ -90,6 +92,7 @@ def test_syncs_per_rank_equal_the_one_rank_counts(tp2):
     assert by["naive"] > by["precomputed"] == 11 and by["sync_free"] == by["fused"] == 0
 
 
+@pytest.mark.extra  # several processes
 def test_graph_rows_are_skipped_on_cpu_with_the_reason(tp2):
     _, results, _ = tp2
     graphs = [r for r in results["results"] if r["mode"] != "eager"]
@@ -99,6 +102,7 @@ def test_graph_rows_are_skipped_on_cpu_with_the_reason(tp2):
         assert r["ttft_ms"] is None and r["syncs"] is None and r["error"] is None
 
 
+@pytest.mark.extra  # several processes
 def test_meta_and_the_table_from_rank_zero_only(tp2):
     stdout, results, _ = tp2
     for key in ("commit", "date", "device", "torch", "triton", "devices"):

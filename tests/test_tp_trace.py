@@ -27,6 +27,7 @@ def _forward_collectives(path) -> Counter:
                    and any(k in e.name for k in ("all_reduce", "allreduce", "all_gather", "allgather")))
 
 
+@pytest.mark.extra  # several processes
 def test_every_rank_writes_its_trace(traces):
     out, ranks = traces
     assert [r["rank"] for r in ranks] == [0, 1] and all(r["world"] == 2 for r in ranks)
@@ -37,6 +38,7 @@ def test_every_rank_writes_its_trace(traces):
         assert (info["backend"], info["rank"], info["world_size"]) == ("gloo", r["rank"], 2)
 
 
+@pytest.mark.extra  # several processes
 def test_both_traces_hold_the_collectives_of_one_forward(traces):
     """tiny: 4 layers × 2 all-reduces + the embedding's = 9 all-reduces, 1 all-gather (logits),
     each seen as our range, the c10d operator and gloo's own range, on both ranks alike."""
@@ -48,6 +50,7 @@ def test_both_traces_hold_the_collectives_of_one_forward(traces):
     assert seen[0]["c10d::allgather_"] == 1 and seen[0]["gloo:all_gather"] == 1
 
 
+@pytest.mark.extra  # several processes
 def test_ranks_leave_each_all_reduce_after_the_last_one_entered(traces):
     """One clock for both traces: no rank can have the sum before every rank has called. (50 µs
     of slack: each process converts its profiler clock to trace time on its own.)"""

@@ -4,7 +4,9 @@
 
 For each case (``qwen3.5-tp8`` at 1 × 512, 16 × 256 and 8 × 1024, with the LM head sharded as
 tensor parallelism 8 shards it: a vocabulary slice of 1/8) and capture mode (``graph``, the whole
-forward; ``piecewise``, SGLang's pieces), one captured prefill of the ``fused`` strategy is timed by
+forward; ``gdn_inside`` and ``breakable``, pieces), a bucket of the ``fused`` strategy the size
+of the case is captured and filled with one batch; its graphs' replays (without the refill) are
+timed by
 
 - **events**: ms per replay from two CUDA events around ``replays`` back-to-back replays (no
   profiler attached), and
@@ -33,7 +35,7 @@ import torch
 CASES = [[512], [256] * 16, [1024] * 8]
 PRESET = "qwen3.5-tp8"
 VOCAB_SHARDS = 8  # tensor parallelism 8 gives each GPU a 1/8 slice of the vocabulary
-MODES = ("graph", "piecewise")
+MODES = ("graph", "gdn_inside", "breakable")
 
 
 def overheads(events_ms: float, busy_intervals: list[tuple[float, float]]) -> dict:
@@ -69,10 +71,11 @@ def _profiled_busy(replay) -> list[tuple[float, float]]:
 def _capture(model, lengths, mode: str):
     from mamba_edu.benchmarks.timing import Prefills
     from mamba_edu.engine import Engine
+    from mamba_edu.serving.bucket import Bucket
     prefills = Prefills(Engine(model, "fused", max_requests=len(lengths)), tuple(lengths), 0)
-    captured = prefills.engine.capture_prefill(prefills.next(), mode=mode)
-    prefills.logits = captured.logits
-    return prefills, captured
+    captured = prefills.engine.capture_prefill(Bucket(sum(lengths), len(lengths)), mode)
+    prefills.forward(prefills.next(), replay=captured.replay)  # fills the static buffers
+    return prefills, captured.graph.replay
 
 
 def measure(rounds: int = 3, replays: int = 50) -> list[dict]:
@@ -84,19 +87,19 @@ def measure(rounds: int = 3, replays: int = 50) -> list[dict]:
     rows, live = [], []
     for lengths in CASES:
         for mode in MODES:
-            prefills, captured = _capture(model, lengths, mode)
+            prefills, replay = _capture(model, lengths, mode)
             for _ in range(3):
-                captured.replay()
+                replay()
             rows.append(dict(case=f"{PRESET} {len(lengths)}x{lengths[0]}", mode=mode,
                              strategy="fused", vocab=vocab, rounds=[]))
-            live.append((prefills, captured))
+            live.append((prefills, replay))
     for r in range(rounds):
         order = list(range(len(rows)))
         order = order[r % len(order):] + order[:r % len(order)]
         for i in order:
-            captured = live[i][1]
-            events = _events_ms(captured.replay, replays)
-            busy = _profiled_busy(captured.replay)
+            replay = live[i][1]
+            events = _events_ms(replay, replays)
+            busy = _profiled_busy(replay)
             rows[i]["rounds"].append(overheads(events, busy) | dict(events_ms=events,
                                                                      sm_mhz=sm_clock_mhz()))
     for row in rows:

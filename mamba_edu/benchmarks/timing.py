@@ -21,12 +21,13 @@ class Prefills:
     """Fresh prefills of one case on one engine, so that every forward starts from the same state.
 
     :meth:`next` finishes and releases the previous batch, then prepares one of new random
-    prompts: new request ids and tokens, so no prefix hit, and freshly zeroed slots.
+    prompts: new request ids and tokens, so no prefix hit, and freshly zeroed slots; ``lengths``
+    is a tuple, or a function drawing each batch's lengths from the generator.
     :meth:`forward` is the timed part, ``engine.forward_prefill``.
     """
 
-    def __init__(self, engine, lengths: tuple[int, ...], seed: int):
-        self.engine, self.lengths = engine, lengths
+    def __init__(self, engine, lengths, seed: int):
+        self.engine, self.lengths = engine, lengths  # a tuple, or a function gen -> a tuple
         self.gen = torch.Generator().manual_seed(seed)
         self.batch, self.logits, self.count = None, None, 0
 
@@ -37,12 +38,14 @@ class Prefills:
         vocab = self.engine.config.vocab
         self.count += 1
         requests = [Request((self.count, i), torch.randint(vocab, (n,), generator=self.gen).tolist())
-                    for i, n in enumerate(self.lengths)]
+                    for i, n in enumerate(self.lengths(self.gen) if callable(self.lengths) else self.lengths)]
         self.batch = self.engine.prepare_prefill(requests)
         return self.batch
 
-    def forward(self, batch):
-        self.logits = self.engine.forward_prefill(batch)
+    def forward(self, batch, replay=None):
+        """The timed forward of ``batch``: ``engine.forward_prefill``, or ``replay`` (a captured
+        bucket's, which refills its buffers from the batch first)."""
+        self.logits = (self.engine.forward_prefill if replay is None else replay)(batch)
         return self.logits
 
     def close(self) -> None:

@@ -11,10 +11,12 @@ one machine:
   a GPU also read from the trace (``cudaStreamSynchronize`` and friends);
 * **GPU busy time and idle fraction** — from one forward recorded with ``torch.profiler``;
 * **speedup** over ``naive`` in the same case;
-* on a GPU, the same prefill **captured** and replayed, one capture per batch shape as a serving
-  engine captures one per batch bucket: ``piecewise`` (every strategy; the pieces between GDN
-  layers in graphs, each GDN layer's core and the forward's metadata eager: SGLang today) and,
-  for the sync-free strategies, ``graph`` (the whole forward in one graph).
+* on a GPU, the same prefill **captured** for a token bucket the size of the case
+  (:meth:`Engine.capture_prefill <mamba_edu.engine.Engine.capture_prefill>`) and replayed on each
+  repeat's fresh batch, the host refill of the static buffers included: ``breakable`` (every
+  strategy: SGLang today), and for the sync-free strategies ``gdn_inside`` (the GDN layers
+  inside the graph pieces) and ``graph`` (the whole forward in one graph). Fresh lengths on
+  every repeat: ``python -m mamba_edu bench-buckets`` (:mod:`mamba_edu.benchmarks.buckets`).
 
 Headline cases (docs/conventions.md): GPU-bound ``qwen3-next`` 8 × 1024 tokens; launch-bound
 ``qwen3.5-tp8`` 1 × 512, 16 × 256 and 8 × 1024. Sweeps: total tokens 512 … 16384 and the
@@ -39,6 +41,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass, fields
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -52,7 +55,9 @@ from mamba_edu.profiling.syncs import count_syncs, cuda_sync_guard
 from mamba_edu.benchmarks.timing import Prefills, timed_calls
 from mamba_edu.profiling.traces import FORWARD_RANGE, record_trace, trim_trace
 from mamba_edu.serving import STRATEGIES
-CAPTURABLE = ("sync_free", "fused")
+from mamba_edu.serving.bucket import CAPTURE_MODES, Bucket
+
+CAPTURABLE = tuple(name for name, cls in STRATEGIES.items() if cls.capturable)
 SWEEP_TOKENS = (512, 1024, 2048, 4096, 8192, 16384)
 SWEEP_TRACKED = (0.0, 0.5, 1.0)
 SWEEP_PRESET = "qwen3-next"
@@ -135,7 +140,7 @@ class Result:
     tokens: int
     tracked: int
     strategy: str
-    mode: str                        # "eager", "piecewise" or "graph" (see Engine.capture_prefill)
+    mode: str                        # "eager" or a capture mode (see Engine.capture_prefill)
     repeats: int = 0
     ttft_ms: float | None = None     # median
     ttft_min_ms: float | None = None
@@ -181,8 +186,8 @@ def measure(bench: ModelBench, case: Case, preset: str, strategy: str, mode: str
             trace_dir: Path | None, barrier: Callable[[], None] | None = None) -> Result:
     """All numbers of one (case, strategy, mode); ``trace_dir`` keeps its trimmed trace.
 
-    In ``piecewise`` and ``graph`` mode the prefill of one batch is captured (one capture per
-    batch shape) and replayed; the replays recompute that batch in its own slots.
+    A capture mode captures one bucket of the case's size; each timed repeat replays it on a
+    freshly prepared batch, the host refill included.
 
     ``barrier`` (tensor-parallel ranks, :mod:`mamba_edu.benchmarks.ttft_tp`): called before the
     capture and before each timed forward, so that the ranks start together; and a failure is
@@ -193,12 +198,12 @@ def measure(bench: ModelBench, case: Case, preset: str, strategy: str, mode: str
     forward, setup = prefills.forward, prefills.next
     try:
         if mode != "eager":
-            batch = prefills.next()
+            batch = prefills.next()  # one replay before the warm-up: the capture's own check
             if barrier is not None:
                 barrier()
-            captured = prefills.engine.capture_prefill(batch, mode=mode)
-            prefills.logits = captured.logits
-            forward, setup = (lambda _: captured.replay()), (lambda: None)
+            captured = prefills.engine.capture_prefill(Bucket(sum(case.lengths), len(case.lengths)), mode)
+            forward = partial(prefills.forward, replay=captured.replay)
+            forward(batch)
         for _ in range(args.warmup):
             forward(setup())
         row.started_utc = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
@@ -285,7 +290,7 @@ def run_case(bench: ModelBench, case: Case, preset: str, args, bar: tqdm,
 def modes(strategy: str, graphs: bool) -> list[str]:
     if not graphs:
         return ["eager"]
-    return ["eager", "piecewise", "graph"] if strategy in CAPTURABLE else ["eager", "piecewise"]
+    return ["eager", *CAPTURE_MODES] if strategy in CAPTURABLE else ["eager", "breakable"]
 
 
 def preset_for(case: Case, device: torch.device, preset: str | None = None) -> str:

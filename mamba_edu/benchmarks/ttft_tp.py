@@ -15,7 +15,7 @@ rank:
   (:func:`~mamba_edu.model.build_model`) on the rank's own device, counted the same way before the
   tensor-parallel runs of each case. The engine's decisions depend on the requests only, so every
   rank must count what the 1-rank model counts; a difference fails the run (exit 1);
-* on GPUs, the captured prefills as the single-device bench has them (``piecewise`` for every
+* on GPUs, the captured prefills as the single-device bench has them (``breakable`` for every
   strategy, ``graph`` for the sync-free ones) with the collectives inside the graphs. On the CPU
   there are no CUDA graphs: those rows are written as skipped, with the reason.
 

@@ -53,7 +53,8 @@ class ExerciseResult:
 class NotebookResult:
     """One notebook's grade. ``status``: ``graded``, ``zero`` (it ran, but something stopped
     grading it: the reason says what) or ``refused`` (not run: a symbolic link, not a file, not
-    JSON)."""
+    JSON); :mod:`~mamba_edu.exercises.classroom` adds ``missing`` (not submitted) and
+    ``misnamed`` (a notebook whose name is not the course's: not run, no exercises)."""
 
     file: str
     status: str
@@ -291,14 +292,17 @@ def _run_worker(path: Path, timeout: int, sandbox: bool, package_root: Path) -> 
     return NotebookResult(path.name, "zero", f"the grading process died ({tail[0][:200]})")
 
 
-def grade_paths(paths: list[Path], timeout: int, sandbox: bool = False, report=None) -> list[NotebookResult]:
-    """Grade every notebook in ``paths`` (each already one with registered exercises) and
-    call ``report(result)`` after each."""
+def grade_paths(paths: list[Path], timeout: int, sandbox: bool = False, report=None,
+                started=None) -> list[NotebookResult]:
+    """Grade every notebook in ``paths`` (each already one with registered exercises); call
+    ``started(path)`` before each and ``report(result)`` after each."""
     from mamba_edu.exercises import core
 
     snapshot = _package_snapshot()
     results = []
     for path in paths:
+        if started is not None:
+            started(path)
         registered = core.REGISTRY[path.stem]
         refusal = _refusal(path)
         touched = []

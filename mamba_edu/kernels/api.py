@@ -112,7 +112,7 @@ def _check_prefill_indices(state_indices, track_slots, track_chunks, meta, slots
     if state_indices is None:
         raise ValueError("state_indices is required: the [N] slots the sequences work in")
     state_slots, state_t = slot_indices("state_indices", state_indices, meta.N, slots, dev,
-                                        allow_padding=False)
+                                        allow_padding=True)
     return state_slots, state_t, track_targets(track_slots, track_chunks, meta, slots, state_slots, dev)
 
 
@@ -129,8 +129,9 @@ def gdn_prefill(q, k, v, g=None, beta=None, *, a=None, b=None, A_log=None, dt_bi
             :func:`~mamba_edu.gdn.gdn_gating` is then computed inside the first kernel.
         state_pool: ``[slots, HV, K, V]`` fp32. Sequence n starts from
             ``state_pool[state_indices[n]]`` and its final state is written back there.
-        state_indices: ``[N]`` ints, distinct, in ``[0, slots)`` (a list, a CPU tensor or
-            :func:`~mamba_edu.kernels.upload_indices`).
+        state_indices: ``[N]`` ints, distinct, ``< slots`` (a list, a CPU tensor or
+            :func:`~mamba_edu.kernels.upload_indices`); negative = a padded row: it starts from
+            zeros and no state is written back (a bucket's padding, :mod:`mamba_edu.serving.bucket`).
         meta: :class:`~mamba_edu.kernels.ChunkMeta` of the batch (its layout).
         scale: ``None`` (``K**-0.5``) or a finite float > 0; use_qk_l2norm: a bool.
         output_checkpoints: also return ``[NT, HV, K, V]`` fp32, the state at every chunk start.
@@ -217,7 +218,8 @@ def conv1d_prefill(x, weight, bias=None, *, conv_pool, state_indices, meta,
         x: ``[T, D]`` raw inputs (row-strided allowed); weight: ``[D, W]``; bias: ``[D]`` or None.
         conv_pool: ``[slots, D, W−1]``; sequence n reads its previous inputs from
             ``conv_pool[state_indices[n]]`` (zeros for a fresh slot) and leaves its last ``W−1``.
-        state_indices: ``[N]`` ints, distinct, in ``[0, slots)`` (as in :func:`gdn_prefill`).
+        state_indices: ``[N]`` ints, distinct, ``< slots``, negative = padded row (as in
+            :func:`gdn_prefill`).
         track_slots, track_chunks: ``[N]`` int (the ``fused`` strategy), as in
             :func:`gdn_prefill`: save the conv state after ``min(64·track_chunks[n], L)`` tokens
             (the ``W−1`` inputs before that point) into ``conv_pool[track_slots[n]]``

@@ -182,13 +182,40 @@ def build_chunk_meta(lengths: Sequence[int], device) -> ChunkMeta:
     return build_chunk_meta_with_indices(lengths, device)[0]
 
 
-def build_chunk_meta_with_indices(lengths: Sequence[int], device,
+def remember_host_values(t: torch.Tensor, values: Sequence[int]) -> None:
+    """Mark ``t``, a static buffer its owner has just refilled from ``values``, as holding them:
+    validation reads ``values`` (no sync), and the kernels read ``t`` itself, since a captured
+    graph reads the buffers it was captured with (:mod:`mamba_edu.serving.bucket`)."""
+    setattr(t, _HOST_ATTR, tuple(values))
+    setattr(t, _VERSION_ATTR, _version(t))
+    setattr(t, _PRIVATE_ATTR, t)
+
+
+#: The chunk id of a chunk table's unused rows (:func:`chunk_table`): 64 times it lies past any
+#: batch, so a program given such a row finds no token and loads and stores nothing.
+EMPTY_CHUNK = 1 << 20
+
+
+def chunk_table(lengths: Sequence[int], capacity: int | None = None) -> list[int]:
+    """The flat ``[NT, 2]`` table of (sequence, chunk) rows; with ``capacity`` it is padded to that
+    many rows with ``(N − 1, EMPTY_CHUNK)``: a fixed grid for any batch of a bucket."""
+    counts = chunk_counts(lengths, CHUNK)
+    table = [x for seq, count in enumerate(counts) for c in range(count) for x in (seq, c)]
+    if capacity is not None:
+        if len(table) > 2 * capacity:
+            raise ValueError(f"the batch has {len(table) // 2} chunks, more than the capacity {capacity}")
+        table += [len(counts) - 1, EMPTY_CHUNK] * (capacity - len(table) // 2)
+    return table
+
+
+def build_chunk_meta_with_indices(lengths: Sequence[int], device, *, allow_empty: bool = False,
                                   **indices: Sequence[int]) -> tuple[ChunkMeta, dict[str, torch.Tensor]]:
     """:func:`build_chunk_meta` plus index tensors of N ints each (e.g. ``state_indices=[…]``)
     in the same one copy: ``(meta, {name: tensor})``, each tensor as :func:`upload_indices` makes
-    it. The meta stays the layout only: the indices are the caller's to pass to each kernel."""
+    it. The meta stays the layout only: the indices are the caller's to pass to each kernel.
+    ``allow_empty``: rows of no tokens are allowed (a bucket's padding rows)."""
     lengths = _int_list("lengths", lengths)
-    if not lengths or min(lengths) < 1:
+    if not lengths or min(lengths) < (0 if allow_empty else 1) or not sum(lengths):
         raise ValueError(f"lengths must be a non-empty list of ints >= 1; got {lengths!r}")
     lists = {name: _int_list(name, values) for name, values in indices.items()}
     for name, values in lists.items():
@@ -199,7 +226,7 @@ def build_chunk_meta_with_indices(lengths: Sequence[int], device,
     cu = cu_offsets(lengths)
     if cu[-1] >= 2 ** 31:
         raise ValueError(f"lengths must add up to fewer than 2**31 tokens; got {cu[-1]}")
-    table = [x for seq, count in enumerate(counts) for c in range(count) for x in (seq, c)]
+    table = chunk_table(lengths)
     cu_t, table_t, offsets_t, *index_t = _upload([cu, table, offsets, *lists.values()], device)
     host = dict(lengths=tuple(lengths), counts=tuple(counts), offsets=tuple(offsets), N=len(lengths),
                 T=cu[-1], NT=offsets[-1])

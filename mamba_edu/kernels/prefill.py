@@ -337,7 +337,8 @@ def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h
                   BK: tl.constexpr, BV: tl.constexpr, TRACK: tl.constexpr):
     """Program (V-tile ``i_v``, sequence ``seq``, value head ``hv``) of kernel 2: the sequential
     state pass over the sequence's chunks.
-    Reads the initial state from the pool slot, writes the final state back into the slot and,
+    Reads the initial state from the pool slot (zeros for a negative slot: a padded row),
+    writes the final state back into the slot (none for a padded row) and,
     with ``TRACK``, the tracked state into its track slot. It writes ``h [NT, HV, K, V]`` (the
     start state of every chunk) and ``Ṽ [T, HV, V]`` for :func:`output_chunk`."""
     bos, eos, first_chunk, n_chunks = sequence_chunks(seq, cu_ptr, chunk_off_ptr)
@@ -347,8 +348,9 @@ def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h
     slab, slab_mask = state_slab(v0, K, V, BK, BV)
     HEAD = K * V
     slot = tl.load(state_idx_ptr + seq).to(tl.int64)
-    state_ptr = pool_ptr + (slot * HV + hv) * HEAD + slab
-    S = tl.load(state_ptr, mask=slab_mask, other=0.0)
+    has_state = slot >= 0  # a padded row (negative slot) starts from zeros and writes no state
+    state_ptr = pool_ptr + (tl.maximum(slot, 0) * HV + hv) * HEAD + slab
+    S = tl.load(state_ptr, mask=slab_mask & has_state, other=0.0)
     if TRACK:
         track_chunk = tl.load(track_chunk_ptr + seq)
         track_slot = tl.maximum(tl.load(track_slot_ptr + seq).to(tl.int64), 0)
@@ -373,7 +375,7 @@ def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h
     if TRACK:
         if track_chunk == n_chunks:
             tl.store(track_ptr, S, mask=slab_mask)
-    tl.store(state_ptr, S, mask=slab_mask)
+    tl.store(state_ptr, S, mask=slab_mask & has_state)
 
 
 @triton.heuristics({"TRACK": lambda args: args["track_slot_ptr"] is not None})

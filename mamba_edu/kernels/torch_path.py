@@ -19,19 +19,42 @@ def _cu_list(lengths) -> list[int]:
     return cu
 
 
+def _gather_states(pool: torch.Tensor, slots: list[int], rows: list[int]):
+    """``[len(rows), …]`` initial states of ``rows``: the pool's slot, zeros for a negative slot
+    (a padded row); and the positions and slots of the rows that have one."""
+    initial = pool.new_zeros(len(rows), *pool.shape[1:])
+    live = [i for i, n in enumerate(rows) if slots[n] >= 0]
+    live_slots = [slots[rows[i]] for i in live]
+    initial[live] = pool[live_slots]
+    return initial, live, live_slots
+
+
 def prefill_torch(q, k, v, g, beta, state_pool, slots: list[int], meta, scale, use_qk_l2norm,
                   output_checkpoints, targets: list[tuple[int, int, int]]):
     """Chunked reference with the initial states gathered from, and final states scattered to,
-    the pool; ``targets`` = ``(row, slot, chunk)`` tracking writes. Returns ``(o, checkpoints)``."""
-    index = torch.tensor(slots, device=state_pool.device)
-    res = chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=state_pool[index],
-                                 cu_seqlens=_cu_list(meta.lengths), use_qk_l2norm=use_qk_l2norm,
+    the pool; ``targets`` = ``(row, slot, chunk)`` tracking writes. Returns ``(o, checkpoints)``.
+    Padding, as a bucket lays it out: a negative slot starts from zeros and is not written back;
+    a row of no tokens computes nothing; checkpoints past the batch's own (``meta.NT`` may be a
+    capacity) are zeros."""
+    rows = [n for n, length in enumerate(meta.lengths) if length > 0]
+    initial, live, live_slots = _gather_states(state_pool, slots, rows)
+    res = chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial,
+                                 cu_seqlens=_cu_list([meta.lengths[n] for n in rows]),
+                                 use_qk_l2norm=use_qk_l2norm,
                                  output_checkpoints=output_checkpoints or bool(targets))
-    state_pool[index] = res.final_state
+    final = dict(zip(rows, res.final_state))
     for n, slot, chunk in targets:
-        state_pool[slot] = (res.final_state[n] if chunk == meta.counts[n]
-                            else res.checkpoints[meta.offsets[n] + chunk])
-    return res.o, (res.checkpoints if output_checkpoints else None)
+        if chunk < meta.counts[n]:
+            state_pool[slot] = res.checkpoints[meta.offsets[n] + chunk]
+        elif n in final:
+            state_pool[slot] = final[n]
+        else:  # a row of no tokens: its final state is its initial one
+            state_pool[slot] = state_pool[slots[n]] if slots[n] >= 0 else 0
+    state_pool[live_slots] = res.final_state[live]
+    ckpt = res.checkpoints if output_checkpoints else None
+    if ckpt is not None and ckpt.shape[0] < meta.NT:
+        ckpt = torch.cat([ckpt, ckpt.new_zeros(meta.NT - ckpt.shape[0], *ckpt.shape[1:])])
+    return res.o, ckpt
 
 
 def decode_torch(q, k, v, a, b, A_log, dt_bias, state_pool, slots: list[int], scale,
@@ -51,17 +74,19 @@ def decode_torch(q, k, v, a, b, A_log, dt_bias, state_pool, slots: list[int], sc
 def conv1d_prefill_torch(x, weight, bias, conv_pool, slots: list[int], meta, activation,
                          targets: list[tuple[int, int, int]]):
     """The reference conv on the gathered states; ``targets`` = ``(row, slot, chunk)``: save the
-    ``W−1`` columns of ``x̃ = [state, tokens]`` before token ``min(64·chunk, L)`` to ``slot``."""
-    index = torch.tensor(slots, device=conv_pool.device)
-    initial = conv_pool[index]
+    ``W−1`` columns of ``x̃ = [state, tokens]`` before token ``min(64·chunk, L)`` to ``slot``.
+    Padded rows as in :func:`prefill_torch`."""
+    rows = [n for n, length in enumerate(meta.lengths) if length > 0]
+    initial, live, live_slots = _gather_states(conv_pool, slots, rows)
     cu = _cu_list(meta.lengths)
-    y, finals = causal_conv1d(x, weight, bias, cu_seqlens=cu, initial_states=initial,
-                              activation=activation)
+    y, finals = causal_conv1d(x, weight, bias, cu_seqlens=_cu_list([meta.lengths[n] for n in rows]),
+                              initial_states=initial, activation=activation)
     for n, slot, chunk in targets:
+        start = conv_pool[slots[n]] if slots[n] >= 0 else conv_pool.new_zeros(conv_pool.shape[1:])
         end = min(64 * chunk, meta.lengths[n])
-        x_tilde = torch.cat([initial[n], x[cu[n]:cu[n + 1]].T.to(initial.dtype)], dim=1)
-        conv_pool[slot] = x_tilde[:, end:end + initial.shape[2]]
-    conv_pool[index] = finals.to(conv_pool.dtype)
+        x_tilde = torch.cat([start, x[cu[n]:cu[n + 1]].T.to(start.dtype)], dim=1)
+        conv_pool[slot] = x_tilde[:, end:end + start.shape[1]]
+    conv_pool[live_slots] = finals[live].to(conv_pool.dtype)
     return y
 
 

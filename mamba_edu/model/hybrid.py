@@ -42,7 +42,7 @@ class HybridLayer(nn.Module):
             if self.kind == "gdn":
                 delta, kv = self.mixer(projected, batch, backend), None
             else:
-                delta, kv = self.mixer(projected, batch, rotary)
+                delta, kv = self.mixer(projected, batch, rotary, backend)
         with profile_range(self._mlp_range):
             x, gate_up = self.mlp_norm.add_linear(x, delta, self.mlp.gate_up)
             return x, self.mlp(gate_up), kv
@@ -53,7 +53,9 @@ class ModelOutput(NamedTuple):
 
     ``logits [N, vocab]`` fp32 of the last token of each sequence; ``kv[i][j] = (k, v)``, each
     ``[P_i + E_i, kv_heads, head_dim]``: the full KV of sequence i (cached prefix and new tokens)
-    in attention layer j (``kv[i]`` is empty in a model without attention).
+    in attention layer j (``kv[i]`` is empty in a model without attention). For a bucket's batch
+    (``batch.bucket``), ``kv[j]`` is layer j's ``(k, v)`` over the whole bucket instead
+    (:meth:`~mamba_edu.serving.bucket.StaticBucket.results` cuts out each request's).
     """
 
     logits: torch.Tensor
@@ -131,10 +133,15 @@ def run_forward(model: nn.Module, embed, batch, backend, gather_logits=None) -> 
         x, pending, kv = layer(x, pending, batch, backend, rotary)
         if kv is not None:
             attn_kv.append(kv)
-    with profile_range("lm_head"):
+    def lm_head():
         rows = batch.last_token_index  # only the last tokens need the final add and norm
         _, logits = model.norm.add_linear(x[rows], pending[rows], model.lm_head)
-        logits = logits.float() if gather_logits is None else gather_logits(logits.float())
+        return logits.float() if gather_logits is None else gather_logits(logits.float())
+
+    with profile_range("lm_head"):
+        logits = backend.logits(lm_head)
+    if batch.bucket is not None:  # per layer over the bucket: StaticBucket.results cuts them up
+        return ModelOutput(logits, attn_kv)
     return ModelOutput(logits, [[layer_kv[i] for layer_kv in attn_kv] for i in range(batch.size)])
 
 

@@ -102,8 +102,10 @@ class Attention(nn.Module):
         """The in-projection's weight, which the model applies with the norm before it."""
         return self.qkv
 
-    def forward(self, qkv: torch.Tensor, batch, rotary) -> tuple[torch.Tensor, list[KV]]:
-        """The layer after its in-projection ``qkv [T, (heads + 2·kv_heads)·head_dim]``."""
+    def forward(self, qkv: torch.Tensor, batch, rotary, backend) -> tuple[torch.Tensor, list[KV]]:
+        """The layer after its in-projection ``qkv [T, (heads + 2·kv_heads)·head_dim]``. The
+        attention core goes through ``backend.attend`` (which runs :meth:`attend`), so that a
+        breakable CUDA graph can cut the forward there (:mod:`mamba_edu.serving.breakable`)."""
         T = qkv.shape[0]
         qk, v = qkv.split(
             [(self.heads + self.kv_heads) * self.head_dim, self.kv_heads * self.head_dim], -1)
@@ -111,11 +113,19 @@ class Attention(nn.Module):
         q, k = rope(qk.view(T, self.heads + self.kv_heads, self.head_dim), *rotary).split(
             [self.heads, self.kv_heads], dim=1)
         v = v.view(T, self.kv_heads, self.head_dim)
+        o, kv = backend.attend(self, q, k, v, batch)
+        return F.linear(o.flatten(1), self.out), kv
+
+    def attend(self, q, k, v, batch) -> tuple[torch.Tensor, list[KV]]:
+        """The attention core: ``q [T, heads, D]``, ``k, v [T, kv_heads, D]`` → ``(o [T, heads, D],
+        kv)``. A bucket's batch (fixed shapes, :mod:`mamba_edu.serving.bucket`) runs one call over
+        the whole bucket and returns the bucket's ``(k, v)``; otherwise ``kv[i]`` is sequence i's."""
+        if batch.bucket is not None:
+            return batch.bucket.attend(self.attn_index, q, k, v), (k, v)
         fresh_equal = (batch.mode == "extend" and batch.size > 1 and not any(batch.prefix_lens)
                        and len(set(batch.extend_lens)) == 1)
         attend = self._attend_fresh_equal if fresh_equal else self._attend_each
-        o, kv = attend(q, k, v, batch)
-        return F.linear(o.flatten(1), self.out), kv
+        return attend(q, k, v, batch)
 
     def _attend_fresh_equal(self, q, k, v, batch) -> tuple[torch.Tensor, list[KV]]:
         """N > 1 fresh prompts of one length (a benchmark batch): one call over all of them.
@@ -128,6 +138,9 @@ class Attention(nn.Module):
         causal: new token t sees the prefix and the new tokens up to t; a decode token sees all)."""
         outs, kv = [], []
         for i, (start, stop) in enumerate(batch.token_ranges):
+            if start == stop:  # a bucket's zero-length padding row
+                kv.append((k[start:stop], v[start:stop]))
+                continue
             prefix = batch.prefix_kv[i]
             k_i, v_i = k[start:stop], v[start:stop]
             if prefix is not None:

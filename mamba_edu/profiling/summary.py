@@ -33,9 +33,10 @@ def trace_files(path: Path) -> list[Path]:
 
 def label_of(path: Path) -> str:
     """``naive`` for ``naive.pt.trace.json.gz``, ``sync_free+graph`` for ``sync_free_graph…``,
-    ``precomputed+piecewise`` for ``precomputed_piecewise…``."""
+    ``precomputed+breakable`` for ``precomputed_breakable…`` (and the other capture modes, the
+    per-batch ``piecewise`` of older recorded runs included)."""
     name = path.name.split(".")[0]
-    for mode in ("graph", "piecewise"):
+    for mode in ("graph", "gdn_inside", "breakable", "piecewise"):
         if name.endswith("_" + mode):
             return name[: -len(mode) - 1] + "+" + mode
     return name

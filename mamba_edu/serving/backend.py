@@ -53,12 +53,17 @@ class LinearAttentionBackend:
         return self.strategy.name
 
     def init_forward_metadata(self, batch: ForwardBatch) -> ForwardMetadata:
-        """Prepare one forward of ``batch``: chunk metadata and the strategy's indices."""
+        """Prepare one forward of ``batch``: chunk metadata and the strategy's indices. A bucket
+        captured with its GDN layers inside the graph has them already, in its static buffers
+        (:meth:`StaticBucket.forward_metadata <mamba_edu.serving.bucket.StaticBucket.forward_metadata>`)."""
         with profile_range("init_forward_metadata"):
+            if batch.bucket is not None and batch.bucket.fixed:
+                self.metadata = batch.bucket.forward_metadata(self.strategy)
+                return self.metadata
             plan = self.strategy.host_indices(batch, self.conv_width) if batch.mode == "extend" else None
             meta, indices = build_chunk_meta_with_indices(
-                batch.extend_lens, batch.cu_seqlens.device, state_indices=batch.working_slots,
-                **self.strategy.kernel_index_lists(plan))
+                batch.extend_lens, batch.cu_seqlens.device, allow_empty=batch.bucket is not None,
+                state_indices=batch.working_slots, **self.strategy.kernel_index_lists(plan))
             md = ForwardMetadata(batch, self.conv_width, meta, indices, host_indices=plan)
             if batch.mode == "extend":
                 self.strategy.prepare(md)
@@ -81,6 +86,17 @@ class LinearAttentionBackend:
         if batch.mode == "extend":
             return self.forward_extend(layer, mixed_qkv, a, b, batch, z)
         return self.forward_decode(layer, mixed_qkv, a, b, batch, z)
+
+    def attend(self, layer, q, k, v, batch: ForwardBatch):
+        """A full-attention layer's core (``layer.attend``): ``(o, kv)``. It passes through the
+        backend, as in SGLang's hybrid backend, so that a breakable graph can cut there."""
+        return layer.attend(q, k, v, batch)
+
+    @staticmethod
+    def logits(lm_head):
+        """The forward's last step, ``lm_head()`` (final norm and LM head on the last tokens):
+        a breakable graph runs it as an eager tail after its last piece, as SGLang does."""
+        return lm_head()
 
     def _pool_layer(self, layer: GDNLayerParams):
         """The pool's views for ``layer``, after checking that its conv weight fits the pool."""

@@ -32,6 +32,10 @@ class ForwardBatch:
         decode_track_slots_t: ``[N]`` (decode only) where each row's state is copied after the
             step: its track slot at a tracking step, the scratch slot otherwise.
 
+    ``bucket``: set on a captured bucket's batch (:class:`mamba_edu.serving.bucket.StaticBucket`):
+    its tensors are the bucket's static buffers, refilled for every batch it replays, and its
+    rows are padded (a dummy request, then zero-length rows).
+
     Attention: ``prefix_kv[i]`` = per attention layer ``(k, v)`` of the cached prefix (or of the
     tokens so far, in decode), or None. The causal mask needs no tensor: after a prefix of P
     tokens, new token t sees the prefix and the new tokens up to t
@@ -64,6 +68,8 @@ class ForwardBatch:
     prefix_kv: list
     plans: list[TrackDecision] = field(default_factory=list)
     decode_track_slots_t: torch.Tensor | None = None
+    host_input_ids: list[int] | None = None  # input_ids as the host built them (extend only)
+    bucket: object = None  # the StaticBucket whose static buffers these tensors are, or None
 
     @property
     def size(self) -> int:
@@ -177,4 +183,5 @@ def _assemble(mode, rids, extend_lens, flat_ids, prefix_lens, working_slots, pla
         last_token_index=last, cu_seqlens=cu, prefix_lens_t=prefix_t, working_slots_t=working_t,
         track_slots_t=track_slots_t, track_lens_t=track_lens_t, track_mask_t=mask_t.bool(),
         prefix_kv=list(prefix_kv), plans=plans,
-        decode_track_slots_t=decode_dst if decode_track_slots is not None else None)
+        decode_track_slots_t=decode_dst if decode_track_slots is not None else None,
+        host_input_ids=list(flat_ids) if mode == "extend" else None)

@@ -1,13 +1,12 @@
-"""A prepared prefill's one life: the batch the engine hands out, its CUDA graph, and the record
-of which batches are still live.
+"""A prepared prefill's one life: the batch the engine hands out, and the record of which batches
+are still live.
 
 :class:`PreparedPrefill` is what ``Engine.prepare_prefill`` returns: the forward's inputs (a
 :class:`~mamba_edu.serving.ForwardBatch`) and the engine's bookkeeping (its underscored fields,
 written only by the engine). :class:`LiveBatches` is each engine's record of its batches that are
 neither finished nor aborted, and the one guard every engine call taking a batch goes through
 (a batch's own ``status`` can be changed by anyone, so it is not what decides).
-:class:`CapturedPrefill` is a prepared batch's forward in a CUDA graph. None of them can be
-copied: each stands for slots and prefix locks its engine holds, used once.
+Neither can be copied: each stands for slots and prefix locks its engine holds, used once.
 """
 
 from __future__ import annotations
@@ -60,7 +59,7 @@ class PreparedPrefill(_NoCopy):
         self._requests, self._matches = tuple(requests), tuple(matches)
         self._track_slot_lists = [list(t) for t in track_slot_lists]
         self._status, self._started = PREPARED, False
-        self.logits, self.kv, self.captured = None, None, None
+        self.logits, self.kv = None, None
 
     engine = property(lambda self: self._engine)
     status = property(lambda self: self._status, doc="prepared, forwarded, finished or aborted")
@@ -148,38 +147,3 @@ class LiveBatches:
             raise ValueError(f"batch was already aborted: its slots were given back (other requests may "
                              f"own them now), so {action} cannot use it; prepare a new batch")
         return batch
-
-
-class CapturedPrefill(_NoCopy):
-    """A prefill forward captured for replay: in one CUDA graph (``mode="graph"``) or in pieces
-    around eager GDN layers (``"piecewise"``, :class:`~mamba_edu.serving.piecewise.CudaGraphPieces`,
-    whose replay first rebuilds the forward's metadata, as each forward does in SGLang).
-    ``replay()`` reruns it (same batch, same slots) and returns the static ``logits``; ``kv`` is
-    the attention KV per sequence (static too, rewritten by each replay); ``restore_states()``
-    puts back the states the batch's slots held before capture, so the next replay starts where
-    eager would. Both are refused once the batch is finished or aborted (its slots are then
-    someone else's)."""
-
-    def __init__(self, batch: PreparedPrefill, slots: torch.Tensor, saved: tuple, metadata,
-                 mode: str = "graph"):
-        self._batch, self._slots, self._saved, self._metadata = batch, slots, saved, metadata
-        self.mode, self.graph, self.logits, self.kv = mode, None, None, None
-
-    def _check_live(self, action: str) -> None:
-        if self._batch not in self._batch._live:
-            raise ValueError(f"captured.{action}(): its batch was {self._batch.status}, so its slots "
-                             f"may belong to other requests now; capture a new prepared batch")
-
-    def replay(self) -> torch.Tensor:
-        self._check_live("replay")
-        if self.mode == "piecewise":
-            engine = self._batch.engine
-            engine.backend.init_forward_metadata(self._batch.forward_batch)
-        self.graph.replay()
-        return self.logits
-
-    def restore_states(self) -> None:
-        self._check_live("restore_states")
-        pool = self._batch.engine.pool
-        pool.conv[:, self._slots] = self._saved[0]
-        pool.ssm[:, self._slots] = self._saved[1]

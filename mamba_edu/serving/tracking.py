@@ -105,6 +105,7 @@ class HostTrackIndices:
 def host_track_indices(batch: ForwardBatch, conv_width: int) -> HostTrackIndices:
     """Every row's indices from the scheduler's CPU lists; untracked rows go to the scratch slot."""
     offsets = checkpoint_offsets(batch.extend_lens)
+    last_token = batch.token_ranges[-1][1] - 1  # a valid row for the windows of untracked rows
     out = HostTrackIndices([], [], [], [], [])
     for i, plan in enumerate(batch.plans):
         start = batch.token_ranges[i][0]
@@ -116,17 +117,23 @@ def host_track_indices(batch: ForwardBatch, conv_width: int) -> HostTrackIndices
             out.chunks.append(plan.checkpoint)
         else:  # any valid source will do: the write lands in the scratch slot
             out.dst.append(SCRATCH_SLOT)
-            out.conv_positions.append([start] * (conv_width - 1))
+            out.conv_positions.append([min(start, last_token)] * (conv_width - 1))
             out.checkpoint.append(0)
             out.from_final.append(0)
             out.chunks.append(-1)
     return out
 
 
+def working_sources(batch: ForwardBatch) -> list[int]:
+    """Each row's working slot as a source of its final state; a bucket's padding rows, which
+    have none, read the scratch slot (their copies land there too)."""
+    return [w if w >= 0 else SCRATCH_SLOT for w in batch.working_slots]
+
+
 def track_indices_on_host(batch: ForwardBatch, plan: HostTrackIndices, device) -> TrackIndices:
     """Upload a :class:`HostTrackIndices` with one pinned non-blocking copy."""
     dst, conv, working, checkpoint, final = upload_host_lists(
-        [plan.dst, [p for row in plan.conv_positions for p in row], batch.working_slots,
+        [plan.dst, [p for row in plan.conv_positions for p in row], working_sources(batch),
          plan.checkpoint, plan.from_final], device)
     return TrackIndices(dst=dst, conv_positions=conv.view(len(plan.dst), -1), working=working,
                         checkpoint=checkpoint, from_final=final.bool())
@@ -162,6 +169,7 @@ class TrackingStrategy:
 
     name = "base"
     needs_checkpoints = True
+    capturable = False  # never syncs, so its forward can run inside a CUDA graph
 
     def host_indices(self, batch: ForwardBatch, conv_width: int) -> HostTrackIndices | None:
         """Host lists built before the chunk metadata (sync_free/fused only)."""
@@ -222,6 +230,7 @@ class SyncFreeTracking(TrackingStrategy):
     """Every index from the host lists, one entry per row, scratch slot for untracked rows."""
 
     name = "sync_free"
+    capturable = True
 
     def host_indices(self, batch, conv_width):
         return host_track_indices(batch, conv_width)

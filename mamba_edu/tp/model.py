@@ -228,8 +228,8 @@ class TPAttention(Attention):
         self.qkv = _param(full.qkv[rows])
         self.out = _param(full.out[:, qs * D:(qs + qn) * D])
 
-    def forward(self, qkv: torch.Tensor, batch, rotary):
-        o, kv = super().forward(qkv, batch, rotary)
+    def forward(self, qkv: torch.Tensor, batch, rotary, backend):
+        o, kv = super().forward(qkv, batch, rotary, backend)
         return self.comm.all_reduce(o), kv
 
 

@@ -32,11 +32,14 @@ COMMANDS = {
     "bench": ("mamba_edu.benchmarks.ttft", "TTFT, bubbles and syncs per tracking strategy"),
     "bench-kernels": ("mamba_edu.benchmarks.kernels",
                       "our Triton prefill/decode kernels vs flash-linear-attention (needs a GPU)"),
+    "bench-buckets": ("mamba_edu.benchmarks.buckets",
+                      "fresh-batch prefill: eager vs a captured token bucket in each capture mode "
+                      "(needs a GPU)"),
     "grade": ("mamba_edu._cli_grade", "execute submitted notebooks and grade their exercises"),
     "trace": ("mamba_edu._cli_trace",
               "bubble summary and PNG timeline of any torch.profiler trace, offline"),
 }
-PASSTHROUGH = ("bench-kernels", "grade")  # their own parsers read the rest of the line
+PASSTHROUGH = ("bench-kernels", "bench-buckets", "grade")  # their own parsers read the rest of the line
 
 EPILOG = wrap("""
 Run 'COMMAND --help' for a command's options and defaults. Exit status: 0 ok; 1 a check or a
@@ -113,13 +116,13 @@ class _StyledArgparse:
 def passthrough(name: str, rest: list[str]) -> int:
     """Hand ``rest`` to a command that parses its own arguments (bench-kernels, grade)."""
     wants_help = any(a in ("-h", "--help") for a in rest)
-    if name == "bench-kernels" and not wants_help:
+    if name in ("bench-kernels", "bench-buckets") and not wants_help:
         import torch
 
         if not torch.cuda.is_available():
-            print(f"{prog_name()} bench-kernels: nothing to run here: it times Triton kernels on a "
-                  "CUDA GPU and torch sees none on this machine (bench runs on a CPU)",
-                  file=sys.stderr)
+            what = "Triton kernels" if name == "bench-kernels" else "CUDA-graph replays"
+            print(f"{prog_name()} {name}: nothing to run here: it times {what} on a CUDA GPU and "
+                  "torch sees none on this machine (bench runs on a CPU)", file=sys.stderr)
             return 2
     module = importlib.import_module(COMMANDS[name][0])
     if getattr(module, "argparse", None) is argparse:

@@ -1,0 +1,206 @@
+"""Prefill time on fresh batches, eager and replayed from a captured token bucket:
+``python -m mamba_edu bench-buckets --out DIR`` (a CUDA GPU).
+
+A server never replays the batch it captured: each forward is a new batch, copied into the
+bucket's static buffers before the replay (:mod:`mamba_edu.serving.bucket`). So every repeat here
+draws **new lengths** within the bucket (1 to ``max_requests`` requests, together between half
+and all of ``max_tokens`` tokens, new random tokens), and the time of a replay includes that host
+refill. The arms, each on the same sequence of batches:
+
+* ``eager`` — ``engine.forward_prefill``, per strategy;
+* ``breakable`` — SGLang today: graph pieces, every attention core an eager break, the LM head
+  an eager tail; per strategy;
+* ``gdn_inside`` — the same with the GDN layers inside the pieces (fixed-capacity metadata);
+  ``sync_free`` and ``fused``;
+* ``graph`` — the whole forward in one bucket graph; ``sync_free`` and ``fused``.
+
+Arms alternate within every round (their order rotated from round to round); each row keeps the
+median of every round, the median over rounds and their spread, and the SM clock read after each
+round. Once per capture mode, one replay is profiled: GPU busy time, the forward's span, and the
+idle time per break; and one refill + replay runs under ``torch.cuda.set_sync_debug_mode
+("error")`` (``sync_free`` / ``fused``). The sweep fixes the batches (one request of 384 to 512
+tokens) and grows the bucket: padding waste against the graph's gain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from mamba_edu.serving.bucket import CAPTURE_MODES, Bucket
+
+STRATEGIES = ("naive", "precomputed", "sync_free", "fused")
+
+
+@dataclass(frozen=True)
+class BucketCase:
+    """A preset and a bucket; ``lengths`` draws a batch's lengths (None: any that fits)."""
+
+    name: str
+    preset: str
+    bucket: Bucket
+    batch_tokens: tuple[int, int] | None = None  # one request of this many tokens (the sweep)
+
+
+CASES = [
+    BucketCase("launch_bound_512x1", "qwen3.5-tp8", Bucket(512, 1)),
+    BucketCase("launch_bound_4096x16", "qwen3.5-tp8", Bucket(4096, 16)),
+    BucketCase("gpu_bound_8192x8", "qwen3-next", Bucket(8192, 8)),
+]
+SWEEP = [BucketCase(f"sweep_{t}", "qwen3.5-tp8", Bucket(t, 1), batch_tokens=(384, 512))
+         for t in (512, 1024, 2048, 4096, 8192)]
+
+
+def draw_lengths(case: BucketCase, gen: torch.Generator) -> tuple[int, ...]:
+    """A fresh batch for ``case``: 1..max_requests requests, max_tokens/2..max_tokens tokens."""
+    def randint(lo, hi):
+        return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+    if case.batch_tokens is not None:
+        return (randint(*case.batch_tokens),)
+    b = case.bucket
+    n = randint(1, b.max_requests)
+    total = randint(max(n, b.max_tokens // 2), b.max_tokens)
+    cuts = sorted(torch.randperm(total - 1, generator=gen)[:n - 1].add(1).tolist())
+    return tuple(e - s for s, e in zip([0, *cuts], [*cuts, total]))
+
+
+def arms(case: BucketCase) -> list[tuple[str, str]]:
+    if case.batch_tokens is not None:  # the sweep: the fastest eager and graph arms only
+        return [("fused", "eager"), ("fused", "graph")]
+    out = [(s, "eager") for s in STRATEGIES] + [(s, "breakable") for s in STRATEGIES]
+    return out + [(s, m) for m in ("gdn_inside", "graph") for s in ("sync_free", "fused")]
+
+
+class Arm:
+    """One (strategy, mode) on one model: its engine, its capture, its stream of batches."""
+
+    def __init__(self, model, case: BucketCase, strategy: str, mode: str):
+        from mamba_edu.benchmarks.timing import Prefills
+        from mamba_edu.engine import Engine
+
+        self.case, self.strategy, self.mode = case, strategy, mode
+        engine = Engine(model, strategy, max_requests=case.bucket.max_requests,
+                        cache_slots=case.bucket.max_requests)
+        self.prefills = Prefills(engine, lambda gen: draw_lengths(case, gen), 0)
+        self.captured = None if mode == "eager" else engine.capture_prefill(case.bucket, mode)
+        self.replay = None if self.captured is None else self.captured.replay
+
+    def reseed(self, seed: int) -> None:
+        self.prefills.gen.manual_seed(seed)
+
+    def time_ms(self, repeats: int) -> list[float]:
+        from mamba_edu.benchmarks.timing import timed_calls
+        times, _ = timed_calls(lambda b: self.prefills.forward(b, replay=self.replay),
+                               self.prefills.next, repeats)
+        return times
+
+    def profile(self) -> dict:
+        """One profiled forward: busy, span and idle per break (ms, µs)."""
+        from mamba_edu.profiling.bubbles import analyze_trace
+        from mamba_edu.profiling.traces import FORWARD_RANGE, record_trace
+        with tempfile.TemporaryDirectory() as tmp:
+            rec = record_trace(lambda b: self.prefills.forward(b, replay=self.replay), tmp, "bucket",
+                               setup=self.prefills.next)
+            a = analyze_trace(rec.chrome_trace, FORWARD_RANGE)
+        busy = a.gpu_busy_us
+        span = a.gpu_busy[-1][1] - a.gpu_busy[0][0] if a.gpu_busy else 0.0
+        pieces = self.captured.pieces if self.captured is not None else None
+        breaks = len(pieces.breaks) if pieces is not None and hasattr(pieces, "breaks") else 0
+        return dict(gpu_busy_ms=busy / 1e3, span_ms=span / 1e3, idle_ms=(span - busy) / 1e3,
+                    breaks=breaks, idle_per_break_us=(span - busy) / breaks if breaks else None)
+
+    def syncs_ok(self) -> bool:
+        from mamba_edu.profiling.syncs import cuda_sync_guard
+        batch = self.prefills.next()
+        with cuda_sync_guard(raise_on_sync=False) as guard:
+            self.prefills.forward(batch, replay=self.replay)
+        return bool(guard.passed)
+
+    def close(self) -> None:
+        self.prefills.close()
+
+
+def run_case(model, case: BucketCase, rounds: int, repeats: int, log) -> list[dict]:
+    from mamba_edu.benchmarks.references import sm_clock_mhz
+    live = [Arm(model, case, s, m) for s, m in arms(case)]
+    rows = [dict(case=case.name, preset=case.preset, max_tokens=case.bucket.max_tokens,
+                 max_requests=case.bucket.max_requests, strategy=a.strategy, mode=a.mode,
+                 round_ms=[], sm_mhz=[]) for a in live]
+    for arm in live:  # warm-up: first launches compile
+        arm.reseed(12345)
+        arm.time_ms(2)
+    for r in range(rounds):
+        order = list(range(len(live)))
+        order = order[r % len(order):] + order[:r % len(order)]
+        for i in order:
+            live[i].reseed(1000 + r)  # every arm sees the same batches in a round
+            rows[i]["round_ms"].append(statistics.median(live[i].time_ms(repeats)))
+            rows[i]["sm_mhz"].append(sm_clock_mhz())
+    for arm, row in zip(live, rows):
+        row["ttft_ms"] = statistics.median(row["round_ms"])
+        row["spread_ms"] = max(row["round_ms"]) - min(row["round_ms"])
+        if case.batch_tokens is None:
+            row.update(arm.profile())
+            if arm.strategy in ("sync_free", "fused") and arm.mode != "breakable":
+                row["no_sync_with_refill"] = arm.syncs_ok()
+        log(f"{case.name:<22} {arm.strategy:<12} {arm.mode:<10} {row['ttft_ms']:9.3f} ms "
+            f"± {row['spread_ms']:.3f}" + (f"  idle/break {row['idle_per_break_us']:.0f} µs"
+                                            if row.get("idle_per_break_us") else ""))
+        arm.close()
+    eager = {r["strategy"]: r["ttft_ms"] for r in rows if r["mode"] == "eager"}
+    for row in rows:
+        row["vs_eager_same_strategy"] = eager[row["strategy"]] / row["ttft_ms"] if row["strategy"] in eager else None
+    return rows
+
+
+def main(argv=None) -> int:
+    from mamba_edu.benchmarks.references import commit_hash, package_versions
+    from mamba_edu.model import build_model
+    parser = argparse.ArgumentParser(prog="python -m mamba_edu bench-buckets",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("data/bench/buckets"))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=10, help="fresh batches per arm and round")
+    parser.add_argument("--cases", default="all", help="comma-separated case names, 'sweep', or 'all'")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU (CUDA graphs)")
+    every = {c.name: c for c in CASES + SWEEP}
+    chosen = (CASES + SWEEP if args.cases == "all" else SWEEP if args.cases == "sweep"
+              else [every[name] for name in args.cases.split(",")])
+    args.out.mkdir(parents=True, exist_ok=True)
+    lines = []
+
+    def log(line):
+        print(line, flush=True)
+        lines.append(line)
+
+    rows, models = [], {}
+    for case in chosen:
+        if case.preset not in models:
+            models.clear()
+            torch.cuda.empty_cache()
+            models[case.preset] = build_model(case.preset, device="cuda", dtype=torch.bfloat16)
+        rows += run_case(models[case.preset], case, args.rounds, args.repeats, log)
+        torch.cuda.empty_cache()
+    versions = package_versions()
+    meta = dict(commit=commit_hash(), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                device=torch.cuda.get_device_name(), torch=versions["torch"], triton=versions["triton"],
+                rounds=args.rounds, repeats=args.repeats, dtype="bfloat16",
+                instrument="wall time of one synchronized forward (refill + replay for captured "
+                           "arms), median of the repeats in a round; busy/span from one profiled forward",
+                note="random weights; a dense MLP stands in for the mixture of experts")
+    (args.out / "results.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    (args.out / "bench.log").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -5,7 +5,7 @@
 set -uo pipefail
 FINAL=$(realpath -m "${OUT:-out}")
 S=/tmp/buckets; rm -rf $S; mkdir -p $S
-export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv > $S/gpu.txt; cat $S/gpu.txt
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv \
     -lms 500 > $S/gpu_clocks.csv &

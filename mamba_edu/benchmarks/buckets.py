@@ -73,9 +73,12 @@ def draw_lengths(case: BucketCase, gen: torch.Generator) -> tuple[int, ...]:
 
 def arms(case: BucketCase) -> list[tuple[str, str]]:
     if case.batch_tokens is not None:  # the sweep: the fastest eager and graph arms only
-        return [("fused", "eager"), ("fused", "graph")]
+        return [("fused", "eager"), ("fused", "gdn_inside"), ("fused", "graph")]
     out = [(s, "eager") for s in STRATEGIES] + [(s, "breakable") for s in STRATEGIES]
-    return out + [(s, m) for m in ("gdn_inside", "graph") for s in ("sync_free", "fused")]
+    # The whole-forward graph attends over the bucket with one masked attention, O(max_tokens²)
+    # memory: at 8192 tokens it does not fit beside the other arms (an H200 ran out).
+    inside = ("gdn_inside",) if case.bucket.max_tokens > 4096 else ("gdn_inside", "graph")
+    return out + [(s, m) for m in inside for s in ("sync_free", "fused")]
 
 
 class Arm:
@@ -127,15 +130,15 @@ class Arm:
         self.prefills.close()
 
 
-def run_case(model, case: BucketCase, rounds: int, repeats: int, log) -> list[dict]:
+def run_case(model, case: BucketCase, rounds: int, repeats: int, warmup: int, log) -> list[dict]:
     from mamba_edu.benchmarks.references import sm_clock_mhz
     live = [Arm(model, case, s, m) for s, m in arms(case)]
     rows = [dict(case=case.name, preset=case.preset, max_tokens=case.bucket.max_tokens,
                  max_requests=case.bucket.max_requests, strategy=a.strategy, mode=a.mode,
                  round_ms=[], sm_mhz=[]) for a in live]
-    for arm in live:  # warm-up: first launches compile
+    for arm in live:  # warm-up: Triton compiles a kernel per specialisation of its int arguments
         arm.reseed(12345)
-        arm.time_ms(2)
+        arm.time_ms(warmup)
     for r in range(rounds):
         order = list(range(len(live)))
         order = order[r % len(order):] + order[:r % len(order)]
@@ -168,6 +171,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path("data/bench/buckets"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=10, help="fresh batches per arm and round")
+    parser.add_argument("--warmup", type=int, default=8, help="fresh batches per arm before timing")
     parser.add_argument("--cases", default="all", help="comma-separated case names, 'sweep', or 'all'")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -188,12 +192,12 @@ def main(argv=None) -> int:
             models.clear()
             torch.cuda.empty_cache()
             models[case.preset] = build_model(case.preset, device="cuda", dtype=torch.bfloat16)
-        rows += run_case(models[case.preset], case, args.rounds, args.repeats, log)
+        rows += run_case(models[case.preset], case, args.rounds, args.repeats, args.warmup, log)
         torch.cuda.empty_cache()
     versions = package_versions()
     meta = dict(commit=commit_hash(), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 device=torch.cuda.get_device_name(), torch=versions["torch"], triton=versions["triton"],
-                rounds=args.rounds, repeats=args.repeats, dtype="bfloat16",
+                rounds=args.rounds, repeats=args.repeats, warmup=args.warmup, dtype="bfloat16",
                 instrument="wall time of one synchronized forward (refill + replay for captured "
                            "arms), median of the repeats in a round; busy/span from one profiled forward",
                 note="random weights; a dense MLP stands in for the mixture of experts")

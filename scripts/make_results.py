@@ -159,7 +159,10 @@ def headline_rows():
     return [r for r in d["results"] if r["group"] == "headline" and r.get("error") is None]
 
 
-MODE_LABELS = {"eager": "", "piecewise": " + piecewise graphs", "graph": " + CUDA graph"}
+MODE_LABELS = {"eager": "", "piecewise": " + per-batch piecewise graphs", "graph": " + CUDA graph",
+               "breakable": " + breakable graphs", "gdn_inside": " + breakable, GDN inside"}
+BUCKETS = "bench/buckets/results.json"
+ISSUE_35851_IDLE_US = 590  # idle per break SGLang's issue #35851 measured (Qwen3.5-35B-A3B, H200)
 
 
 def label(r) -> str:
@@ -481,6 +484,52 @@ Console log: [`data/bench/piecewise/bench.log`](../data/bench/piecewise/bench.lo
 """
 
 
+def bucket_rows(case: str | None = None) -> list[dict]:
+    rows = load(BUCKETS)["rows"]
+    return [r for r in rows if case is None or r["case"] == case]
+
+
+def bucket_label(r) -> str:
+    return r["strategy"] + (" eager" if r["mode"] == "eager" else MODE_LABELS[r["mode"]])
+
+
+def section_buckets() -> str:
+    """Fresh-batch prefill: eager against a captured token bucket in each mode, one run."""
+    if not (DATA / BUCKETS).exists():
+        return ""
+    d = load(BUCKETS)
+    main = [r for r in d["rows"] if not r["case"].startswith("sweep_")]
+    rows = [[f"`{r['case']}` ({r['preset']}, ≤ {r['max_tokens']} tokens, ≤ {r['max_requests']} requests)",
+             bucket_label(r), f"{f(r['ttft_ms'])} ± {f(r['spread_ms'])}", f(r.get("vs_eager_same_strategy")),
+             f(r.get("gpu_busy_ms")), r.get("breaks", "–"), f(r.get("idle_per_break_us"), 0),
+             f(r.get("no_sync_with_refill"))] for r in main]
+    sweep = [[r["max_tokens"], bucket_label(r), f"{f(r['ttft_ms'])} ± {f(r['spread_ms'])}"]
+             for r in d["rows"] if r["case"].startswith("sweep_")]
+    m = d["meta"]
+    return f"""## Token buckets: fresh batches, eager and replayed
+
+Every repeat is a new batch: new lengths drawn within the bucket (1 to `max_requests` requests,
+half to all of `max_tokens` tokens), new tokens. A captured arm's time includes the host refill of
+its static buffers. Arms alternate within each of {m['rounds']} rounds (each round the median of
+{m['repeats']} batches, after {m.get('warmup', '–')} warm-up batches); "±" is the spread of the
+round medians. Busy, breaks and idle per break come from one profiled forward (span minus busy,
+over the breaks); SGLang's issue #35851 measured about {ISSUE_35851_IDLE_US} µs per break.
+"no sync" is one refill + replay under `torch.cuda.set_sync_debug_mode("error")`. At 8192
+tokens the whole-forward graph (its attention one masked attention over the bucket) was not run:
+beside the other arms it did not fit in the GPU's memory.
+
+{run_line(BUCKETS)}  
+Console log: [`data/bench/buckets/bench.log`](../data/bench/buckets/bench.log).
+
+{table(["case", "arm", "TTFT ms", "vs eager (same strategy)", "GPU busy ms", "breaks", "idle / break µs", "no sync"], rows)}
+
+The sweep: batches of one request of 384 to 512 tokens in ever larger buckets (padding grows with
+the bucket; `fused`).
+
+{table(["bucket tokens", "arm", "TTFT ms"], sweep)}
+"""
+
+
 def section_replay_overhead() -> str:
     """Replay overhead by two instruments, same run (mamba_edu.benchmarks.replay)."""
     rel = "bench/replay.json"
@@ -782,7 +831,7 @@ def section_other() -> str:
 
 def results_md() -> str:
     READ.clear()
-    sections = [section_targets(), section_ttft(), section_tests(), section_kernels(), section_references(), section_sm90_resources(), section_capture_modes(), section_replay_overhead(),
+    sections = [section_targets(), section_ttft(), section_tests(), section_kernels(), section_references(), section_sm90_resources(), section_buckets(), section_capture_modes(), section_replay_overhead(),
                 section_prefill_experiments(),
                 section_layer_floor(), section_conv(), section_replay(), section_pdl(), section_serving(),
                 section_traces()]

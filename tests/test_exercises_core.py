@@ -153,7 +153,7 @@ def _grade(path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.slow
+@pytest.mark.extra  # grading starts a worker and a kernel per notebook
 @pytest.mark.solutions
 def test_grader_on_both_versions_of_notebook_01():
     name = "01_gated_deltanet_recurrence.ipynb"
@@ -165,7 +165,7 @@ def test_grader_on_both_versions_of_notebook_01():
     assert "score: 3/3 (100 %)" in solved.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.extra  # grading starts a worker and a kernel per notebook
 def test_grader_calls_the_checks_itself(tmp_path):
     """Printing a PASS line, or editing the check cell, does not fool the grader."""
     nb = nbformat.v4.new_notebook()

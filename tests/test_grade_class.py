@@ -246,6 +246,7 @@ def graded_class(tmp_path_factory):
     return run, json.loads(run.stdout), rows, root / "feedback"
 
 
+@pytest.mark.extra  # one real class grading: a worker and a kernel per notebook
 def test_class_exit_status_and_students(graded_class):
     run, report, _, _ = graded_class
     assert run.returncode == 1, run.stderr[-3000:]
@@ -257,6 +258,7 @@ def test_class_exit_status_and_students(graded_class):
     assert "carol is a symbolic link" in carol["reason"]
 
 
+@pytest.mark.extra  # one real class grading: a worker and a kernel per notebook
 def test_class_notebooks_graded_missing_and_misnamed(graded_class):
     _, report, _, _ = graded_class
     alice, bob, _ = ({nb["file"]: nb for nb in s["notebooks"]} for s in report["students"])
@@ -270,6 +272,7 @@ def test_class_notebooks_graded_missing_and_misnamed(graded_class):
     assert all(nb["reason"] == "not submitted" for file, nb in bob.items() if file != f"{START}.ipynb")
 
 
+@pytest.mark.extra  # one real class grading: a worker and a kernel per notebook
 def test_class_csv_and_feedback_files(graded_class):
     _, _, rows, feedback = graded_class
     assert list(rows[0]) == list(classroom.CSV_COLUMNS)
@@ -282,6 +285,7 @@ def test_class_csv_and_feedback_files(graded_class):
     assert (feedback / "bob.md").read_text().startswith(f"# bob: {classroom.score(0, COURSE)}")
 
 
+@pytest.mark.extra  # one real class grading: a worker and a kernel per notebook
 def test_class_progress_names_student_and_notebook(graded_class):
     run, _, _, _ = graded_class
     for student in ("alice", "bob"):

@@ -49,7 +49,7 @@ def test_arguments_rebuild_with_their_layout():
     assert _rebuild(_describe(None), bf16=True) is None and _rebuild(_describe(7), bf16=True) == 7
 
 
-@pytest.mark.slow
+@pytest.mark.extra  # compiles the lab's kernels for sm_90 with ptxas
 @pytest.mark.skipif(not triton_available() or sys.platform != "linux",
                     reason="needs Triton on Linux (its compiler and ptxas)")
 def test_one_case_compiles_for_sm90(tmp_path):

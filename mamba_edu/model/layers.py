@@ -121,21 +121,22 @@ class Attention(nn.Module):
         kv)``. A bucket's batch (fixed shapes, :mod:`mamba_edu.serving.bucket`) runs one call over
         the whole bucket and returns the bucket's ``(k, v)``; otherwise ``kv[i]`` is sequence i's."""
         if batch.bucket is not None:
-            return batch.bucket.attend(self.attn_index, q, k, v), (k, v)
+            return batch.bucket.attend(self, q, k, v), (k, v)
         fresh_equal = (batch.mode == "extend" and batch.size > 1 and not any(batch.prefix_lens)
                        and len(set(batch.extend_lens)) == 1)
-        attend = self._attend_fresh_equal if fresh_equal else self._attend_each
+        attend = self._attend_fresh_equal if fresh_equal else self.attend_each
         return attend(q, k, v, batch)
 
     def _attend_fresh_equal(self, q, k, v, batch) -> tuple[torch.Tensor, list[KV]]:
         """N > 1 fresh prompts of one length (a benchmark batch): one call over all of them.
-        (One prompt takes :meth:`_attend_each`, like a prefix hit does.)"""
+        (One prompt takes :meth:`attend_each`, like a prefix hit does.)"""
         kv = [(k[start:stop], v[start:stop]) for start, stop in batch.token_ranges]
         return causal_attention(q, k, v, batch.size), kv
 
-    def _attend_each(self, q, k, v, batch) -> tuple[torch.Tensor, list[KV]]:
+    def attend_each(self, q, k, v, batch) -> tuple[torch.Tensor, list[KV]]:
         """One call per sequence, over its cached prefix KV and its new tokens (bottom-right
-        causal: new token t sees the prefix and the new tokens up to t; a decode token sees all)."""
+        causal: new token t sees the prefix and the new tokens up to t; a decode token sees all).
+        Rows of no tokens (a bucket's padding) are skipped."""
         outs, kv = [], []
         for i, (start, stop) in enumerate(batch.token_ranges):
             if start == stop:  # a bucket's zero-length padding row

@@ -30,7 +30,6 @@ import torch
 import torch.nn.functional as F
 
 from mamba_edu.gdn.varlen import CHUNK, checkpoint_offsets, chunk_counts, cu_offsets
-from mamba_edu.kernels.attention import causal_attention
 from mamba_edu.kernels.metadata import ChunkMeta, chunk_table, remember_host_values
 from mamba_edu.serving.batch import ForwardBatch
 from mamba_edu.serving.breakable import CudaGraphPieces, Pieces, run_in_pieces
@@ -232,7 +231,7 @@ class StaticBucket:
         md.prefill_args = dict(md.conv_args, output_checkpoints=strategy.needs_checkpoints)
         return md
 
-    def attend(self, layer: int, q, k, v) -> torch.Tensor:
+    def attend(self, layer, q, k, v) -> torch.Tensor:
         """Attention layer ``layer``'s core over the whole bucket, ``o [max_tokens, heads, D]``.
 
         Inside the graph: one masked attention over the static prefix KV and the bucket's keys,
@@ -242,8 +241,8 @@ class StaticBucket:
         (a break) the live batch's rows are attended one by one, as an eager forward does.
         """
         if not self.prefix_in_graph:
-            return self._attend_live(layer, q, k, v)
-        k_prefix, v_prefix = self.prefix_kv[layer]
+            return layer.attend_each(q, k, v, self.batch)[0]
+        k_prefix, v_prefix = self.prefix_kv[layer.attn_index]
         lv = self.long
         key_rows = torch.cat([lv["prefix_rows"], lv["token_rows"]])
         key_pos = torch.cat([lv["prefix_positions"], lv["positions"]])
@@ -252,18 +251,6 @@ class StaticBucket:
         o = F.scaled_dot_product_attention(q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
                                            attn_mask=visible, enable_gqa=True)
         return o.transpose(0, 1)
-
-    def _attend_live(self, layer: int, q, k, v) -> torch.Tensor:
-        o = torch.zeros_like(q)
-        for i, (start, stop) in enumerate(self.batch.token_ranges):
-            if start == stop:
-                continue
-            k_i, v_i = k[start:stop], v[start:stop]
-            prefix = self.batch.prefix_kv[i]
-            if prefix is not None:
-                k_i, v_i = torch.cat([prefix[layer][0], k_i]), torch.cat([prefix[layer][1], v_i])
-            o[start:stop] = causal_attention(q[start:stop], k_i, v_i)
-        return o
 
     def results(self, logits: torch.Tensor, layer_kv: list) -> tuple[torch.Tensor, list]:
         """The live requests' part of a forward over the bucket: ``logits [N, vocab]`` and, per

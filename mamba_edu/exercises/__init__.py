@@ -6,6 +6,6 @@ answers are not in the package: they live in ``notebooks/solutions/`` (see ``doc
 ``python -m mamba_edu grade PATH`` runs a submission and grades every exercise.
 """
 
-from mamba_edu.exercises import core, nb00, nb01, nb02, nb03, nb04, nb05, nb06, nb07, nb08, nb09
+from mamba_edu.exercises import core, nb00, nb01, nb02, nb03, nb04, nb05, nb06, nb07, nb08, nb09, nb12
 
-__all__ = ["core", "nb00", "nb01", "nb02", "nb03", "nb04", "nb05", "nb06", "nb07", "nb08", "nb09"]
+__all__ = ["core", "nb00", "nb01", "nb02", "nb03", "nb04", "nb05", "nb06", "nb07", "nb08", "nb09", "nb12"]

@@ -1,0 +1,315 @@
+"""Notebook 12's checks reject plausible wrong answers (stubs: test_exercise_stubs.py), the check's
+reference is what a bucket uploads, and the notebook's GPU section reads
+``data/bench/buckets/results.json`` or says in one line that it is not recorded yet.
+
+Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`), so the
+harness refuses the forbidden calls as in ``mamba_edu grade``.
+"""
+
+import json
+from pathlib import Path
+
+import matplotlib
+import pytest
+from exercise_judge import remote_judge
+
+import mamba_edu
+from mamba_edu.exercises import core, nb12
+from mamba_edu.exercises.core import FAIL, PASS
+from mamba_edu.kernels.metadata import EMPTY_CHUNK
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+NB = nb12.NOTEBOOK
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "notebooks" / f"{NB}.ipynb"
+
+
+# --- exercise 1: the fixed-capacity plan -----------------------------------------------------------
+
+def fixed_plan(capacity="bound", pad_slot=-1, spread=False, unused="past", zero_row_chunk=False, flat=False):
+    """The bucket's padded lists; each flag makes it wrong in one plausible way."""
+    def my_fixed_plan(lengths, working_slots, max_tokens, max_requests):
+        rows, n = max_requests + 1, len(lengths)
+        pad = max_tokens - sum(lengths)
+        if spread:  # the padding tokens shared out over every padding row
+            k = rows - n
+            padded = list(lengths) + [pad // k + (1 if i < pad % k else 0) for i in range(k)]
+        else:
+            padded = list(lengths) + [pad] + [0] * (rows - n - 1)
+        slots = list(working_slots) + [pad_slot] * (rows - n)
+        chunk_rows = [(i, c) for i, L in enumerate(padded)
+                      for c in range(max(1, (L + 63) // 64) if zero_row_chunk else (L + 63) // 64)]
+        size = max_tokens // 64 + rows if capacity == "bound" else (max_tokens + 63) // 64
+        spare = {"past": (rows - 1, EMPTY_CHUNK), "chunk 0": (rows - 1, 0), "origin": (0, 0)}[unused]
+        chunk_rows = (chunk_rows + [spare] * size)[:size]
+        if flat:
+            chunk_rows = [x for row in chunk_rows for x in row]
+        return padded, slots, chunk_rows
+    return my_fixed_plan
+
+
+def plan_without_dummy(lengths, working_slots, max_tokens, max_requests):
+    """max_requests rows, the padding tokens nowhere."""
+    n = len(lengths)
+    padded = list(lengths) + [0] * (max_requests - n)
+    chunk_rows = [(i, c) for i, L in enumerate(padded) for c in range((L + 63) // 64)]
+    size = max_tokens // 64 + max_requests
+    return padded, list(working_slots) + [-1] * (max_requests - n), \
+        chunk_rows + [(max_requests - 1, EMPTY_CHUNK)] * (size - len(chunk_rows))
+
+
+def plan_by_the_package(lengths, working_slots, max_tokens, max_requests):
+    from mamba_edu.kernels.metadata import chunk_table
+    from mamba_edu.serving.bucket import Bucket
+    bucket = Bucket(max_tokens, max_requests)
+    padded = list(lengths) + [max_tokens - sum(lengths)] + [0] * (bucket.rows - len(lengths) - 1)
+    flat = chunk_table(padded, bucket.chunk_capacity)
+    return padded, list(working_slots) + [-1] * (bucket.rows - len(lengths)), list(zip(flat[0::2], flat[1::2]))
+
+
+WRONG_1 = {
+    "capacity ceil(max_tokens / 64)": fixed_plan(capacity="ceil"),
+    "padding rows in slot 0 instead of -1": fixed_plan(pad_slot=0),
+    "the padding tokens spread over the zero-length rows": fixed_plan(spread=True),
+    "unused chunk rows at chunk 0 of the last row": fixed_plan(unused="chunk 0"),
+    "unused chunk rows at (0, 0)": fixed_plan(unused="origin"),
+    "a zero-length row given a chunk": fixed_plan(zero_row_chunk=True),
+    "a flat chunk table": fixed_plan(flat=True),
+    "no dummy row: max_requests rows, the padding nowhere": plan_without_dummy,
+    "the forbidden calls: chunk_table and Bucket": plan_by_the_package,
+}
+
+
+def test_fixed_plan_accepts_the_right_answer():
+    verdict = remote_judge(NB, 1, fixed_plan())
+    assert verdict.status == PASS, verdict.line()
+
+
+@pytest.mark.parametrize("mistake", list(WRONG_1))
+def test_fixed_plan_rejects(mistake):
+    verdict = remote_judge(NB, 1, WRONG_1[mistake])
+    assert verdict.status == FAIL, verdict.line()
+
+
+def test_fixed_plan_messages():
+    assert "ceil(max_tokens/64)" in remote_judge(NB, 1, fixed_plan(capacity="ceil")).message
+    assert "−1 makes the kernels start it from zeros" in remote_judge(NB, 1, fixed_plan(pad_slot=0)).message
+    assert "one dummy row" in remote_judge(NB, 1, fixed_plan(spread=True)).message
+    assert "recompute" in remote_judge(NB, 1, fixed_plan(unused="chunk 0")).message
+    assert "rows of 0 tokens have none" in remote_judge(NB, 1, fixed_plan(zero_row_chunk=True)).message
+    assert "pairs" in remote_judge(NB, 1, fixed_plan(flat=True)).message
+    assert "max_requests + 1" in remote_judge(NB, 1, plan_without_dummy).message
+    assert "mamba_edu.kernels.metadata" in remote_judge(NB, 1, plan_by_the_package).message
+
+
+@pytest.mark.parametrize("bucket_size, lengths", [((256, 3), [65, 65, 65]), ((256, 3), [150, 40]),
+                                                  ((128, 2), [128]), ((320, 3), [100, 100, 120]),
+                                                  ((1000, 5), [1])])
+def test_the_reference_is_what_the_bucket_uploads(bucket_size, lengths):
+    """nb12.fixed_plan against StaticBucket.fill on an engine's prepared batch."""
+    from mamba_edu.engine import Engine, Request
+    from mamba_edu.kernels.metadata import host_values
+    from mamba_edu.model import build_model
+    from mamba_edu.serving.bucket import Bucket
+
+    bucket = Bucket(*bucket_size)
+    engine = Engine(build_model("tiny", device="cpu"), strategy="fused", max_requests=bucket.max_requests)
+    captured = engine.capture_prefill(bucket, "gdn_inside", graphs=False)
+    batch = engine.prepare_prefill([Request(f"r{i}", [1 + (i + j) % 100 for j in range(n)])
+                                    for i, n in enumerate(lengths)])
+    captured.static.fill(batch.forward_batch)
+    padded, slots, rows = nb12.fixed_plan(lengths, batch.forward_batch.working_slots, *bucket_size)
+    table = host_values(captured.static.int["chunks"])
+    assert captured.static.batch.extend_lens == padded
+    assert list(host_values(captured.static.int["state_indices"])) == slots
+    assert list(zip(table[0::2], table[1::2])) == rows
+    engine.abort_prefill(batch)
+
+
+# --- exercise 2: idle time per break -----------------------------------------------------------------
+
+GPU = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def idle(cats=GPU, union="merge", span="gpu", per="breaks", order="sorted", lane=False):
+    """Idle per break from the events; each flag makes it wrong in one plausible way."""
+    def my_idle_per_break(events):
+        xs = [e for e in events if e.get("ph") == "X"]
+        if lane:
+            gpu = [(e["ts"], e["ts"] + e["dur"]) for e in xs if e.get("pid") == 1]   # the GPU's whole lane
+        else:
+            gpu = [(e["ts"], e["ts"] + e["dur"]) for e in xs if e.get("cat") in cats]
+        ordered = sorted(gpu) if order == "sorted" else gpu
+        if union == "merge":
+            busy, (lo, hi) = 0.0, ordered[0]
+            for s, e in ordered[1:]:
+                if s <= hi:
+                    hi = max(hi, e)
+                else:
+                    busy, (lo, hi) = busy + hi - lo, (s, e)
+            busy += hi - lo
+        elif union == "sum":
+            busy = sum(e - s for s, e in gpu)
+        else:  # "gaps": the gaps between neighbours, from each one's own end
+            gaps = sum(max(0.0, b[0] - a[1]) for a, b in zip(ordered, ordered[1:]))
+            busy = max(e for _, e in gpu) - min(s for s, _ in gpu) - gaps
+        first = min(e["ts"] for e in xs) if span in ("all", "start") else min(s for s, _ in gpu)
+        last = max(e["ts"] + e["dur"] for e in xs) if span in ("all", "end") else max(e for _, e in gpu)
+        pieces = sum(1 for e in xs if e.get("cat") == "cuda_runtime" and e.get("name") == "cudaGraphLaunch")
+        return (last - first - busy) / (pieces if per == "pieces" else pieces - 1)
+    return my_idle_per_break
+
+
+def idle_by_the_package(events):
+    from mamba_edu.profiling.bubbles import merge_intervals
+    gpu = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X" and e.get("cat") in GPU]
+    busy = sum(e - s for s, e in merge_intervals(gpu))
+    pieces = sum(1 for e in events if e.get("ph") == "X" and e.get("name") == "cudaGraphLaunch")
+    return (max(e for _, e in gpu) - min(s for s, _ in gpu) - busy) / (pieces - 1)
+
+
+WRONG_2 = {
+    "the span from the trace's first event (the profiler's start)": idle(span="start"),
+    "the span to the trace's last event (a host call)": idle(span="end"),
+    "the span over every event": idle(span="all"),
+    "durations summed, overlapping kernels twice": idle(union="sum"),
+    "gaps from each interval's own end (nested kernels)": idle(union="gaps"),
+    "divided by the pieces": idle(per="pieces"),
+    "kernels only, copies and memsets left out": idle(cats=("kernel",)),
+    "the GPU's whole lane, the forward's range included": idle(lane=True),
+    "the events taken in the order given": idle(order="given"),
+    "the forbidden call: merge_intervals": idle_by_the_package,
+}
+
+
+def test_idle_per_break_accepts_the_right_answer():
+    verdict = remote_judge(NB, 2, idle())
+    assert verdict.status == PASS, verdict.line()
+
+
+@pytest.mark.parametrize("mistake", list(WRONG_2))
+def test_idle_per_break_rejects(mistake):
+    verdict = remote_judge(NB, 2, WRONG_2[mistake])
+    assert verdict.status == FAIL, verdict.line()
+
+
+def test_idle_per_break_messages():
+    assert "profiler's own start" in remote_judge(NB, 2, idle(span="start")).message
+    assert "last GPU event" in remote_judge(NB, 2, idle(span="end")).message
+    assert "count once" in remote_judge(NB, 2, idle(union="sum")).message
+    assert "running maximum" in remote_judge(NB, 2, idle(union="gaps")).message
+    assert "P − 1" in remote_judge(NB, 2, idle(per="pieces")).message
+    assert "copies" in remote_judge(NB, 2, idle(cats=("kernel",))).message
+    assert "gpu_user_annotation" in remote_judge(NB, 2, idle(lane=True)).message
+    assert "mamba_edu.profiling.bubbles" in remote_judge(NB, 2, idle_by_the_package).message
+
+
+def test_synthetic_traces_hold_the_traps():
+    """Every trap the check relies on is in every trace: a start delay, a nested kernel, copies,
+    the GPU range annotation, events without dur, shuffled order; and the package's analysis agrees."""
+    import random
+
+    from mamba_edu.profiling.bubbles import merge_intervals
+    for seed in range(10):
+        events = nb12.synthetic_trace(random.Random(seed), 2 + seed)
+        want = nb12.idle_per_break(events)
+        xs = [e for e in events if e["ph"] == "X"]
+        gpu = [(e["ts"], e["ts"] + e["dur"]) for e in xs if e["cat"] in GPU]
+        assert min(s for s, _ in gpu) - min(e["ts"] for e in xs) > 500
+        assert any(e["cat"] == "gpu_memcpy" for e in xs) and any(e["cat"] == "gpu_user_annotation" for e in xs)
+        assert any("dur" not in e for e in events)
+        assert sum(e - s for s, e in gpu) > want["busy"]  # kernels overlap
+        assert events != sorted(events, key=lambda e: e.get("ts", -1))
+        assert want["pieces"] == 2 + seed
+        busy = sum(e - s for s, e in merge_intervals(gpu))
+        assert abs(busy - want["busy"]) < 1e-6
+
+
+@pytest.mark.xfail("mamba_edu.exercises.nb12" not in core.ALWAYS_FORBIDDEN, strict=True,
+                   reason="core.ALWAYS_FORBIDDEN lists the checks' modules nb00-nb09 only")
+def test_the_checks_module_is_forbidden():
+    def asks_the_reference(lengths, working_slots, max_tokens, max_requests):
+        from mamba_edu.exercises.nb12 import fixed_plan as reference
+        return reference(lengths, working_slots, max_tokens, max_requests)
+    assert "mamba_edu.exercises.nb12" in remote_judge(NB, 1, asks_the_reference).message
+
+
+# --- the notebook's GPU section ----------------------------------------------------------------------
+
+def _gpu_cells() -> tuple[str, list[str]]:
+    """The helper cell and the cells that read the results, from the learner notebook."""
+    cells = ["".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
+    helper = next(c for c in cells if "def load_bucket_results(" in c)
+    readers = [c for c in cells if "bench is not None" in c or "load_bucket_results(BUCKET_RESULTS)" in c]
+    assert len(readers) == 3
+    return helper, readers
+
+
+def _namespace() -> dict:
+    ns = {"mamba_edu": mamba_edu, "plt": plt, "json": json, "Path": Path}
+    helper, _ = _gpu_cells()
+    exec(compile(helper, "<notebook 12 helper cell>", "exec"), ns)  # noqa: S102 - the notebook's own cell
+    return ns
+
+
+def synthetic_results(path: Path) -> None:
+    """A results file in the benchmark's format (every case and arm it runs); made-up numbers:
+    the whole-forward graph beats eager in the sweep up to 2048 tokens, gdn_inside everywhere."""
+    from mamba_edu.benchmarks.buckets import CASES, SWEEP, arms
+    rows = []
+    for case in CASES + SWEEP:
+        for strategy, mode in arms(case):
+            t = case.bucket.max_tokens
+            if case in SWEEP:
+                ttft = {"eager": 10.0, "gdn_inside": 6.0 + t / 4096, "graph": 4.0 + t / 512}[mode]
+            else:
+                ttft = {"eager": 20.0, "breakable": 12.0, "gdn_inside": 8.0, "graph": 5.0}[mode]
+            row = dict(case=case.name, preset=case.preset, max_tokens=t, max_requests=case.bucket.max_requests,
+                       strategy=strategy, mode=mode, round_ms=[ttft * 0.98, ttft, ttft * 1.03], sm_mhz=[1980] * 3,
+                       ttft_ms=ttft, spread_ms=ttft * 0.05)
+            if case not in SWEEP:
+                breaks = {"eager": 0, "breakable": 60, "gdn_inside": 15, "graph": 0}[mode]
+                row.update(gpu_busy_ms=ttft / 2, span_ms=ttft, idle_ms=ttft / 2, breaks=breaks,
+                           idle_per_break_us=ttft / 2 * 1e3 / breaks if breaks else None)
+                if mode in ("gdn_inside", "graph"):
+                    row["no_sync_with_refill"] = True
+            rows.append(row)
+    eager = {(r["case"], r["strategy"]): r["ttft_ms"] for r in rows if r["mode"] == "eager"}
+    for r in rows:
+        r["vs_eager_same_strategy"] = eager[r["case"], r["strategy"]] / r["ttft_ms"]
+    meta = dict(commit="0" * 40, date="2026-01-01T00:00:00+00:00", device="a test, not a GPU", torch="x",
+                triton="y", rounds=3, repeats=10, warmup=8, dtype="bfloat16")
+    path.write_text(json.dumps(dict(meta=meta, rows=rows)))
+
+
+def test_gpu_section_without_results_prints_one_line_and_no_figure(tmp_path, capsys):
+    ns = _namespace()
+    _, readers = _gpu_cells()
+    ns["BUCKET_RESULTS"] = tmp_path / "results.json"
+    for cell in readers:
+        exec(compile(cell, "<notebook 12 GPU cell>", "exec"), ns)  # noqa: S102
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("GPU results not recorded yet"), lines
+    assert ns["bench"] is None and not plt.get_fignums()
+
+
+def test_gpu_section_reads_the_results(tmp_path, capsys):
+    ns = _namespace()
+    _, readers = _gpu_cells()
+    ns["BUCKET_RESULTS"] = tmp_path / "results.json"
+    synthetic_results(ns["BUCKET_RESULTS"])
+    for cell in readers:
+        exec(compile(cell, "<notebook 12 GPU cell>", "exec"), ns)  # noqa: S102
+        plt.close("all")
+    out = capsys.readouterr().out
+    assert "a test, not a GPU" in out and "#35851" in out
+    assert "graph     : faster than eager up to a 2048-token bucket" in out and "from 4096 tokens" in out
+    assert "gdn_inside: faster than eager at every bucket of the sweep" in out
+    assert ns["crossover"](ns["bench"], "graph") == (2048, 4096)
+    assert ns["crossover"](ns["bench"], "gdn_inside") == (8192, None)
+    assert abs(ns["padding_waste"](512) - (1 - 448 / 512)) < 1e-12
+    for fig in (ns["plot_arms"](ns["bench"]), ns["plot_sweep"](ns["bench"])):
+        assert fig.axes
+    plt.close("all")

@@ -3,7 +3,7 @@
 # into $OUT/session.tgz (one file: the device tool returns at most 8).
 #   OUT=... bash scripts/gpu_session.sh      (carry .wE and .wS: docs/references.md)
 # Steps: the GPU tests; the reference benchmark with the lab's chunk-loop arm; the TTFT bench's
-# headline cases (eager, piecewise, graph); the replay-overhead benchmark.
+# headline cases (eager and each bucket capture mode); the replay-overhead benchmark.
 set -uo pipefail
 FINAL=$(realpath -m "${OUT:-out}")
 S=/tmp/session; rm -rf $S; mkdir -p $S

@@ -469,11 +469,13 @@ def section_capture_modes() -> str:
     rows = [[f"`{r['case']}` ({r['preset']}, {r['shape']})", label(r), f(r["ttft_ms"]),
              f(r["gpu_busy_ms"]), f(100 * r["idle_fraction"], 1), r["syncs"]]
             for r in d["results"] if r.get("error") is None]
-    return f"""## Capture modes: eager, SGLang's pieces, the whole forward
+    return f"""## Capture modes of an older version: per-batch capture
 
-The headline cases once more, each strategy eager, captured in pieces around eager GDN layers
-(`+ piecewise graphs`, SGLang today: the forward's metadata and every GDN layer's core run
-eagerly between the captured pieces) and, where nothing syncs, as one graph. One run; TTFT is the
+An older version of the course captured the headline cases' own batch and replayed that very
+batch, which no server can do (the token buckets above replay fresh batches): each strategy
+eager, captured in pieces around eager GDN layers only (`+ per-batch piecewise graphs`: the
+forward's metadata and every GDN layer's core eager between the pieces, attention and the LM head
+inside them) and, where nothing syncs, as one graph. One run; TTFT is the
 median of {d['repeats']} synchronized forwards, busy and idle from one profiled forward
 (a single run per row, not alternated rounds).
 

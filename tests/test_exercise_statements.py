@@ -108,4 +108,4 @@ def test_teaching_guide_lists_every_exercise():
         for notebook, exercises in core.REGISTRY.items() for number, ex in exercises.items()}
     assert listed == registered
     total = sum(len(exercises) for exercises in core.REGISTRY.values())
-    assert f"{total} exercises in ten notebooks" in text
+    assert f"{total} exercises in eleven notebooks" in text

@@ -227,8 +227,6 @@ def test_synthetic_traces_hold_the_traps():
         assert abs(busy - want["busy"]) < 1e-6
 
 
-@pytest.mark.xfail("mamba_edu.exercises.nb12" not in core.ALWAYS_FORBIDDEN, strict=True,
-                   reason="core.ALWAYS_FORBIDDEN lists the checks' modules nb00-nb09 only")
 def test_the_checks_module_is_forbidden():
     def asks_the_reference(lengths, working_slots, max_tokens, max_requests):
         from mamba_edu.exercises.nb12 import fixed_plan as reference

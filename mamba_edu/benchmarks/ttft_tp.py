@@ -16,7 +16,8 @@ rank:
   tensor-parallel runs of each case. The engine's decisions depend on the requests only, so every
   rank must count what the 1-rank model counts; a difference fails the run (exit 1);
 * on GPUs, the captured prefills as the single-device bench has them (``breakable`` for every
-  strategy, ``graph`` for the sync-free ones) with the collectives inside the graphs. On the CPU
+  strategy, ``gdn_inside`` and ``graph`` for the sync-free ones), the collectives inside the graph
+  pieces and the logits' all-gather in the eager tail of the breakable modes. On the CPU
   there are no CUDA graphs: those rows are written as skipped, with the reason.
 
 Rank 0 gathers every rank's rows and writes ``results.json`` / ``results.csv`` to ``--out``

@@ -202,6 +202,10 @@ def package_versions() -> dict:
 
 
 def commit_hash() -> str | None:
+    """``MAMBA_EDU_COMMIT`` where set (a copy of the tree whose ``.git`` may be stale, as on a
+    GPU machine), else git's HEAD."""
+    if os.environ.get("MAMBA_EDU_COMMIT"):
+        return os.environ["MAMBA_EDU_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip() or None

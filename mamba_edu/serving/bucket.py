@@ -238,10 +238,15 @@ class StaticBucket:
         key j visible to query i when both are in the same row and j's position ≤ i's (the same
         bottom-right causal rule as an eager forward; a padding token sees its own row). Its
         cost grows with ``max_tokens²``, not with each sequence's length². Between graph pieces
-        (a break) the live batch's rows are attended one by one, as an eager forward does.
+        (a break) the live batch's rows are attended one by one, as an eager forward does, and
+        the padding not at all: nothing reads its output.
         """
         if not self.prefix_in_graph:
-            return layer.attend_each(q, k, v, self.batch)[0]
+            o = torch.zeros_like(q)
+            live = sum(self.live.extend_lens)
+            if live:
+                o[:live] = layer.attend_each(q[:live], k[:live], v[:live], self.live)[0]
+            return o
         k_prefix, v_prefix = self.prefix_kv[layer.attn_index]
         lv = self.long
         key_rows = torch.cat([lv["prefix_rows"], lv["token_rows"]])

@@ -514,7 +514,10 @@ Every repeat is a new batch: new lengths drawn within the bucket (1 to `max_requ
 half to all of `max_tokens` tokens), new tokens. A captured arm's time includes the host refill of
 its static buffers. Arms alternate within each of {m['rounds']} rounds (each round the median of
 {m['repeats']} batches, after {m.get('warmup', '–')} warm-up batches); "±" is the spread of the
-round medians. Busy, breaks and idle per break come from one profiled forward (span minus busy,
+round medians. Each round draws its own batches (the same for every arm), so the spread holds the
+batches' own differences too: a replay costs what its bucket costs, whatever the batch, and its
+spread is small; an eager forward's follows the batch, and the eager spreads of tens of ms at 16
+and 8 requests also hold compilations and cuDNN plans for lengths not seen before. Busy, breaks and idle per break come from one profiled forward (span minus busy,
 over the breaks); SGLang's issue #35851 measured about {ISSUE_35851_IDLE_US} µs per break.
 "no sync" is one refill + replay under `torch.cuda.set_sync_debug_mode("error")`. At 8192
 tokens the whole-forward graph (its attention one masked attention over the bucket) was not run:
@@ -855,33 +858,46 @@ a dense MLP of the active-expert width stands in for the mixture of experts.
 
 
 def readme_block() -> str:
-    rows = {(r["case"], r["strategy"], r["mode"]): r for r in headline_rows()}
-    cases = ["gpu_bound_8x1024", "launch_bound_1x512"]
+    """The headline: fresh batches, eager and replayed from a token bucket (one run), with the
+    syncs per forward of each strategy (the TTFT bench's eager rows)."""
+    rows = {(r["case"], r["strategy"], r["mode"]): r for r in bucket_rows()}
+    cases = ["gpu_bound_8192x8", "launch_bound_512x1"]
+    syncs = {r["strategy"]: r["syncs"] for r in headline_rows() if r["mode"] == "eager"}
     body = []
-    for s in STRATEGIES:
-        for m in MODE_LABELS:
+    for m in ("eager", "breakable", "gdn_inside", "graph"):
+        for s in STRATEGIES:
             cells = [rows.get((c, s, m)) for c in cases]
             if not any(cells):
                 continue
-            line = [s + MODE_LABELS[m]]
+            line = [bucket_label(cells[0] or cells[1])]
             for r in cells:
-                line += [f(r["ttft_ms"]), f"{r['speedup']:.2f}×"] if r else ["–", "–"]
-            line.append(" / ".join(dict.fromkeys(str(r["syncs"]) for r in cells if r)))
+                line += ([f"{f(r['ttft_ms'])} ± {f(r['spread_ms'])}", f"{r['vs_eager_same_strategy']:.2f}×"]
+                         if r else ["not run", "–"])
+            line.append(str(syncs.get(s, "–")) if m != "graph" and m != "gdn_inside" else "0")
             body.append(line)
-    p, _ = provenance("bench/results.json")
+    p, _ = provenance(BUCKETS)
+    bp, _ = provenance("bench/results.json")
     k = load("benchmarks/kernels.json")
     ratios = [r["ratio_graph"] for r in k["results"] if r["kind"] == "prefill"]
     kp, _ = provenance("benchmarks/kernels.json")
-    presets = {c: next(r["preset"] + ", " + r["shape"].replace("x", " × ") for r in rows.values() if r["case"] == c)
-               for c in cases}
-    header = ["strategy", f"GPU-bound ({presets[cases[0]]}): TTFT ms", "vs naive",
-              f"launch-bound ({presets[cases[1]]}): TTFT ms", "vs naive", "syncs / forward"]
+    m = load(BUCKETS)["meta"]
+    breaks = {r["strategy"]: r for r in bucket_rows("launch_bound_512x1") if r["mode"] == "breakable"}
+    header = ["arm", "GPU-bound (qwen3-next, ≤ 8 requests, ≤ 8192 tokens): ms", "vs eager",
+              "launch-bound (qwen3.5-tp8, 1 request, ≤ 512 tokens): ms", "vs eager", "syncs / forward"]
     return f"""{BEGIN}
 {table(header, body)}
 
-{p['device']}, {p['date'][:10]}, bf16, random weights. Our Triton prefill kernels take
-{min(ratios):.2f}–{max(ratios):.2f}× the time of flash-linear-attention's on {len(ratios)} shapes
-({kp['device']}, {kp['date'][:10]}){fastest_line()}.
+{p['device']}, {p['date'][:10]}, bf16, random weights. Every repeat is a fresh batch (new lengths
+within the bucket); a replay's time includes the host refill of the bucket's buffers. Arms
+alternate in {m['rounds']} rounds of {m['repeats']} batches; "±" is the spread of the round medians
+(each round draws its own batches, the same for every arm). `breakable` is SGLang's prefill capture
+today, `gdn_inside` the same with the GDN layers inside the graph pieces (SGLang's open issue
+#35851); at 8192 tokens the whole-forward graph was not run (its masked attention over the bucket
+did not fit beside the other arms). Idle per break (launch-bound, `breakable`, one profiled
+forward): {f(breaks['naive']['idle_per_break_us'], 0)} µs `naive` to {f(breaks['fused']['idle_per_break_us'], 0)} µs `fused`;
+#35851 measured about {ISSUE_35851_IDLE_US} µs. Syncs: the TTFT bench ({bp['device']}, {bp['date'][:10]}).
+Our Triton prefill kernels take {min(ratios):.2f}–{max(ratios):.2f}× the time of
+flash-linear-attention's on {len(ratios)} shapes ({kp['device']}, {kp['date'][:10]}){fastest_line()}.
 Every number with its run in [`docs/results.md`](docs/results.md).
 {END}"""
 

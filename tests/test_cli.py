@@ -30,9 +30,9 @@ def run_cli(*argv, exe=(sys.executable, "-m", "mamba_edu")) -> subprocess.Comple
 def test_top_help_lists_every_command(capsys):
     code, out, _ = run_main(capsys, "--help")
     assert code == 0
-    for name in ("demo", "bench", "bench-kernels", "grade", "trace"):
+    for name in ("demo", "bench", "bench-kernels", "bench-buckets", "grade", "trace"):
         assert name in out
-    assert set(COMMANDS) == {"demo", "bench", "bench-kernels", "grade", "trace"}
+    assert set(COMMANDS) == {"demo", "bench", "bench-kernels", "bench-buckets", "grade", "trace"}
     assert "--version" in out and "``" not in out
 
 

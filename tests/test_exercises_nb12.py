@@ -283,6 +283,7 @@ def synthetic_results(path: Path) -> None:
 
 
 def test_gpu_section_without_results_prints_one_line_and_no_figure(tmp_path, capsys):
+    plt.close("all")  # figures other tests of this process left open
     ns = _namespace()
     _, readers = _gpu_cells()
     ns["BUCKET_RESULTS"] = tmp_path / "results.json"

@@ -1,6 +1,8 @@
 """docs/sglang.md, the concept -> SGLang map, is checkable: every row says whether it was verified
-and on what source, every notebook says which SGLang it mirrors, and each section of notebooks
-01, 02 and 04 points at an SGLang file that the map lists."""
+and on what source and puts the PR era beside SGLang now, every notebook says which SGLang it
+mirrors, each section of notebooks 01-04 points at an SGLang file that the map lists, and every
+SGLang path a notebook's "In SGLang" text names is in the names table (old -> new), today's in its
+"now" column and a bracketed PR-era name in its "PR era" column."""
 from __future__ import annotations
 
 import json
@@ -47,11 +49,20 @@ def test_every_row_has_a_status_and_a_source(doc, title, first, n):
         assert re.search(r"[A-Z]+\d|#\d+|config", row[source]), f"row {row[0]}: no source"
 
 
+PR_ERA, NOW = "PR era (#20522)", "SGLang now"
+
+
+@pytest.mark.parametrize("title", ["Kernels and model", "Serving concepts"])
+def test_rows_put_the_pr_era_and_now_side_by_side(doc, title):
+    header, rows = _table(_section(doc, title))
+    pr, now = header.index(PR_ERA), header.index(NOW)
+    for row in rows:
+        assert row[pr] and row[now], row[0]
+
+
 def test_serving_rows_put_the_pr_and_today_side_by_side(doc):
     header, rows = _table(_section(doc, "Serving concepts"))
-    pr, today = header.index("SGLang at PR #20522"), header.index("SGLang today (since the PR)")
-    for row in rows:
-        assert row[pr] and row[today], row[0]
+    pr, today = header.index(PR_ERA), header.index(NOW)
     by_number = {r[0]: r for r in rows}
     assert "max(" in by_number["5"][pr] and by_number["5"][header.index("status")] == "verified"
     assert ".item()" in by_number["6"][pr]
@@ -74,6 +85,27 @@ def test_sync_counts_are_tracking_syncs_and_the_others_are_apart(doc):
     assert "per request" in syncs and ".item()" in syncs
     for count in ("144", "146", "11", "13", "10"):
         assert f"**{count}**" in syncs, count
+    # FLA's chunk table: 2 syncs per forward in the PR era, 1 now (issue 40).
+    header, rows = _table(syncs)
+    fla = next(r for r in rows if "prepare_chunk_indices" in r[0])
+    assert [fla[header.index(h)] for h in header if h.startswith("PR era")] == ["2", "2"], fla
+    assert fla[header.index(NOW)].startswith("**1**"), fla
+
+
+def test_the_now_column_names_its_versions(doc):
+    """SGLang now is dated, and each file read for it is named with its commit or as a code-search
+    excerpt."""
+    read = _section(doc, "What was read")
+    assert "2026-09-19" in read and "#40313" in read
+    header, rows = [], []
+    for table in read.split("\n\n"):
+        if table.startswith("| tag") and "N1" in table:
+            header, rows = _table(table)
+    tags = [r[0] for r in rows]
+    assert tags[:16] == [f"N{i}" for i in range(1, 17)], tags
+    version = header.index("version read")
+    for row in rows[:16]:
+        assert re.search(r"commit `[0-9a-f]{12}`|CS", row[version]), row[0]
 
 
 def test_since_the_pr_names_the_changes(doc):
@@ -120,3 +152,82 @@ def test_serving_notebooks_name_their_sglang_version_and_say_tracking_syncs(numb
         text = _markdown(nb)
         assert "**SGLang version.**" in text, nb
         assert "tracking syncs" in text, nb
+
+
+# --- the names table and the notebooks' "In SGLang" pointers -------------------------------------
+
+NAMED_IN = ["01", "02", "03", "04", "05", "06", "07", "10", "11"]
+SGLANG_PATH = re.compile(r"`((?:python/sglang/)?[\w./]+\.py)`")
+PR_ERA_BRACKET = re.compile(r"\[PR era:([^\]]*)\]")
+NOT_SGLANG = ("mamba_edu/", "fla/ops/", "scripts/", "tests/", "docs/")
+
+
+def _paths(text: str) -> set[str]:
+    """SGLang paths in backticks, relative to python/sglang/ (course and FLA-repo paths left out)."""
+    found = {p.removeprefix("python/sglang/") for p in SGLANG_PATH.findall(text)}
+    return {p for p in found if not p.startswith(NOT_SGLANG)}
+
+
+def _names_table(doc: str) -> tuple[set[str], set[str]]:
+    header, rows = _table(_section(doc, "Names: PR era"))
+    pr, now = header.index(PR_ERA), header.index(NOW)
+    return (set().union(*(_paths(r[pr]) for r in rows)), set().union(*(_paths(r[now]) for r in rows)))
+
+
+def _in_sglang_paragraphs(text: str) -> list[str]:
+    """The paragraphs that point into SGLang: those starting with "In SGLang" (bold or not) and
+    every paragraph of a "## In SGLang" section."""
+    out, in_section = [], False
+    for para in re.split(r"\n\s*\n", text):
+        head = para.lstrip()
+        if head.startswith("#"):
+            in_section = head.startswith("## In SGLang")
+        if in_section or head.startswith(("**In SGLang", "In SGLang")):
+            out.append(para)
+    return out
+
+
+def _learner_notebook(number: str) -> Path:
+    return next((ROOT / "notebooks").glob(f"{number}_*.ipynb"))
+
+
+def _cells_markdown(nb: Path) -> str:
+    """The markdown cells with a blank line between them, so that a cell's heading starts a paragraph."""
+    cells = json.loads(nb.read_text())["cells"]
+    return "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+
+
+def test_the_names_table_maps_every_moved_kernel_file(doc):
+    pr_era, now = _names_table(doc)
+    assert "kernels/ops/attention/fla/chunk.py" in now and "srt/layers/attention/fla/chunk.py" in pr_era
+    assert "kernels/ops/mamba/causal_conv1d_triton.py" in now
+    assert "srt/mem_cache/mamba_radix_cache.py" in pr_era and "srt/mem_cache/mamba_radix_cache.py" not in now
+    assert "srt/mem_cache/unified_cache_components/mamba_component.py" in now
+    assert not {p for p in now if p.startswith("srt/layers/attention/fla/")}, "a dead kernel path in the now column"
+
+
+def test_every_sglang_path_a_notebook_names_is_in_the_names_table(doc):
+    """Every SGLang path on a notebook's "In SGLang" text is today's (the table's "now" column, which
+    lists files that did not move under both columns); a PR-era name is allowed only in a
+    "[PR era: ...]" bracket, and must be in the "PR era" column."""
+    pr_era, now = _names_table(doc)
+    seen = 0
+    for number in NAMED_IN:
+        nb = _learner_notebook(number)
+        for para in _in_sglang_paragraphs(_cells_markdown(nb)):
+            for bracket in PR_ERA_BRACKET.findall(para):
+                for path in _paths(bracket):
+                    assert path in pr_era, f"{nb.name}: PR-era {path} is not in the names table"
+                    seen += 1
+            for path in _paths(PR_ERA_BRACKET.sub("", para)):
+                assert path in now, f"{nb.name}: {path} is not a path of SGLang now in the names table"
+                seen += 1
+    assert seen >= 40, seen
+
+
+@pytest.mark.parametrize("number", ["03", "04"])
+def test_fla_syncs_agree_between_notebooks_03_and_04(number):
+    """1 host sync per forward for FLA's chunk table today, 2 in the PR era, in both notebooks."""
+    text = _cells_markdown(_learner_notebook(number))
+    pointer = next(p for p in _in_sglang_paragraphs(text) if "prepare_chunk_indices" in p)
+    assert "1 host sync" in pointer and ("2 in the PR era" in pointer or "In the PR era it was 2" in pointer), pointer

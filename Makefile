@@ -53,7 +53,8 @@ demo: $(STAMP)
 	$(PY) -m mamba_edu demo
 
 # make test: every unit test of the package and nbval over the learner notebooks, in about 5 min
-# on 2 cores, with no network, no second install and no multi-process run (tests marked `extra`).
+# on 2 cores, with no network, no second install and no multi-process test (tests marked `extra`):
+# two pytest processes side by side, one core each (scripts/run_tests.py).
 # make test-extra: the rest (nbval over notebooks/solutions, the no-Triton venv, the hostile-grader
 # corpus, 2-rank tensor parallelism, PyPI resolution, the learner copy's own make test, browser,
 # HTA); make test-all runs both. One torch thread per process: tiny tensors gain nothing from more,
@@ -63,7 +64,7 @@ PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -p no:cacheprovider -q
 NBVAL  := --nbval-lax --nbval-current-env
 
 test: $(STAMP)
-	$(PYTEST) tests notebooks/*.ipynb $(NBVAL) -m "not extra" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PY) scripts/run_tests.py $(PYTEST_ARGS)
 
 test-extra: $(STAMP)
 	$(PYTEST) notebooks/solutions $(NBVAL) $(PYTEST_ARGS) || [ $$? -eq 5 ]

@@ -96,7 +96,7 @@ def test_syncs_per_rank_equal_the_one_rank_counts(tp2):
 def test_graph_rows_are_skipped_on_cpu_with_the_reason(tp2):
     _, results, _ = tp2
     graphs = [r for r in results["results"] if r["mode"] != "eager"]
-    assert {r["mode"] for r in graphs} == {"piecewise", "graph"}
+    assert {r["mode"] for r in graphs} == {"breakable", "gdn_inside", "graph"}
     for r in graphs:
         assert "CUDA graphs need a GPU" in r["skipped"] and "gloo" in r["skipped"], r
         assert r["ttft_ms"] is None and r["syncs"] is None and r["error"] is None

@@ -3,6 +3,7 @@
 # clock logged beside it; everything packed into $OUT/buckets.tgz.
 #   OUT=... MAMBA_EDU_COMMIT=... bash scripts/gpu_buckets.sh
 set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
 FINAL=$(realpath -m "${OUT:-out}")
 S=/tmp/buckets; rm -rf $S; mkdir -p $S
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
@@ -10,12 +11,8 @@ nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv > $S/gpu.txt;
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv \
     -lms 500 > $S/gpu_clocks.csv &
 SMI=$!
-step() {  # step NAME LIMIT_S COMMAND...
-    local name=$1 limit=$2; shift 2
-    local t0=$SECONDS
-    timeout "$limit" "$@" > "$S/$name.log" 2>&1
-    echo "== $name: exit $? in $((SECONDS - t0)) s"; tail -${TAIL:-40} "$S/$name.log"
-}
+TAIL=${TAIL:-40}
+source "$HERE/gpu_step.sh"
 step pytest_gpu "${TESTS_S:-150}" python3 -m pytest tests/test_bucket.py tests/test_engine.py -m gpu -q \
     -p no:cacheprovider -o addopts="" -rfE -x
 step buckets "${BENCH_S:-380}" python3 -m mamba_edu bench-buckets --out $S/bench --rounds 3 --repeats 5

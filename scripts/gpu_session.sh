@@ -5,6 +5,7 @@
 # Steps: the GPU tests; the reference benchmark with the lab's chunk-loop arm; the TTFT bench's
 # headline cases (eager and each bucket capture mode); the replay-overhead benchmark.
 set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
 FINAL=$(realpath -m "${OUT:-out}")
 S=/tmp/session; rm -rf $S; mkdir -p $S
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv > $S/gpu.txt; cat $S/gpu.txt
@@ -16,12 +17,7 @@ cd $SRC
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv \
     -lms 500 > $S/gpu_clocks.csv &
 SMI=$!
-step() {  # step NAME LIMIT_S COMMAND...
-    local name=$1 limit=$2; shift 2
-    local t0=$SECONDS
-    timeout "$limit" "$@" > "$S/$name.log" 2>&1
-    echo "== $name: exit $? in $((SECONDS - t0)) s"; grep -v "FLA Backend" "$S/$name.log" | tail -${TAIL:-12}
-}
+source "$HERE/gpu_step.sh"
 step pytest_gpu "${TESTS_S:-110}" python3 -m pytest tests -m gpu -q -p no:cacheprovider -o addopts="" -rfE
 step references "${REFS_S:-230}" python3 -m mamba_edu.lab.bench_chunk_loop --out $S/references.json \
     --arms "${ARMS:-ours,fla_triton,lab_chunk_loop}" --budget-s "${REFS_BUDGET:-150}"

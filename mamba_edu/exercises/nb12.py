@@ -34,9 +34,7 @@ def fixed_plan(lengths, working_slots, max_tokens: int, max_requests: int):
     ``chunk_rows`` is a list of ``(sequence, chunk)`` pairs (tests/test_exercises_nb12.py checks
     that this is what the bucket uploads)."""
     bucket = Bucket(max_tokens, max_requests)
-    n, rows = len(lengths), bucket.rows
-    padded = list(lengths) + [max_tokens - sum(lengths)] + [0] * (rows - n - 1)
-    slots = list(working_slots) + [-1] * (rows - n)
+    padded, slots = bucket.pad(lengths, working_slots)
     flat = chunk_table(padded, bucket.chunk_capacity)
     return padded, slots, list(zip(flat[0::2], flat[1::2]))
 

@@ -68,6 +68,13 @@ class Bucket:
         """An upper bound of ``Σ⌈Lᵢ/64⌉`` for any batch of the bucket."""
         return self.max_tokens // CHUNK + self.rows
 
+    def pad(self, extend_lens: list[int], working_slots: list[int]) -> tuple[list[int], list[int]]:
+        """The rows a batch is padded to: ``(lengths, working slots)``, ``rows`` of each: the live
+        rows, the dummy row with the padding tokens, then rows of 0 tokens; padding slots −1."""
+        n = len(extend_lens)
+        lengths = list(extend_lens) + [self.max_tokens - sum(extend_lens)] + [0] * (self.rows - n - 1)
+        return lengths, list(working_slots) + [-1] * (self.rows - n)
+
     def refusal(self, batch: ForwardBatch, prefix_in_graph: bool) -> str | None:
         """Why ``batch`` does not fit, or None."""
         tokens = sum(batch.extend_lens)
@@ -148,9 +155,8 @@ class StaticBucket:
         pad = Tb - sum(live.extend_lens)
         b = self.batch
         b.rids = list(live.rids) + [f"<pad {i}>" for i in range(R - N)]
-        b.extend_lens = list(live.extend_lens) + [pad] + [0] * (R - N - 1)
+        b.extend_lens, b.working_slots = self.bucket.pad(live.extend_lens, live.working_slots)
         b.prefix_lens = list(live.prefix_lens) + [0] * (R - N)
-        b.working_slots = list(live.working_slots) + [-1] * (R - N)
         b.plans = list(live.plans) + [TrackDecision(0, n, False, 0, SCRATCH_SLOT) for n in b.extend_lens[N:]]
         b.track_slots = [p.track_slot for p in b.plans]
         b.track_mask = [p.tracked for p in b.plans]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One GPU call for issue 38: the bucket GPU tests, then the fresh-batch bucket benchmark, the SM
-# clock logged beside it; everything packed into $OUT/buckets.tgz.
-#   OUT=... MAMBA_EDU_COMMIT=... bash scripts/gpu_buckets.sh
+# One GPU call for the token buckets: the bucket GPU tests (unless TESTS_S=0), then the fresh-batch
+# bucket benchmark of $CASES (default all), the SM clock logged beside it; everything packed into
+# $OUT/buckets.tgz.
+#   OUT=... MAMBA_EDU_COMMIT=... CASES=launch_bound_512x1,sweep bash scripts/gpu_buckets.sh
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 FINAL=$(realpath -m "${OUT:-out}")
@@ -13,8 +14,11 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu
 SMI=$!
 TAIL=${TAIL:-40}
 source "$HERE/gpu_step.sh"
-step pytest_gpu "${TESTS_S:-150}" python3 -m pytest tests/test_bucket.py tests/test_engine.py -m gpu -q \
-    -p no:cacheprovider -o addopts="" -rfE -x
-step buckets "${BENCH_S:-380}" python3 -m mamba_edu bench-buckets --out $S/bench --rounds 3 --repeats 5
+if [ "${TESTS_S:-150}" != 0 ]; then
+    step pytest_gpu "${TESTS_S:-150}" python3 -m pytest tests/test_bucket.py tests/test_engine.py -m gpu -q \
+        -p no:cacheprovider -o addopts="" -rfE -x
+fi
+step buckets "${BENCH_S:-380}" python3 -m mamba_edu bench-buckets --out $S/bench --rounds 3 --repeats 5 \
+    --cases "${CASES:-all}"
 kill $SMI
 tar czf "$FINAL/buckets.tgz" -C $S . && ls -la "$FINAL"

@@ -14,10 +14,14 @@ refill. The arms, each on the same sequence of batches:
   ``sync_free`` and ``fused``;
 * ``graph`` — the whole forward in one bucket graph; ``sync_free`` and ``fused``.
 
-Arms alternate within every round (their order rotated from round to round); each row keeps the
-median of every round, the median over rounds and their spread, and the SM clock read after each
-round. Once per capture mode, one replay is profiled: GPU busy time, the forward's span, and the
-idle time per break; and one refill + replay runs under ``torch.cuda.set_sync_debug_mode
+Arms alternate within every round (their order rotated from round to round); each arm runs the
+round's batches once untimed, then timed, as a server that has run a while (Triton compiles a
+kernel per specialisation of its int arguments, and a fresh length can need a new one). Each row
+keeps the median of every round, the median over rounds and their spread, and the SM clock read after each
+round, the host time (until the call returned) and the Triton compilations while timed (0 in a
+fair run). Once per arm, one forward is profiled and its trace kept (``runs/<case>/``): GPU busy
+time, the forward's span, the idle time per break, and the kernels it launched (for eager arms,
+host time per kernel); and one refill + replay runs under ``torch.cuda.set_sync_debug_mode
 ("error")`` (``sync_free`` / ``fused``). The sweep fixes the batches (one request of 384 to 512
 tokens) and grows the bucket: padding waste against the graph's gain.
 """
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import shutil
 import statistics
 import tempfile
 from dataclasses import dataclass
@@ -54,6 +59,8 @@ CASES = [
     BucketCase("launch_bound_512x1", "qwen3.5-tp8", Bucket(512, 1)),
     BucketCase("launch_bound_4096x16", "qwen3.5-tp8", Bucket(4096, 16)),
     BucketCase("gpu_bound_8192x8", "qwen3-next", Bucket(8192, 8)),
+    # The arms that do not fit beside the first set's, each set with fused eager as its baseline.
+    BucketCase("gpu_bound_8192x8_rest", "qwen3-next", Bucket(8192, 8)),
 ]
 SWEEP = [BucketCase(f"sweep_{t}", "qwen3.5-tp8", Bucket(t, 1), batch_tokens=(384, 512))
          for t in (512, 1024, 2048, 4096, 8192)]
@@ -76,10 +83,12 @@ def arms(case: BucketCase) -> list[tuple[str, str]]:
     if case.batch_tokens is not None:  # the sweep: the fastest eager and graph arms only
         return [("fused", "eager"), ("fused", "gdn_inside"), ("fused", "graph")]
     out = [(s, "eager") for s in STRATEGIES] + [(s, "breakable") for s in STRATEGIES]
-    # The whole-forward graph attends over the bucket with one masked attention, O(max_tokens²)
-    # memory: at 8192 tokens it did not fit beside the other arms (an H200 ran out), nor did all
-    # eight strategy arms on an H100.
-    if case.bucket.max_tokens > 4096:  # 8 engines of 8192-token batches: what fits beside each other
+    # At 8192 tokens the twelve arms do not fit on one GPU beside each other (the whole-forward
+    # graph's masked attention over the bucket alone is O(max_tokens²)), so they run as two sets.
+    if case.name.endswith("_rest"):
+        return [("fused", "eager"), ("precomputed", "breakable"), ("sync_free", "breakable"),
+                ("sync_free", "graph"), ("fused", "graph")]
+    if case.bucket.max_tokens > 4096:
         return out[:4] + [("naive", "breakable"), ("fused", "breakable"),
                           ("sync_free", "gdn_inside"), ("fused", "gdn_inside")]
     return out + [(s, m) for m in ("gdn_inside", "graph") for s in ("sync_free", "fused")]
@@ -101,26 +110,38 @@ class Arm:
     def reseed(self, seed: int) -> None:
         self.prefills.gen.manual_seed(seed)
 
-    def time_ms(self, repeats: int) -> list[float]:
+    def time_ms(self, repeats: int) -> tuple[list[float], list[float]]:
+        """Wall and host times (ms) of ``repeats`` fresh batches; host: until the call returned."""
         from mamba_edu.benchmarks.timing import timed_calls
-        times, _ = timed_calls(lambda b: self.prefills.forward(b, replay=self.replay),
-                               self.prefills.next, repeats)
-        return times
+        return timed_calls(lambda b: self.prefills.forward(b, replay=self.replay),
+                           self.prefills.next, repeats)
 
-    def profile(self) -> dict:
-        """One profiled forward: busy, span and idle per break (ms, µs)."""
-        from mamba_edu.profiling.bubbles import analyze_trace
+    @property
+    def label(self) -> str:
+        return f"{self.strategy}_{self.mode}"
+
+    def profile(self, trace_dir: Path) -> dict:
+        """One profiled forward, its trace kept in ``trace_dir``: busy, span (first to last
+        kernel), idle per break (ms, µs) and the kernels it ran."""
+        from mamba_edu.profiling.bubbles import (analyze_trace, forward_range, forward_window,
+                                                 load_trace, trace_events)
         from mamba_edu.profiling.traces import FORWARD_RANGE, record_trace
         with tempfile.TemporaryDirectory() as tmp:
             rec = record_trace(lambda b: self.prefills.forward(b, replay=self.replay), tmp, "bucket",
                                setup=self.prefills.next)
-            a = analyze_trace(rec.chrome_trace, FORWARD_RANGE)
+            trace_dir.mkdir(parents=True, exist_ok=True)
+            kept = trace_dir / f"{self.label}.pt.trace.json.gz"
+            shutil.copyfile(rec.chrome_trace, kept)  # gzipped already
+        events = trace_events(load_trace(kept))
+        _, _, gpu = forward_window(events, forward_range(events, FORWARD_RANGE))
+        a = analyze_trace(kept, FORWARD_RANGE)
         busy = a.gpu_busy_us
         span = a.gpu_busy[-1][1] - a.gpu_busy[0][0] if a.gpu_busy else 0.0
         pieces = self.captured.pieces if self.captured is not None else None
         breaks = len(pieces.breaks) if pieces is not None and hasattr(pieces, "breaks") else 0
         return dict(gpu_busy_ms=busy / 1e3, span_ms=span / 1e3, idle_ms=(span - busy) / 1e3,
-                    breaks=breaks, idle_per_break_us=(span - busy) / breaks if breaks else None)
+                    breaks=breaks, idle_per_break_us=(span - busy) / breaks if breaks else None,
+                    kernels=sum(e.cat == "kernel" for e in gpu), lead_ms=a.lead_us / 1e3)
 
     def syncs_ok(self) -> bool:
         from mamba_edu.profiling.syncs import cuda_sync_guard
@@ -133,12 +154,36 @@ class Arm:
         self.prefills.close()
 
 
-def run_case(model, case: BucketCase, rounds: int, repeats: int, warmup: int, log) -> list[dict]:
+class CompileCounter:
+    """Counts Triton compilations while it is on: a timed forward that compiles a new
+    specialisation of a kernel (an int argument newly divisible by 16, say) is not a fair time."""
+
+    def __init__(self):
+        self.count = 0
+
+    def __enter__(self):
+        from triton import knobs
+        self._before = knobs.runtime.jit_post_compile_hook
+        knobs.runtime.jit_post_compile_hook = self._seen
+        return self
+
+    def _seen(self, *args, **kwargs):
+        self.count += 1
+        return self._before(*args, **kwargs) if self._before is not None else None
+
+    def __exit__(self, *exc):
+        from triton import knobs
+        knobs.runtime.jit_post_compile_hook = self._before
+
+
+def run_case(model, case: BucketCase, rounds: int, repeats: int, warmup: int, log,
+             trace_dir: Path) -> list[dict]:
     from mamba_edu.benchmarks.references import sm_clock_mhz
     live = [Arm(model, case, s, m) for s, m in arms(case)]
     rows = [dict(case=case.name, preset=case.preset, max_tokens=case.bucket.max_tokens,
                  max_requests=case.bucket.max_requests, strategy=a.strategy, mode=a.mode,
-                 round_ms=[], sm_mhz=[]) for a in live]
+                 round_ms=[], round_host_ms=[], repeat_ms=[], sm_mhz=[], compiles_while_timed=0)
+            for a in live]
     for arm in live:  # warm-up: Triton compiles a kernel per specialisation of its int arguments
         arm.reseed(12345)
         arm.time_ms(warmup)
@@ -146,14 +191,24 @@ def run_case(model, case: BucketCase, rounds: int, repeats: int, warmup: int, lo
         order = list(range(len(live)))
         order = order[r % len(order):] + order[:r % len(order)]
         for i in order:
-            live[i].reseed(1000 + r)  # every arm sees the same batches in a round
-            rows[i]["round_ms"].append(statistics.median(live[i].time_ms(repeats)))
+            live[i].reseed(1000 + r)  # every arm sees the same batches in a round,
+            live[i].time_ms(repeats)  # once untimed, so that their new specialisations compile here
+            live[i].reseed(1000 + r)
+            with CompileCounter() as compiles:
+                times, host = live[i].time_ms(repeats)
+            rows[i]["compiles_while_timed"] += compiles.count
+            rows[i]["repeat_ms"].append(times)
+            rows[i]["round_ms"].append(statistics.median(times))
+            rows[i]["round_host_ms"].append(statistics.median(host))
             rows[i]["sm_mhz"].append(sm_clock_mhz())
     for arm, row in zip(live, rows):
         row["ttft_ms"] = statistics.median(row["round_ms"])
         row["spread_ms"] = max(row["round_ms"]) - min(row["round_ms"])
+        row["host_ms"] = statistics.median(row["round_host_ms"])
         if case.batch_tokens is None:
-            row.update(arm.profile())
+            row.update(arm.profile(trace_dir / case.name))
+            if arm.mode == "eager":  # the host's cost per launched kernel, when it is the bottleneck
+                row["host_us_per_kernel"] = 1e3 * row["host_ms"] / row["kernels"]
             if arm.strategy in ("sync_free", "fused") and arm.mode != "breakable":
                 row["no_sync_with_refill"] = arm.syncs_ok()
         log(f"{case.name:<22} {arm.strategy:<12} {arm.mode:<10} {row['ttft_ms']:9.3f} ms "
@@ -166,6 +221,30 @@ def run_case(model, case: BucketCase, rounds: int, repeats: int, warmup: int, lo
     return rows
 
 
+#: The arms drawn in a case's timeline figure, in this order, where the case ran them.
+TIMELINE_ARMS = [(s, "eager") for s in STRATEGIES] + [("fused", m) for m in CAPTURE_MODES]
+
+
+def make_timelines(out: Path, cases: list[str]) -> list[Path]:
+    """One figure per case from its kept traces (``runs/<case>/``): a row per arm of
+    :data:`TIMELINE_ARMS`, each from its profiled forward. Returns the paths written."""
+    import matplotlib.pyplot as plt
+
+    from mamba_edu.profiling.bubbles import analyze_trace
+    from mamba_edu.profiling.plots import plot_timelines
+    from mamba_edu.profiling.traces import FORWARD_RANGE
+    written = []
+    for case in cases:
+        traces = [(f"{s} {m}", out / "runs" / case / f"{s}_{m}.pt.trace.json.gz")
+                  for s, m in TIMELINE_ARMS]
+        analyses = [analyze_trace(p, FORWARD_RANGE, label=label) for label, p in traces if p.exists()]
+        if analyses:
+            written.append(out / f"timeline_{case}.png")
+            plt.close(plot_timelines(analyses, written[-1],
+                                     title=f"{case}: one profiled forward per arm, a fresh batch"))
+    return written
+
+
 def main(argv=None) -> int:
     from mamba_edu.benchmarks.references import commit_hash, package_versions
     from mamba_edu.model import build_model
@@ -174,14 +253,17 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path("data/bench/buckets"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=10, help="fresh batches per arm and round")
-    parser.add_argument("--warmup", type=int, default=16, help="fresh batches per arm before timing")
-    parser.add_argument("--cases", default="all", help="comma-separated case names, 'sweep', or 'all'")
+    parser.add_argument("--warmup", type=int, default=8, help="fresh batches per arm before timing")
+    parser.add_argument("--cases", default="all", help="comma-separated case names, 'sweep' (the bucket sweep) or 'all'")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU (CUDA graphs)")
     every = {c.name: c for c in CASES + SWEEP}
-    chosen = (CASES[:2] + SWEEP + CASES[2:] if args.cases == "all" else SWEEP if args.cases == "sweep"
-              else [every[name] for name in args.cases.split(",")])
+    names = args.cases.replace("all", ",".join(c.name for c in CASES) + ",sweep").split(",")
+    unknown = sorted(set(names) - set(every) - {"sweep"})
+    if unknown:
+        parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(every)}, sweep, all")
+    chosen = [c for name in names for c in (SWEEP if name == "sweep" else [every[name]])]
     args.out.mkdir(parents=True, exist_ok=True)
     lines = []
 
@@ -201,11 +283,13 @@ def main(argv=None) -> int:
         if case.preset not in models:
             models.clear()
             models[case.preset] = build_model(case.preset, device="cuda", dtype=torch.bfloat16)
-        rows += run_case(models[case.preset], case, args.rounds, args.repeats, args.warmup, log)
+        rows += run_case(models[case.preset], case, args.rounds, args.repeats, args.warmup, log,
+                         args.out / "runs")
         gc.collect()  # a static bucket and its batch refer to each other: free the graphs now
         torch.cuda.empty_cache()
         (args.out / "results.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
         (args.out / "bench.log").write_text("\n".join(lines) + "\n")
+    make_timelines(args.out, [c.name for c in chosen if c.batch_tokens is None])
     return 0
 
 

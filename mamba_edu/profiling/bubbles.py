@@ -146,6 +146,19 @@ class TraceAnalysis:
         return self.idle_us / self.wall_us if self.wall_us > 0 else 0.0
 
     @property
+    def lead_us(self) -> float:
+        """From the range's start to its first GPU work. It is host work before the first launch,
+        and under a profiler mostly the profiler's own start-up (the first launch it records is
+        slow, a graph launch by milliseconds), so a timeline does not draw it as a bubble."""
+        return self.gpu_busy[0][0] - self.start if self.gpu_busy else 0.0
+
+    @property
+    def idle_after_lead_fraction(self) -> float:
+        """Idle share of the time from the first GPU work to the end of the forward."""
+        span = self.wall_us - self.lead_us
+        return (self.idle_us - self.lead_us) / span if self.has_gpu and span > 0 else 0.0
+
+    @property
     def n_syncs(self) -> int:
         """Host calls that waited for the GPU."""
         return sum(s.kind == "wait" for s in self.syncs)

@@ -2,6 +2,8 @@
 
 * :func:`plot_timeline` — one forward as two lanes: the CPU thread (operators, with the host
   waits in black) and the GPU (busy in blue, bubbles shaded red, device-to-host copies marked).
+  The time before the first kernel is hatched grey, not a bubble: under a profiler it is mostly
+  the profiler's own start-up.
 * :func:`plot_timelines` — one row per strategy on a shared time axis: the before/after figure.
 * :func:`plot_strategy_bars` — TTFT next to GPU busy time, and syncs per forward, per strategy.
 * :func:`plot_sweep` — one line per strategy through a sweep (TTFT against total tokens…).
@@ -24,6 +26,7 @@ from matplotlib.patches import Patch
 from mamba_edu.profiling.bubbles import TraceAnalysis
 
 GPU_COLOR, CPU_COLOR, BUBBLE_COLOR, SYNC_COLOR = "tab:blue", "tab:gray", "tab:red", "black"
+LEAD_COLOR = "lightgray"
 _CPU_LANE, _GPU_LANE = (0.0, 1.0), (1.5, 1.0)  # (bottom, height) of each lane
 
 
@@ -42,8 +45,10 @@ def _bars(intervals, t0: float) -> list[tuple[float, float]]:
 def _describe(a: TraceAnalysis) -> str:
     if not a.has_gpu:
         return f"{a.label}: {a.wall_us / 1e3:.2f} ms, CPU-only trace (no GPU lane, so no bubbles)"
+    bubbles = sum(b.start >= a.start + a.lead_us for b in a.bubbles)
     return (f"{a.label}: {a.wall_us / 1e3:.2f} ms, GPU busy {a.gpu_busy_us / 1e3:.2f} ms, "
-            f"idle {100 * a.idle_fraction:.0f}%, {len(a.bubbles)} bubbles, {a.n_syncs} syncs")
+            f"idle {100 * a.idle_after_lead_fraction:.0f}% after the first kernel, "
+            f"{bubbles} bubbles, {a.n_syncs} syncs")
 
 
 def draw_lanes(ax: Axes, a: TraceAnalysis) -> None:
@@ -53,7 +58,9 @@ def draw_lanes(ax: Axes, a: TraceAnalysis) -> None:
     waits = [(s.start, s.end) for s in a.syncs if s.kind == "wait"]
     ax.broken_barh(_bars(waits, t0), _CPU_LANE, color=SYNC_COLOR)
     ax.broken_barh(_bars(a.gpu_busy, t0), _GPU_LANE, color=GPU_COLOR)
-    bubbles = [(b.start, b.end) for b in a.bubbles] if a.has_gpu else []
+    first = t0 + a.lead_us
+    ax.broken_barh(_bars([(t0, first)], t0), _GPU_LANE, color=LEAD_COLOR, hatch="//", alpha=0.5)
+    bubbles = [(b.start, b.end) for b in a.bubbles if b.start >= first] if a.has_gpu else []
     ax.broken_barh(_bars(bubbles, t0), _GPU_LANE, color=BUBBLE_COLOR, alpha=0.35)
     dtoh = [(s.start - t0) / 1e3 for s in a.syncs if s.kind == "dtoh"]
     top = _GPU_LANE[0] + _GPU_LANE[1]
@@ -96,8 +103,10 @@ def _legend(fig: Figure) -> None:
                Patch(color=SYNC_COLOR, label="host waits (sync)"),
                Patch(color=GPU_COLOR, label="GPU busy"),
                Patch(color=BUBBLE_COLOR, alpha=0.35, label="bubble"),
+               Patch(facecolor=LEAD_COLOR, hatch="//", alpha=0.5,
+                     label="before the first kernel (profiler start-up included)"),
                Line2D([], [], marker="v", color=SYNC_COLOR, ls="", label="Memcpy DtoH")]
-    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncols=5,
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncols=3,
                fontsize=8, frameon=False)
 
 

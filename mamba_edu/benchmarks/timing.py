@@ -22,13 +22,16 @@ class Prefills:
 
     :meth:`next` finishes and releases the previous batch, then prepares one of new random
     prompts: new request ids and tokens, so no prefix hit, and freshly zeroed slots; ``lengths``
-    is a tuple, or a function drawing each batch's lengths from the generator.
-    :meth:`forward` is the timed part, ``engine.forward_prefill``.
+    is a tuple, or a function drawing each batch's lengths from ``gen``. The tokens come from a
+    generator of their own, so re-seeding ``gen`` repeats the lengths with new tokens (a prompt
+    seen before would hit the prefix cache). :meth:`forward` is the timed part,
+    ``engine.forward_prefill``.
     """
 
     def __init__(self, engine, lengths, seed: int):
         self.engine, self.lengths = engine, lengths  # a tuple, or a function gen -> a tuple
         self.gen = torch.Generator().manual_seed(seed)
+        self.tokens = torch.Generator().manual_seed(seed + 1)
         self.batch, self.logits, self.count = None, None, 0
 
     def next(self):
@@ -37,7 +40,7 @@ class Prefills:
         self.close()
         vocab = self.engine.config.vocab
         self.count += 1
-        requests = [Request((self.count, i), torch.randint(vocab, (n,), generator=self.gen).tolist())
+        requests = [Request((self.count, i), torch.randint(vocab, (n,), generator=self.tokens).tolist())
                     for i, n in enumerate(self.lengths(self.gen) if callable(self.lengths) else self.lengths)]
         self.batch = self.engine.prepare_prefill(requests)
         return self.batch

@@ -161,7 +161,8 @@ def headline_rows():
 
 MODE_LABELS = {"eager": "", "piecewise": " + per-batch piecewise graphs", "graph": " + CUDA graph",
                "breakable": " + breakable graphs", "gdn_inside": " + breakable, GDN inside"}
-BUCKETS = "bench/buckets/results.json"
+BUCKETS = "bench/buckets/results.json"  # with one kept trace per arm (the README's figure)
+BUCKETS_QUIET = "bench/buckets_quiet_host/results.json"  # an earlier run whose host was quiet
 ISSUE_35851_IDLE_US = 590  # idle per break SGLang's issue #35851 measured (Qwen3.5-35B-A3B, H200)
 
 
@@ -486,8 +487,8 @@ Console log: [`data/bench/piecewise/bench.log`](../data/bench/piecewise/bench.lo
 """
 
 
-def bucket_rows(case: str | None = None) -> list[dict]:
-    rows = load(BUCKETS)["rows"]
+def bucket_rows(case: str | None = None, rel: str = BUCKETS) -> list[dict]:
+    rows = load(rel)["rows"]
     return [r for r in rows if case is None or r["case"] == case]
 
 
@@ -495,44 +496,63 @@ def bucket_label(r) -> str:
     return r["strategy"] + (" eager" if r["mode"] == "eager" else MODE_LABELS[r["mode"]])
 
 
-def section_buckets() -> str:
-    """Fresh-batch prefill: eager against a captured token bucket in each mode, one run."""
-    if not (DATA / BUCKETS).exists():
-        return ""
-    d = load(BUCKETS)
+def bucket_run(rel: str) -> str:
+    """One run of the bucket bench: its provenance, its main table and its sweep."""
+    d = load(rel)
     main = [r for r in d["rows"] if not r["case"].startswith("sweep_")]
     rows = [[f"`{r['case']}` ({r['preset']}, ≤ {r['max_tokens']} tokens, ≤ {r['max_requests']} requests)",
              bucket_label(r), f"{f(r['ttft_ms'])} ± {f(r['spread_ms'])}", f(r.get("vs_eager_same_strategy")),
+             f(r.get("host_ms")), r.get("kernels", "–"), f(r.get("host_us_per_kernel"), 1),
              f(r.get("gpu_busy_ms")), r.get("breaks", "–"), f(r.get("idle_per_break_us"), 0),
-             f(r.get("no_sync_with_refill"))] for r in main]
+             f(r.get("no_sync_with_refill")), r.get("compiles_while_timed", "–")] for r in main]
     sweep = [[r["max_tokens"], bucket_label(r), f"{f(r['ttft_ms'])} ± {f(r['spread_ms'])}"]
              for r in d["rows"] if r["case"].startswith("sweep_")]
-    m = d["meta"]
-    return f"""## Token buckets: fresh batches, eager and replayed
+    log = rel.replace("results.json", "bench.log")
+    return f"""{run_line(rel)}  
+Console log: [`data/{log}`](../data/{log}).
 
-Every repeat is a new batch: new lengths drawn within the bucket (1 to `max_requests` requests,
-half to all of `max_tokens` tokens), new tokens. A captured arm's time includes the host refill of
-its static buffers. Arms alternate within each of {m['rounds']} rounds (each round the median of
-{m['repeats']} batches, after {m.get('warmup', '–')} warm-up batches); "±" is the spread of the
-round medians. Each round draws its own batches (the same for every arm), so the spread holds the
-batches' own differences too: a replay costs what its bucket costs, whatever the batch, and its
-spread is small; an eager forward's follows the batch, and the eager spreads of tens of ms at 16
-and 8 requests also hold compilations and cuDNN plans for lengths not seen before. Busy, breaks and idle per break come from one profiled forward (span minus busy,
-over the breaks); SGLang's issue #35851 measured about {ISSUE_35851_IDLE_US} µs per break.
-"no sync" is one refill + replay under `torch.cuda.set_sync_debug_mode("error")`. At 8192
-tokens the whole-forward graph (its attention one masked attention over the bucket) was not run:
-beside the other arms it did not fit in the GPU's memory.
-
-{run_line(BUCKETS)}  
-Console log: [`data/bench/buckets/bench.log`](../data/bench/buckets/bench.log).
-
-{table(["case", "arm", "TTFT ms", "vs eager (same strategy)", "GPU busy ms", "breaks", "idle / break µs", "no sync"], rows)}
+{table(["case", "arm", "TTFT ms", "vs eager (same strategy)", "host ms", "kernels", "host µs / kernel",
+        "GPU busy ms", "breaks", "idle / break µs", "no sync", "compilations while timed"], rows)}
 
 The sweep: batches of one request of 384 to 512 tokens in ever larger buckets (padding grows with
 the bucket; `fused`).
 
 {table(["bucket tokens", "arm", "TTFT ms"], sweep)}
 """
+
+
+def section_buckets() -> str:
+    """Fresh-batch prefill: eager against a captured token bucket in each mode, two runs."""
+    if not (DATA / BUCKETS).exists():
+        return ""
+    m = load(BUCKETS)["meta"]
+    quiet = "" if not (DATA / BUCKETS_QUIET).exists() else f"""
+### The earlier run, on a quiet host
+
+The same benchmark on another H100 whose host was quiet: every eager spread under 11 ms. Its
+profiled forwards ran without a warm-up of their lengths (cuDNN plans inside `naive`'s), so its
+busy and idle columns are not drawn.
+
+{bucket_run(BUCKETS_QUIET)}"""
+    return f"""## Token buckets: fresh batches, eager and replayed
+
+Every repeat is a new batch: new lengths drawn within the bucket (1 to `max_requests` requests,
+half to all of `max_tokens` tokens), new tokens. A captured arm's time includes the host refill of
+its static buffers. Arms alternate within each of {m['rounds']} rounds; in each round every arm runs
+the round's {m['repeats']} batches once untimed (Triton specialisations, cuDNN plans) and then
+timed, after {m.get('warmup', '–')} warm-up batches; the last column counts Triton compilations
+while timed (0 is a fair run). "±" is the spread of the round medians. Each round draws its own
+batches (the same for every arm). *host ms*: until the forward returned, before the synchronize;
+*host µs / kernel*: that over the kernels of one profiled eager forward. Busy, breaks and idle per
+break come from one profiled forward (its lengths run once unprofiled first); SGLang's issue
+#35851 measured about {ISSUE_35851_IDLE_US} µs per break. "no sync" is one refill + replay under
+`torch.cuda.set_sync_debug_mode("error")`. At 8192 tokens the arms ran as two sets
+(`gpu_bound_8192x8` and `_rest`, each with `fused` eager as its baseline): together they did not
+fit on the GPU. Traces of the profiled forwards: `data/bench/buckets/runs/`.
+
+### The run with kept traces
+
+{bucket_run(BUCKETS)}{quiet}"""
 
 
 def section_replay_overhead() -> str:
@@ -857,33 +877,50 @@ a dense MLP of the active-expert width stands in for the mixture of experts.
     return "\n".join([head] + [s for s in sections if s]).rstrip() + "\n"
 
 
+def bucket_ratio(rel: str, case: str, a: tuple[str, str], b: tuple[str, str]) -> str:
+    """How many times faster ``b`` ran than ``a`` in one run, with both times and spreads."""
+    rows = {(r["strategy"], r["mode"]): r for r in bucket_rows(case, rel)}
+    ra, rb = rows[a], rows[b]
+    return (f"{ra['ttft_ms'] / rb['ttft_ms']:.2f}× ({f(ra['ttft_ms'])} ± {f(ra['spread_ms'])} ms to "
+            f"{f(rb['ttft_ms'])} ± {f(rb['spread_ms'])} ms)")
+
+
 def readme_block() -> str:
-    """The headline: fresh batches, eager and replayed from a token bucket (one run), with the
-    syncs per forward of each strategy (the TTFT bench's eager rows)."""
-    rows = {(r["case"], r["strategy"], r["mode"]): r for r in bucket_rows()}
+    """The headline: fresh batches, eager and replayed from a token bucket (the quiet-host run),
+    the key ratios of both runs, and the syncs per forward of each strategy."""
+    main = BUCKETS_QUIET if (DATA / BUCKETS_QUIET).exists() else BUCKETS
+    rows = {(r["case"], r["strategy"], r["mode"]): r for r in bucket_rows(rel=main)}
     cases = ["gpu_bound_8192x8", "launch_bound_512x1"]
+    rest = {(r["strategy"], r["mode"]): r for r in bucket_rows("gpu_bound_8192x8_rest", main)}
     syncs = {r["strategy"]: r["syncs"] for r in headline_rows() if r["mode"] == "eager"}
     body = []
     for m in ("eager", "breakable", "gdn_inside", "graph"):
         for s in STRATEGIES:
-            cells = [rows.get((c, s, m)) for c in cases]
+            cells = [rows.get((c, s, m)) or (rest.get((s, m)) if c == cases[0] else None) for c in cases]
             if not any(cells):
                 continue
             line = [bucket_label(cells[0] or cells[1])]
             for r in cells:
-                line += ([f"{f(r['ttft_ms'])} ± {f(r['spread_ms'])}", f"{r['vs_eager_same_strategy']:.2f}×"]
+                vs = r and r["vs_eager_same_strategy"]
+                line += ([f"{f(r['ttft_ms'])} ± {f(r['spread_ms'])}", f"{vs:.2f}×" if vs else "–"]
                          if r else ["not run", "–"])
             line.append(str(syncs.get(s, "–")) if m != "graph" and m != "gdn_inside" else "0")
             body.append(line)
-    p, _ = provenance(BUCKETS)
+    p, _ = provenance(main)
+    tp, _ = provenance(BUCKETS)
     bp, _ = provenance("bench/results.json")
     k = load("benchmarks/kernels.json")
     ratios = [r["ratio_graph"] for r in k["results"] if r["kind"] == "prefill"]
     kp, _ = provenance("benchmarks/kernels.json")
-    m = load(BUCKETS)["meta"]
-    breaks = {r["strategy"]: r for r in bucket_rows("launch_bound_512x1") if r["mode"] == "breakable"}
+    m = load(main)["meta"]
+    lb = "launch_bound_512x1"
+    eager = {r["strategy"]: r for r in bucket_rows(lb, main) if r["mode"] == "eager"}
+    breaks = [{r["strategy"]: r["idle_per_break_us"] for r in bucket_rows(lb, rel) if r["mode"] == "breakable"}
+              for rel in dict.fromkeys((main, BUCKETS))]
+    inside = ("fused", "breakable"), ("fused", "gdn_inside")
     header = ["arm", "GPU-bound (qwen3-next, ≤ 8 requests, ≤ 8192 tokens): ms", "vs eager",
-              "launch-bound (qwen3.5-tp8, 1 request, ≤ 512 tokens): ms", "vs eager", "syncs / forward"]
+              "launch-bound (qwen3.5-tp8, 1 request, ≤ 512 tokens): ms", "vs eager",
+              "syncs / forward (qwen3.5-tp8)"]
     return f"""{BEGIN}
 {table(header, body)}
 
@@ -892,9 +929,16 @@ within the bucket); a replay's time includes the host refill of the bucket's buf
 alternate in {m['rounds']} rounds of {m['repeats']} batches; "±" is the spread of the round medians
 (each round draws its own batches, the same for every arm). `breakable` is SGLang's prefill capture
 today, `gdn_inside` the same with the GDN layers inside the graph pieces (SGLang's open issue
-#35851); at 8192 tokens the whole-forward graph was not run (its masked attention over the bucket
-did not fit beside the other arms). Idle per break (launch-bound, `breakable`, one profiled
-forward): {f(breaks['naive']['idle_per_break_us'], 0)} µs `naive` to {f(breaks['fused']['idle_per_break_us'], 0)} µs `fused`;
+#35851). At 8192 tokens the arms ran as two sets, each beside its own `fused` eager: the
+whole-forward graph attends with one masked attention over the whole bucket, which costs more
+than all the graphs save. GDN inside the pieces against SGLang's breakable graphs, launch-bound,
+`fused`: {bucket_ratio(main, lb, *inside)} faster in this run, {bucket_ratio(BUCKETS, lb, *inside)} in a
+second run ({tp['device']}, {tp['date'][:10]}, a busy host: its eager rounds differ up to 2×).
+Eager `fused` launches {eager['fused']['kernels']} kernels to `sync_free`'s
+{eager['sync_free']['kernels']} at {f(eager['fused']['host_us_per_kernel'], 1)} µs of host time
+each to {f(eager['sync_free']['host_us_per_kernel'], 1)}, so it is faster in all.
+Idle per break (launch-bound, `breakable`, one profiled forward per run):
+{" and ".join(f"{b['naive']:.0f} µs" for b in breaks)} `naive`, {" and ".join(f"{b['fused']:.0f} µs" for b in breaks)} `fused`;
 #35851 measured about {ISSUE_35851_IDLE_US} µs. Syncs: the TTFT bench ({bp['device']}, {bp['date'][:10]}).
 Our Triton prefill kernels take {min(ratios):.2f}–{max(ratios):.2f}× the time of
 flash-linear-attention's on {len(ratios)} shapes ({kp['device']}, {kp['date'][:10]}){fastest_line()}.

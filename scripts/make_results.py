@@ -548,11 +548,28 @@ break come from one profiled forward (its lengths run once unprofiled first); SG
 #35851 measured about {ISSUE_35851_IDLE_US} µs per break. "no sync" is one refill + replay under
 `torch.cuda.set_sync_debug_mode("error")`. At 8192 tokens the arms ran as two sets
 (`gpu_bound_8192x8` and `_rest`, each with `fused` eager as its baseline): together they did not
-fit on the GPU. Traces of the profiled forwards: `data/bench/buckets/runs/`.
+fit on the GPU.
 
 ### The run with kept traces
 
-{bucket_run(BUCKETS)}{quiet}"""
+{bucket_run(BUCKETS)}
+{bucket_traces()}{quiet}"""
+
+
+def bucket_traces() -> str:
+    """The kept traces of the bucket run and the timelines drawn from them."""
+    runs = DATA / BUCKETS.replace("results.json", "runs")
+    lines = []
+    for case in sorted(p.name for p in runs.iterdir() if p.is_dir()):
+        files = sorted(p.name for p in (runs / case).iterdir())
+        rel = f"{runs.relative_to(DATA).as_posix()}/{case}"
+        lines.append(f"- `{case}`: " + ", ".join(f"[`{n.split('.')[0]}`](../data/{rel}/{n})" for n in files))
+        png = DATA / BUCKETS.replace("results.json", f"timeline_{case}.png")
+        if png.exists():
+            lines.append(f"\n  ![{case}](../data/{png.relative_to(DATA).as_posix()})\n")
+    return ("The profiled forwards' traces (open them in Perfetto or with `python -m mamba_edu trace`), "
+            "and the timelines drawn from them (`make_timelines` in `mamba_edu/benchmarks/buckets.py`; "
+            "the hatched lead before the first kernel is the profiler's start-up):\n\n" + "\n".join(lines) + "\n")
 
 
 def section_replay_overhead() -> str:

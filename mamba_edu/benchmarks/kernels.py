@@ -50,8 +50,8 @@ def _conv_dim(H: int, HV: int) -> int:
     return 2 * H * K + HV * V
 
 
-def _our_bytes(T: int, N: int, H: int, HV: int, act: int = 2) -> int:
-    """HBM bytes our kernels move at minimum (each tensor read or written once)."""
+def _stage_bytes(T: int, N: int, H: int, HV: int, act: int = 2) -> dict[str, int]:
+    """HBM bytes each of our kernels moves at minimum (each tensor read or written once)."""
     NT = T // 64 + N  # upper bound on the number of chunks
     k_or_q = T * H * K * act
     h = NT * HV * K * V * act
@@ -60,7 +60,12 @@ def _our_bytes(T: int, N: int, H: int, HV: int, act: int = 2) -> int:
     scan = k_or_q + T * HV * ((K + V) * act + 4) + 2 * N * HV * K * V * 4  # k̂, W, U, Γ, S
     scan += T * HV * V * act + h                                           # Ṽ, h
     output = 2 * k_or_q + T * HV * (V * act + 4) + h + T * HV * V * act    # q, k̂, Ṽ, Γ, h, o
-    return prepare + scan + output
+    return {"prepare": prepare, "scan": scan, "output": output}
+
+
+def _our_bytes(T: int, N: int, H: int, HV: int, act: int = 2) -> int:
+    """HBM bytes our kernels move at minimum, all three together."""
+    return sum(_stage_bytes(T, N, H, HV, act).values())
 
 
 def _floor_bytes(T: int, N: int, H: int, HV: int, act: int = 2) -> int:

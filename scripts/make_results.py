@@ -572,6 +572,40 @@ def bucket_traces() -> str:
             "the hatched lead before the first kernel is the profiler's start-up):\n\n" + "\n".join(lines) + "\n")
 
 
+def section_stages() -> str:
+    """Our prefill kernel by kernel: time, bytes, FLOPs, roofline fractions, programs per SM."""
+    rel = "benchmarks/stages.json"
+    if not (DATA / rel).exists():
+        return ""
+    from mamba_edu.benchmarks.kernels import _floor_bytes, _our_bytes
+    d = load(rel)
+    rows = []
+    for r in d["rows"]:
+        total = sum(k["ms"] for k in r["kernels"])
+        ratio = _our_bytes(r["T"], r["N"], r["H"], r["HV"]) / _floor_bytes(r["T"], r["N"], r["H"], r["HV"])
+        for k in r["kernels"]:
+            rows.append([f"`{r['preset']}` {r['shape']}", k["kernel"], f"{f(k['ms'], 4)} ± {f(k['spread_ms'], 4)}",
+                         f"{100 * k['ms'] / total:.0f}", f(k["bytes"] / 1e6, 1), f(k["flops"] / 1e9, 1),
+                         f(100 * k["hbm_fraction"], 1), f(100 * k["tensor_fraction"], 1),
+                         f(k["programs_per_sm"], 2), f"{ratio:.1f}×" if k["kernel"] == "prepare" else ""])
+    peaks = d["meta"]["peaks"]
+    return f"""## Our prefill, kernel by kernel
+
+`python -m mamba_edu.benchmarks.stages`: each of our three prefill kernels graph-replayed alone
+(median of `do_bench_cudagraph`, median over {d['meta']['rounds']} rounds, "±" their spread). *MB*:
+the bytes the kernel must move (each tensor read or written once); *GFLOP*: its matrix products;
+*HBM %* and *tensor %*: those over the time, against {peaks[0] / 1e12:.2f} TB/s and
+{peaks[1] / 1e12:.0f} TFLOP/s (dense bf16); *programs / SM*: its grid over {peaks[2]} SMs. The
+last column: the bytes of all three kernels over a fully fused kernel's floor (q, k, v, g, β in,
+o out, states read and written once).
+
+{run_line(rel)}
+
+{table(["shape", "kernel", "ms", "% of the three", "MB", "GFLOP", "HBM %", "tensor %", "programs / SM",
+        "our bytes / fused floor"], rows)}
+"""
+
+
 def section_replay_overhead() -> str:
     """Replay overhead by two instruments, same run (mamba_edu.benchmarks.replay)."""
     rel = "bench/replay.json"
@@ -873,7 +907,7 @@ def section_other() -> str:
 
 def results_md() -> str:
     READ.clear()
-    sections = [section_targets(), section_ttft(), section_tests(), section_kernels(), section_references(), section_sm90_resources(), section_buckets(), section_capture_modes(), section_replay_overhead(),
+    sections = [section_targets(), section_ttft(), section_tests(), section_kernels(), section_references(), section_sm90_resources(), section_buckets(), section_stages(), section_capture_modes(), section_replay_overhead(),
                 section_prefill_experiments(),
                 section_layer_floor(), section_conv(), section_replay(), section_pdl(), section_serving(),
                 section_traces()]

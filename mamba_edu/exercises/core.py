@@ -158,18 +158,23 @@ class Observed:
         return Counter(self.sync_ops)
 
 
-def observe(fn, *args) -> Observed:
+def observe(fn, *args, fake: bool = False) -> Observed:
     """Call ``fn(*args)`` under the sync sniffer (strict: a ``host_only`` block the answer opens
-    does not hide its syncs) and the op recorder. A function of the learner's kernel (what the
-    grader passes) is measured there: :meth:`~mamba_edu.exercises.remote.RemoteFunction.observe`."""
+    does not hide its syncs) and the op recorder. With ``fake``, ``fn`` first runs on copies of
+    its tensor arguments that have no data (:func:`mamba_edu.profiling.fake_device.data_read`):
+    a read of device data there is a sync by construction, whatever op, thread or mode did it,
+    and it joins ``sync_ops``. A function of the learner's kernel (what the grader passes) is
+    measured there: :meth:`~mamba_edu.exercises.remote.RemoteFunction.observe`."""
     if hasattr(type(fn), "observe") and type(fn).__name__ == "RemoteFunction":
-        return fn.observe(*args)
+        return fn.observe(*args, fake=fake)
     from mamba_edu.profiling.syncs import count_syncs
 
+    from mamba_edu.profiling.fake_device import would_be_sync
+    read = would_be_sync(fn, args) if fake else None
     recorder = OpRecorder()
     with count_syncs(strict=True) as syncs, recorder:
         result = fn(*args)
-    return Observed(result, [e.op for e in syncs.events], recorder.ops)
+    return Observed(result, [e.op for e in syncs.events] + ([read] if read else []), recorder.ops)
 
 
 class OpRecorder(TorchDispatchMode):

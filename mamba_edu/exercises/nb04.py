@@ -40,7 +40,7 @@ def check_chunk_meta(fn) -> str:
 
     device = mamba_edu.default_device()
     for lengths in _BATCHES:
-        seen = observe(fn, list(lengths), device)
+        seen = observe(fn, list(lengths), device, fake=True)
         out = seen.result
         if not (isinstance(out, tuple | list) and len(out) == 3):
             raise AssertionError("return a tuple (cu_seqlens, chunk_indices, chunk_offsets)")
@@ -81,7 +81,7 @@ def check_conv_states(fn) -> str:
         for n in lengths:
             cu.append(cu[-1] + n)
         _, finals = causal_conv1d(x, weight, cu_seqlens=cu, initial_states=prev)
-        seen = observe(fn, prev.clone(), x.clone(), list(lengths))
+        seen = observe(fn, prev.clone(), x.clone(), list(lengths), fake=True)
         got, case = seen.result, f"W={W}, lengths={lengths}"
         if seen.sync_count:
             raise AssertionError(f"{case}: {seen.sync_count} would-be host sync(s) "

@@ -43,7 +43,7 @@ def check_host_plan(fn) -> str:
         W = rng.randint(2, 5)
         batch = toy_batch(prefix, extend, cache_chunk=rng.choice([64, 128]), seed=trial)
         want = host_track_indices(batch, W)
-        seen = observe(fn, batch, W)
+        seen = observe(fn, batch, W, fake=True)
         got = seen.result
         if seen.sync_count:
             raise AssertionError(f"the plan made {seen.sync_count} would-be host syncs "
@@ -110,7 +110,7 @@ def check_fill_static(fn) -> str:
         ref = track_indices_on_host(batch, host_track_indices(batch, W), "cpu")
         LinearAttentionBackend._track_conv(want_conv, mixed_qkv[:T], ref)
         LinearAttentionBackend._track_ssm(want_ssm, h[:NT], ref)
-        seen = observe(fn, batch, W, *buffers)
+        seen = observe(fn, batch, W, *buffers, fake=True)
         what = f"(batch {trial + 1}: extend_lens {extend}, prefix_lens {prefix}, track_mask {batch.track_mask})"
         if seen.sync_count:
             raise AssertionError(f"filling the buffers made {seen.sync_count} would-be host syncs "

@@ -30,7 +30,7 @@ from mamba_edu.exercises.core import KernelDied, Observed
 HARNESS_FILE = Path(_harness.__file__)
 HARNESS_SOURCE = HARNESS_FILE.read_text()
 #: Modules whose code the kernel-side instruments rely on; checked against these digests per call.
-INTEGRITY_MODULES = ("mamba_edu.probes", "mamba_edu.profiling.syncs")
+INTEGRITY_MODULES = ("mamba_edu.probes", "mamba_edu.profiling.syncs", "mamba_edu.profiling.fake_device")
 
 
 class Refused(AssertionError):
@@ -218,15 +218,15 @@ class RemoteFunction:
     def __call__(self, *args, **kwargs):
         return self._call("call", args, kwargs).result
 
-    def observe(self, *args, **kwargs) -> Observed:
-        return self._call("call", args, kwargs)
+    def observe(self, *args, fake: bool = False, **kwargs) -> Observed:
+        return self._call("call", args, kwargs, fake=fake)
 
-    def _call(self, mode, args, kwargs, grid=None) -> Observed:
+    def _call(self, mode, args, kwargs, grid=None, fake: bool = False) -> Observed:
         if self.refused:
             raise Refused(self.refused)
         moved = [a.detach().cpu() if type(a) is torch.Tensor else a for a in args]
         reply = self.session.request({"name": self.name, "mode": mode, "grid": grid, "args": tuple(moved),
-                                      "kwargs": kwargs, "forbidden": self.forbidden,
+                                      "kwargs": kwargs, "forbidden": self.forbidden, "fake": fake,
                                       "integrity": self.session.digests})
         if reply.get("missing"):
             raise Refused(f"{self.name} is no longer defined in the kernel")
@@ -269,7 +269,10 @@ class RemoteFunction:
                     raise Refused(f"{self.name} changed the shape or dtype of an input tensor")
                 original.copy_(new.to(original.device))
         result = _to_device(result, args)
-        return Observed(result, list(reply["syncs"]), set(reply["ops"]))
+        read = reply.get("data_read")
+        if read is not None and type(read) is not str:
+            raise Refused("the kernel's reply is not the grader's format")
+        return Observed(result, list(reply["syncs"]) + ([read] if read else []), set(reply["ops"]))
 
 
 def _to_device(result, args):

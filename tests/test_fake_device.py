@@ -1,0 +1,131 @@
+"""Sync-freeness by construction (mamba_edu.profiling.fake_device): a function runs on tensors
+without data, so every read of device data fails there, whatever op, thread or mode does it.
+
+The hidden reads below are the ones an op-list sniffer misses; each is tried on its own, then
+inside a right answer of notebook 06's exercise 1 through the grader's own path, where the
+verdict must be FAIL (and the same answer without the read must PASS).
+"""
+
+import threading
+
+import pytest
+import torch
+from exercise_judge import remote_judge
+
+from mamba_edu.exercises import nb06
+from mamba_edu.exercises.core import FAIL, PASS
+from mamba_edu.exercises.nb06 import random_tracked_batches
+from mamba_edu.profiling.fake_device import data_read, fake_copy
+
+BATCH, ROWS, _ = random_tracked_batches(6)[0]
+
+
+def in_a_thread(read):
+    """``read()`` in a worker thread, its error swallowed there (a cheat's way round a mode)."""
+    out = {}
+
+    def work():
+        try:
+            out["v"] = read()
+        except Exception:  # noqa: BLE001 - the point: the thread hides the failure
+            out["v"] = 0
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    return out["v"]
+
+
+def modes_off(read):
+    from torch.utils._python_dispatch import _disable_current_modes
+    with _disable_current_modes():
+        return read()
+
+
+def swallowed(read):
+    try:
+        return read()
+    except Exception:  # noqa: BLE001 - the point: the answer hides the failure
+        return 0
+
+
+HIDDEN_READS = {
+    ".item()": lambda t: t[-1].item(),
+    ".tolist()": lambda t: t.tolist(),
+    "bool(any())": lambda t: bool((t > 3).any()),
+    "int(t[-1])": lambda t: int(t[-1]),
+    ".to('cpu') then read": lambda t: t.to("cpu")[-1] + 0 and t.to("cpu").tolist(),
+    ".type() then read": lambda t: t.type(torch.float64).tolist(),
+    "copy_ into a new tensor, then read": lambda t: torch.zeros(len(t), dtype=t.dtype).copy_(t).tolist(),
+    "torch.allclose": lambda t: torch.allclose(t.float(), t.float()),
+    "bincount": lambda t: torch.bincount(t),
+    "unique": lambda t: torch.unique(t),
+    "nonzero": lambda t: t.nonzero(),
+    "a boolean mask": lambda t: t[t > 3],
+    "torch.where(mask)": lambda t: torch.where(t > 3),
+    "repeat_interleave without output_size": lambda t: torch.repeat_interleave(t, t),
+    "indexing with a 0-d tensor": lambda t: torch.arange(100)[t[-1]],
+    "in a worker thread": lambda t: in_a_thread(lambda: int(t[-1])),
+    "with torch's modes switched off": lambda t: modes_off(lambda: int(t[-1])),
+    "the error caught": lambda t: swallowed(lambda: int(t[-1])),
+}
+
+DATA_FREE = {
+    "arithmetic": lambda t: (t[1:] - t[:-1]) * 2 + 1,
+    "cumsum": lambda t: t.cumsum(0),
+    "gather and index with tensors": lambda t: t[t.clamp(0, len(t) - 1)].gather(0, t.clamp(0, len(t) - 1)),
+    "scatter": lambda t: torch.zeros(len(t), dtype=t.dtype).scatter(0, t.clamp(0, len(t) - 1), t),
+    "nonzero_static": lambda t: torch.nonzero_static(t > 3, size=len(t), fill_value=-1),
+    "repeat_interleave with output_size": lambda t: torch.repeat_interleave(t.clamp(0, 2), t.clamp(0, 2),
+                                                                           output_size=7),
+    "a 0-d bound kept a tensor": lambda t: torch.minimum(t, t.sum() - 1),
+    "host lists read": lambda t: sum([1, 2, 3]) + len(t),
+}
+
+
+@pytest.mark.parametrize("name", list(HIDDEN_READS))
+def test_every_read_of_device_data_is_found(name):
+    assert data_read(HIDDEN_READS[name], torch.tensor([0, 5, 9, 20])) is not None
+
+
+@pytest.mark.parametrize("name", list(DATA_FREE))
+def test_data_free_ops_run(name):
+    assert data_read(DATA_FREE[name], torch.tensor([0, 5, 9, 20])) is None
+
+
+def test_an_error_that_is_not_a_read_propagates():
+    with pytest.raises(RuntimeError):
+        data_read(lambda t: t + torch.zeros(7), torch.tensor([0, 5, 9, 20]))
+
+
+def test_fake_copies_keep_shapes_and_host_values_and_leave_the_original_alone():
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    fake = fake_copy(BATCH, FakeTensorMode())
+    assert isinstance(fake.cu_seqlens, FakeTensor) and fake.cu_seqlens.shape == BATCH.cu_seqlens.shape
+    assert fake.extend_lens == BATCH.extend_lens and type(fake) is type(BATCH)
+    assert not isinstance(BATCH.cu_seqlens, FakeTensor)
+
+
+# --- through a check: notebook 06, exercise 1 ---------------------------------------------------
+
+def windows(read=None):
+    """The right conv windows; with ``read``, one hidden read of the batch's device data as well."""
+    def my_conv_positions(batch, rows, conv_width):
+        cu = batch.cu_seqlens
+        if read is not None:
+            read(cu)
+        A = batch.track_lens_t[rows] - batch.prefix_lens_t[rows]
+        return (cu[rows] + A)[:, None] + torch.arange(-(conv_width - 1), 0)
+    return my_conv_positions
+
+
+def test_the_right_answer_passes_the_fake_device_check():
+    verdict = remote_judge(nb06.NOTEBOOK, 1, windows())
+    assert verdict.status == PASS, verdict.line()
+
+
+@pytest.mark.parametrize("name", [".to('cpu') then read", ".type() then read", "torch.allclose", "in a worker thread",
+                                  "with torch's modes switched off", "the error caught",
+                                  "copy_ into a new tensor, then read", "bincount"])
+def test_a_hidden_read_fails_the_check(name):
+    verdict = remote_judge(nb06.NOTEBOOK, 1, windows(HIDDEN_READS[name]))
+    assert verdict.status == FAIL and "read of device data" in verdict.message, verdict.line()

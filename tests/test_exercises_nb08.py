@@ -89,7 +89,7 @@ def my_host_plan(batch, W):                 # exercise 1's answer, as the notebo
     return host_plan()(batch, W)
 
 
-def fill(pad="scratch", rebind=False, plan=my_host_plan, rows_only=False):
+def fill(pad="scratch", rebind=False, plan=my_host_plan, rows_only=False, swap=None):
     """Fill the five buffers with the batch's plan; each flag makes it wrong in one way."""
     def my_fill_static(batch, W, dst, conv_positions, working, checkpoint, from_final):
         d, conv, ckpt, final, _ = plan(batch, W)
@@ -107,6 +107,10 @@ def fill(pad="scratch", rebind=False, plan=my_host_plan, rows_only=False):
             t = torch.tensor(v, dtype=buf.dtype)
             if rebind:
                 buffers[k] = t                        # a new tensor: the "graph" never sees it
+            elif swap == "data":
+                buf.data = t                          # the same tensor object on new memory
+            elif swap == "set_":
+                buf.set_(t)
             elif rows_only or pad is None:
                 buf[:n] = t                           # the rows past the batch keep the last batch's
             else:
@@ -142,6 +146,8 @@ WRONG_2 = {
     "only the batch's rows written: the last batch's rows replayed": fill(pad=None),
     "padding rows sent to slot 1, a real slot": fill(pad="zeros_everywhere_but_dst"),
     "new tensors instead of the buffers": fill(rebind=True),
+    "the buffers' memory swapped with .data =": fill(swap="data"),
+    "the buffers' memory swapped with set_": fill(swap="set_"),
     "off by one: the conv window ends at A": fill(plan=host_plan(shift=1)),
     "untracked rows write their own track slot": fill(plan=host_plan(own_slot=True)),
     "syncing: the plan from track_mask_t.tolist()": fill(plan=host_plan(from_device=True)),
@@ -164,6 +170,7 @@ def test_fill_static_rejects(mistake):
 
 def test_fill_static_messages():
     assert "rows past the batch" in remote_judge(NB, 2, fill(pad=None)).message
+    assert "never rebind them" in remote_judge(NB, 2, fill(swap="set_")).message
     assert "cannot be captured" in remote_judge(NB, 2, fill_compacted).message
 
 

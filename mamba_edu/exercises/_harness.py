@@ -329,8 +329,10 @@ def _serve(request: dict, own_file: str) -> dict:
         target = fn[request["grid"]] if request["mode"] == "launch" else fn
     else:
         target = fn
+    from mamba_edu.exercises.core import memory_of, rebound
     from mamba_edu.profiling.fake_device import would_be_sync
     read = would_be_sync(target, args) if request.get("fake") is True else None
+    before = memory_of(args)
     syncs, recorder = None, OpRecorder()
     previous = sys.getprofile()
     result = None
@@ -356,7 +358,8 @@ def _serve(request: dict, own_file: str) -> dict:
     reply = {"result": _plain_copy(result), "syncs": [e.op for e in syncs.events], "data_read": read,
              "ops": sorted(recorder.ops), "forbidden": sorted(set(seen_forbidden)),
              "foreign": foreign[:5], "cell_code": cell_code, "launches": sum(launches),
-             "args_after": [_plain_copy(a) if type(a) is torch.Tensor else None for a in args]}
+             "args_after": [_plain_copy(a) if type(a) is torch.Tensor else None for a in args],
+             "rebound": rebound(before, args)}
     if not still:
         reply["refused"] = "the answer switched off the grader's call tracer (sys.setprofile)"
     return reply

@@ -13,7 +13,7 @@ from __future__ import annotations
 import traceback
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -143,11 +143,13 @@ def grade_namespace(notebook: str, namespace: dict) -> list[Verdict]:
 @dataclass
 class Observed:
     """One call of a learner's function under the instruments: its ``result``, the would-be
-    syncs (``sync_ops``, one op name each) and the aten ``ops`` it ran."""
+    syncs (``sync_ops``, one op name each), the aten ``ops`` it ran, and ``rebound``: the
+    positions of tensor arguments that came out on other memory than they went in with."""
 
     result: object
     sync_ops: list
     ops: set
+    rebound: list = field(default_factory=list)
 
     @property
     def sync_count(self) -> int:
@@ -172,9 +174,25 @@ def observe(fn, *args, fake: bool = False) -> Observed:
     from mamba_edu.profiling.fake_device import would_be_sync
     read = would_be_sync(fn, args) if fake else None
     recorder = OpRecorder()
+    before = memory_of(args)
     with count_syncs(strict=True) as syncs, recorder:
         result = fn(*args)
-    return Observed(result, [e.op for e in syncs.events] + ([read] if read else []), recorder.ops)
+    return Observed(result, [e.op for e in syncs.events] + ([read] if read else []), recorder.ops,
+                    rebound(before, args))
+
+
+def memory_of(args) -> list:
+    """Where each tensor argument's elements live: (storage address, offset, shape, strides); a
+    CUDA graph records exactly this, so a buffer meant for replay must keep it."""
+    import torch
+    return [(a.untyped_storage().data_ptr(), a.storage_offset(), tuple(a.shape), a.stride())
+            if isinstance(a, torch.Tensor) else None for a in args]
+
+
+def rebound(before: list, args) -> list[int]:
+    """Positions of the tensor arguments whose memory changed since ``before`` (``.data =``,
+    ``set_``, ``resize_``…)."""
+    return [i for i, (was, now) in enumerate(zip(before, memory_of(args))) if was != now]
 
 
 class OpRecorder(TorchDispatchMode):

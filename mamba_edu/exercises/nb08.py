@@ -73,6 +73,9 @@ STATIC_BATCHES = [([0, 0, 64, 0], [130, 40, 128, 200], 64),   # every kind of ro
                   ([0, 64, 0, 0], [64, 64, 30, 129], 64)]      # full again
 
 
+BUFFER_NAMES = ("dst", "conv_positions", "working", "checkpoint", "from_final")
+
+
 def _static_buffers(W: int) -> list[torch.Tensor]:
     return [torch.zeros(STATIC_ROWS, dtype=torch.long), torch.zeros(STATIC_ROWS, W - 1, dtype=torch.long),
             torch.zeros(STATIC_ROWS, dtype=torch.long), torch.zeros(STATIC_ROWS, dtype=torch.long),
@@ -116,6 +119,11 @@ def check_fill_static(fn) -> str:
             raise AssertionError(f"filling the buffers made {seen.sync_count} would-be host syncs "
                                  f"({', '.join(sorted(seen.by_op))}) {what}: a sync cannot be captured; "
                                  "plan from the batch's host lists")
+        if seen.rebound:
+            names = ", ".join(BUFFER_NAMES[i - 2] for i in seen.rebound)
+            raise AssertionError(f"{names} came back on new memory {what}: a captured graph keeps reading "
+                                 "the memory it recorded, so write into the buffers (copy_, slice "
+                                 "assignment) and never rebind them (.data =, set_, resize_)")
         if not (0 <= int(buffers[1].min()) and int(buffers[1].max()) < STATIC_TOKENS
                 and 0 <= int(buffers[3].min()) and int(buffers[3].max()) < STATIC_CHECKPOINTS
                 and 0 <= int(buffers[0].min()) and int(buffers[0].max()) < slots

@@ -272,7 +272,11 @@ class RemoteFunction:
         read = reply.get("data_read")
         if read is not None and type(read) is not str:
             raise Refused("the kernel's reply is not the grader's format")
-        return Observed(result, list(reply["syncs"]) + ([read] if read else []), set(reply["ops"]))
+        moved_memory = reply.get("rebound", [])
+        if type(moved_memory) is not list or any(type(i) is not int for i in moved_memory):
+            raise Refused("the kernel's reply is not the grader's format")
+        return Observed(result, list(reply["syncs"]) + ([read] if read else []), set(reply["ops"]),
+                        moved_memory)
 
 
 def _to_device(result, args):

@@ -129,3 +129,38 @@ def test_the_right_answer_passes_the_fake_device_check():
 def test_a_hidden_read_fails_the_check(name):
     verdict = remote_judge(nb06.NOTEBOOK, 1, windows(HIDDEN_READS[name]))
     assert verdict.status == FAIL and "read of device data" in verdict.message, verdict.line()
+
+
+# --- inputs are not outputs: an answer that overwrites what it was given fails ------------------
+
+def gating_then_clobber(A_log, a, b, dt_bias):
+    x = a.float() + dt_bias.float()
+    softplus = torch.where(x > 20, x, torch.log1p(x.exp()))
+    g, beta = -A_log.float().exp() * softplus, torch.sigmoid(b.float())
+    a.zero_()                                    # the right values, and the caller's input gone
+    return g, beta
+
+
+def inverse_in_place(L):
+    T = torch.eye(L.shape[0], dtype=L.dtype)
+    for s in range(1, L.shape[0]):
+        T[s] -= L[s, :s] @ T[:s]
+    L.copy_(T)                                   # hands back the caller's own tensor, overwritten
+    return L
+
+
+def rows_into_the_mask(mask, size):
+    rank = mask.long().cumsum(0) - 1
+    out = torch.full((size + 1,), -1, dtype=torch.long)
+    out.scatter_(0, torch.where(mask & (rank < size), rank, size), torch.arange(len(mask)))
+    mask.zero_()
+    return out[:size]
+
+
+@pytest.mark.parametrize("notebook, number, answer", [
+    ("01_gated_deltanet_recurrence", 2, gating_then_clobber),
+    ("02_chunked_prefill", 1, inverse_in_place),
+    ("00_start_here", 2, rows_into_the_mask)])
+def test_an_answer_that_overwrites_its_input_fails(notebook, number, answer):
+    verdict = remote_judge(notebook, number, answer)
+    assert verdict.status == FAIL and "in place" in verdict.message, verdict.line()

@@ -160,15 +160,46 @@ class Observed:
         return Counter(self.sync_ops)
 
 
-def observe(fn, *args, fake: bool = False) -> Observed:
+def observe(fn, *args, fake: bool = False, writes: tuple[int, ...] = ()) -> Observed:
     """Call ``fn(*args)`` under the sync sniffer (strict: a ``host_only`` block the answer opens
     does not hide its syncs) and the op recorder. With ``fake``, ``fn`` first runs on copies of
     its tensor arguments that have no data (:func:`mamba_edu.profiling.fake_device.data_read`):
     a read of device data there is a sync by construction, whatever op, thread or mode did it,
-    and it joins ``sync_ops``. A function of the learner's kernel (what the grader passes) is
-    measured there: :meth:`~mamba_edu.exercises.remote.RemoteFunction.observe`."""
+    and it joins ``sync_ops``. The tensors of every argument not in ``writes`` (positions the
+    exercise asks to write in place) must come back unchanged: an answer that overwrites its
+    inputs fails, since the engine passes its own tensors. A function of the learner's kernel
+    (what the grader passes) is measured there:
+    :meth:`~mamba_edu.exercises.remote.RemoteFunction.observe`."""
+    kept = {i: _tensors_of(a) for i, a in enumerate(args) if i not in writes}
+    copies = {i: [t.clone() for t in ts] for i, ts in kept.items()}
     if hasattr(type(fn), "observe") and type(fn).__name__ == "RemoteFunction":
-        return fn.observe(*args, fake=fake)
+        seen = fn.observe(*args, fake=fake)
+    else:
+        seen = _observe_here(fn, args, fake)
+    for i, ts in kept.items():
+        if any(not _same(t, c) for t, c in zip(ts, copies[i])):
+            raise AssertionError(f"the answer changed its argument {i + 1} in place; the checks pass "
+                                 "copies, but a serving engine passes its own tensors: compute into new ones")
+    return seen
+
+
+def _tensors_of(arg) -> list:
+    """The tensors of an argument: itself, or the fields of a batch-like object (one level)."""
+    import torch
+    if isinstance(arg, torch.Tensor):
+        return [arg]
+    fields = getattr(arg, "__dataclass_fields__", None) or {}
+    return [v for v in (getattr(arg, name, None) for name in fields) if isinstance(v, torch.Tensor)]
+
+
+def _same(a, b) -> bool:
+    """Bit-equal tensors, NaN where NaN was."""
+    import torch
+    return a.shape == b.shape and a.dtype == b.dtype and (
+        torch.equal(a, b) or (a.is_floating_point() and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)))
+
+
+def _observe_here(fn, args, fake: bool) -> Observed:
     from mamba_edu.profiling.syncs import count_syncs
 
     from mamba_edu.profiling.fake_device import would_be_sync

@@ -42,6 +42,7 @@ Contracts (docs/architecture.md):
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from collections.abc import Hashable
 
@@ -134,9 +135,19 @@ class _Undo:
             e.pool.ssm[:, idx] = ssm
 
 
+def _inside_a_call(engine, frame) -> bool:
+    """Whether ``frame`` or one of its callers is a public call of ``engine``."""
+    while frame is not None:
+        if frame.f_code is _CALL_CODE and frame.f_locals.get("self") is engine:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _single_threaded(method):
-    """Refuse a call while another thread's call on the same engine runs; nested calls of one
-    thread (``prefill`` calls ``prepare_prefill``) pass."""
+    """Refuse a call while another thread's call on the same engine runs, and a call that
+    re-enters the engine from outside it (a forward hook); the engine's own nested calls
+    (``prefill`` calls ``prepare_prefill``) pass."""
     @functools.wraps(method)
     def call(self, *args, **kwargs):
         if self._broken is not None:
@@ -144,21 +155,30 @@ def _single_threaded(method):
                                f"call failed too ({self._broken}), so its pool and cache are in an unknown "
                                f"state. Build a new Engine")
         me = threading.get_ident()
-        with self._guard:
-            holder = self._thread
-            if holder is not None and holder != me:
-                raise RuntimeError(f"Engine.{method.__name__}: another thread is using this Engine. "
-                                   f"An Engine is single-threaded: use one engine per thread, or "
-                                   f"hold a lock around every call")
-            self._thread = me
-        if holder == me:
-            return method(self, *args, **kwargs)
+        # One atomic step claims the engine (dict.setdefault under the GIL), nothing ever waits,
+        # and nesting is read from the call stack, not from a counter: an interrupt anywhere in
+        # this wrapper can at most leave a claim of this thread behind, which this thread's next
+        # call takes over and releases.
+        holder = self._claim.setdefault("thread", me)
+        if holder != me:
+            raise RuntimeError(f"Engine.{method.__name__}: another thread is using this Engine. "
+                               f"An Engine is single-threaded: use one engine per thread, or "
+                               f"hold a lock around every call")
+        caller = sys._getframe(1)
+        if _inside_a_call(self, caller):
+            if caller.f_code.co_filename != __file__:
+                raise RuntimeError(f"Engine.{method.__name__} was called from inside another call of this "
+                                   f"Engine (a forward hook or a callback?): a call cannot re-enter the "
+                                   f"engine while it runs; act after the outer call returns")
+            return method(self, *args, **kwargs)  # prefill calls prepare_prefill: the outer call releases
         try:
             return method(self, *args, **kwargs)
         finally:
-            with self._guard:
-                self._thread = None
+            self._claim.pop("thread", None)
     return call
+
+
+_CALL_CODE = _single_threaded(lambda self: None).__code__  # the wrapper's code, shared by every method
 
 
 class Engine:
@@ -181,7 +201,7 @@ class Engine:
         _check_model(model)
         if type(ping_pong) is not bool:
             raise TypeError(f"ping_pong must be a bool (True: two track slots per request); got {ping_pong!r}")
-        self._guard, self._thread = threading.Lock(), None
+        self._claim: dict = {}  # {"thread": id} while a call runs (see _single_threaded)
         self._broken: str | None = None  # why, once an undo failed (every call is then refused)
         self.model = model
         self.config = model.config
@@ -337,12 +357,12 @@ class Engine:
         scratch = self.pool.conv[:, SCRATCH_SLOT].clone(), self.pool.ssm[:, SCRATCH_SLOT].clone()
         try:
             logits, kv = run(batch.forward_batch)
+            batch.logits, batch.kv, batch._status = logits, kv, FORWARDED  # the commit: one line
         except BaseException:
             self._restore_prepared_states(batch)
             self.pool.conv[:, SCRATCH_SLOT], self.pool.ssm[:, SCRATCH_SLOT] = scratch
             batch._started = False
             raise
-        batch.logits, batch.kv, batch._status = logits, kv, FORWARDED
         return logits
 
     def _restore_prepared_states(self, batch: PreparedPrefill) -> None:
@@ -547,6 +567,7 @@ class Engine:
         idx = torch.tensor(written, device=self.pool.conv.device)
         saved = self.pool.conv[:, idx].clone(), self.pool.ssm[:, idx].clone()
         new_tracks = [list(r.track_slots) for r in reqs]  # a donation swaps a slot in here
+        before = [(r.tokens, r.kv, r.next_token, r.track_slots, r.next_track) for r in reqs]
         undo = None  # taken before the first cache insert (only when one is due)
         try:
             ids = torch.cat([r.next_token for r in reqs])
@@ -568,16 +589,18 @@ class Engine:
                     if plan.snapshots[i] is not None:
                         self._donate(r.tokens + host[i][:-1], kvs[i], new_tracks[i], *plan.snapshots[i], undo)
             stacked = torch.stack(all_logits)
+            for i, r in enumerate(reqs):  # the commit, undone below if an interrupt cuts it short
+                r.tokens = r.tokens + host[i][:-1]  # what was fed: the previous next token, all but the last
+                r.kv, r.next_token = kvs[i], generated[-1][i:i + 1]
+                r.track_slots, r.next_track = new_tracks[i], plan.next_track[i]
         except BaseException:
+            for r, fields in zip(reqs, before):
+                r.tokens, r.kv, r.next_token, r.track_slots, r.next_track = fields
             if undo is not None:  # the inserts, fresh slots and evictions (before the states below)
                 undo.rollback()
             self.pool.conv[:, idx] = saved[0]
             self.pool.ssm[:, idx] = saved[1]
             raise
-        for i, r in enumerate(reqs):  # plain assignments: nothing below can fail
-            r.tokens = r.tokens + host[i][:-1]  # what was fed: the previous next token, all but the last
-            r.kv, r.next_token = kvs[i], generated[-1][i:i + 1]
-            r.track_slots, r.next_track = new_tracks[i], plan.next_track[i]
         return DecodeResult(rids, {rid: host[i][1:] for i, rid in enumerate(rids)}, stacked)
 
     @_single_threaded
@@ -600,7 +623,12 @@ class Engine:
                                  f"finish_prefill or abort_prefill its batch")
             if rid not in self.running:
                 raise ValueError(f"rids must be running requests; {rid!r} is not")
-        self.pool.free([s for rid in rids for s in (self.running[rid].working_slot,
-                                                    *self.running[rid].track_slots)], self._owner)
-        for rid in rids:
-            del self.running[rid]
+        undo = _Undo(self)
+        try:
+            self.pool.free([s for rid in rids for s in (self.running[rid].working_slot,
+                                                        *self.running[rid].track_slots)], self._owner)
+            for rid in rids:
+                del self.running[rid]
+        except BaseException:
+            undo.rollback()
+            raise

@@ -164,3 +164,26 @@ def rows_into_the_mask(mask, size):
 def test_an_answer_that_overwrites_its_input_fails(notebook, number, answer):
     verdict = remote_judge(notebook, number, answer)
     assert verdict.status == FAIL and "in place" in verdict.message, verdict.line()
+
+
+# --- fresh inputs per grading run, and a kernel that inherits no secrets ------------------------
+
+def test_check_seeds_are_fixed_in_a_notebook_and_fresh_per_grading_run(monkeypatch):
+    from mamba_edu.exercises.core import SEED_VARIABLE, check_seed
+    monkeypatch.delenv(SEED_VARIABLE, raising=False)
+    assert check_seed(60) == 60
+    seen = set()
+    for salt in ("1", "2", "987654321"):
+        monkeypatch.setenv(SEED_VARIABLE, salt)
+        seen.add(check_seed(60))
+    assert len(seen) == 3 and 60 not in seen
+
+
+def test_the_kernel_environment_is_an_allow_list(monkeypatch):
+    from mamba_edu.exercises.core import SEED_VARIABLE
+    from mamba_edu.exercises.remote import kernel_environment
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_secret")
+    monkeypatch.setenv(SEED_VARIABLE, "12345")
+    monkeypatch.setenv("PATH", "/usr/bin")
+    env = kernel_environment()
+    assert env["PATH"] == "/usr/bin" and "GITHUB_TOKEN" not in env and SEED_VARIABLE not in env

@@ -10,6 +10,7 @@ Checks live here, in the package; the answers do not (they are in ``notebooks/so
 
 from __future__ import annotations
 
+import os
 import traceback
 from collections import Counter
 from collections.abc import Callable
@@ -39,6 +40,17 @@ class Exercise:
     names: tuple[str, ...]
     check: Callable[..., str]
     forbidden: tuple[str, ...] = ()
+
+
+#: Set by the grader to a fresh number per grading run, so that no answer can be computed for the
+#: checks' inputs in advance; unset (a notebook, the tests), every check draws the same inputs.
+SEED_VARIABLE = "MAMBA_EDU_GRADING_SEED"
+
+
+def check_seed(base: int) -> int:
+    """The seed a check draws its inputs from: ``base``, moved by the grading run's own number."""
+    salt = os.environ.get(SEED_VARIABLE, "")
+    return base if not salt.isdigit() else (base * 1_000_003 + int(salt)) % 2**31
 
 
 @dataclass(frozen=True)

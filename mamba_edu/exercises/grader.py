@@ -267,8 +267,11 @@ def _run_worker(path: Path, timeout: int, sandbox: bool, package_root: Path) -> 
     cmd = [sys.executable, "-m", "mamba_edu.exercises.grader", "--worker", str(path.resolve()),
            "--timeout", str(timeout), "--hide", str(REPO_DIR / "notebooks" / "solutions")] + \
         (["--sandbox"] if sandbox else [])
+    from mamba_edu.exercises.core import SEED_VARIABLE
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1",
-           "PYTHONPATH": os.pathsep.join([str(package_root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+           "PYTHONPATH": os.pathsep.join([str(package_root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+           # fresh check inputs per run; an instructor who exports it reproduces one run exactly
+           SEED_VARIABLE: os.environ.get(SEED_VARIABLE) or str(secrets.randbelow(2**31))}
     budget = timeout * (len(code_cells(path)) + 100) + 300
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=env, start_new_session=True, text=True, cwd=package_root)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from mamba_edu.exercises.core import checker, exercise, observe
+from mamba_edu.exercises.core import check_seed, checker, exercise, observe
 from mamba_edu.profiling import count_syncs
 
 NOTEBOOK = "00_start_here"
@@ -69,7 +69,7 @@ def check_would_sync(fn) -> str:
 def check_tracked_rows(fn) -> str:
     """Masks with no, some, all and more than ``size`` rows set; the answer must equal
     ``nonzero_static``'s, be built without it (or ``nonzero``), and make no would-be sync."""
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(check_seed(0))
     cases = [(torch.zeros(5, dtype=torch.bool), 4), (torch.ones(5, dtype=torch.bool), 5),
              (torch.tensor([False, True, False, True, True]), 4), (torch.tensor([True, True, False, True]), 2),
              (torch.ones(8, dtype=torch.bool), 3),

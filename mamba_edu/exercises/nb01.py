@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from mamba_edu.exercises.core import checker, exercise, observe
+from mamba_edu.exercises.core import check_seed, checker, exercise, observe
 from mamba_edu.gdn import gdn_gating, l2norm, recurrent_gated_delta_rule
 from mamba_edu.testing import check as compare
 
@@ -30,7 +30,7 @@ def _fp32(t, name: str) -> None:
 def check_l2norm(fn) -> str:
     """Rows of all sizes, including tiny ones where the place of eps decides the result, and a
     bf16 input (the result is fp32 whatever the input)."""
-    gen = torch.Generator().manual_seed(11)
+    gen = torch.Generator().manual_seed(check_seed(11))
     x = torch.randn(7, 3, 16, generator=gen)
     x[0, 0] = 1e-4 * x[0, 0]  # Σx² ≈ 1e-7 < eps: eps outside the root would give a different row
     y = fn(x.clone())
@@ -47,7 +47,7 @@ def check_l2norm(fn) -> str:
 def check_gating(fn) -> str:
     """Compare with :func:`gdn_gating`, with ``a + dt_bias`` far above the softplus threshold
     (where log(1 + eˣ) overflows) and far below it; torch's softplus is refused."""
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator().manual_seed(check_seed(1))
     HV = 4
     A_log = torch.tensor([-2.0, 0.0, 1.0, 3.0])
     dt_bias = torch.randn(HV, generator=gen)
@@ -73,7 +73,7 @@ def check_head_recurrence(fn) -> str:
     """Every value head of GQA layers (1, 2 or 4 key heads; 1 to 9 tokens; K ≠ V; a scale that is
     not K^-½) from a random state, against the package's recurrence; ``S0`` must come back as it
     was."""
-    gen = torch.Generator().manual_seed(2)
+    gen = torch.Generator().manual_seed(check_seed(2))
     for H, HV, T in ((1, 3, 5), (2, 4, 1), (2, 6, 9), (4, 4, 7)):
         K, V, scale = 8, 4, 0.7
         q, k = l2norm(torch.randn(2, T, H, K, generator=gen))

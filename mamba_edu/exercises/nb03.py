@@ -28,7 +28,7 @@ import torch
 import triton
 
 from mamba_edu._runtime import default_device, triton_available, triton_interpreted, triton_missing_message
-from mamba_edu.exercises.core import checker, exercise
+from mamba_edu.exercises.core import check_seed, checker, exercise
 from mamba_edu.gdn import l2norm, recurrent_gated_delta_rule
 from mamba_edu.testing import check as compare
 
@@ -71,7 +71,7 @@ def check_l2norm_kernel(kernel) -> str:
     _require_triton(1)
     _require_kernel(kernel, "my_l2norm_kernel")
     dev = default_device()  # CUDA tensors on a GPU, CPU tensors in the interpreter
-    gen = torch.Generator().manual_seed(3)
+    gen = torch.Generator().manual_seed(check_seed(3))
     for n_rows, D, ROWS in ((37, 24, 16), (9, 16, 4)):
         wide = torch.randn(n_rows, D + 7, generator=gen)
         wide[1, :D] *= 1e-4  # Σx² ≈ 1e-7·D/10 < 1e-6: eps outside the root gives another row
@@ -183,7 +183,7 @@ def check_recurrent_kernel(kernel) -> str:
     _require_triton(3)
     _require_kernel(kernel, "my_recurrent_kernel")
     dev = default_device()  # CUDA tensors on a GPU, CPU tensors in the interpreter
-    gen = torch.Generator().manual_seed(9)
+    gen = torch.Generator().manual_seed(check_seed(9))
     for lengths, H, HV, K, V in (([5, 1, 13], 2, 4, 16, 32), ([7, 3], 1, 2, 32, 16)):
         T, N = sum(lengths), len(lengths)
         cu = [0]
@@ -235,7 +235,7 @@ def check_chunk_step_kernel(kernel) -> str:
     _require_kernel(kernel, "my_chunk_step_kernel")
     dev = default_device()  # CUDA tensors on a GPU, CPU tensors in the interpreter
     tol = 1e-5 if triton_interpreted() else 5e-3  # a GPU runs fp32 dots as tf32
-    gen = torch.Generator().manual_seed(12)
+    gen = torch.Generator().manual_seed(check_seed(12))
     for C, K, V, lengths, strength in ((16, 16, 32, [16, 5, 1, 16], 0.05), (32, 16, 16, [32, 17, 2], 2.0)):
         NC = len(lengths)
         n = torch.tensor(lengths, dtype=torch.int32)

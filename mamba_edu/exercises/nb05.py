@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from mamba_edu.exercises.core import checker, exercise
+from mamba_edu.exercises.core import check_seed, checker, exercise
 from mamba_edu.serving import RadixCache, StatePool, plan_tracking
 
 NOTEBOOK = "05_state_pool_and_prefix_cache"
@@ -61,7 +61,7 @@ def _random_cache(rng: random.Random, pool: StatePool) -> tuple[RadixCache, list
 def check_match(fn) -> str:
     """Random radix caches; ``fn(cache.root, prompt, max_length)`` must return the
     ``(length, slot)`` of :meth:`RadixCache.match` (``(0, None)`` on a miss)."""
-    rng = random.Random(5)
+    rng = random.Random(check_seed(5))
     pool = StatePool(1, 64, conv_dim=2, conv_width=2, value_heads=1, key_dim=1, value_dim=1)
     n = 0
     for _ in range(40):

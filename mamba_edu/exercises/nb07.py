@@ -17,7 +17,7 @@ import random
 
 import torch
 
-from mamba_edu.exercises.core import checker, exercise, observe
+from mamba_edu.exercises.core import check_seed, checker, exercise, observe
 from mamba_edu.exercises.nb06 import toy_batch
 from mamba_edu.serving import SCRATCH_SLOT
 from mamba_edu.serving.tracking import TrackIndices, TrackingStrategy, sglang_track_metadata
@@ -33,7 +33,7 @@ _NAMES = ("dst", "conv_positions", "working", "checkpoint", "from_final")
 def check_precomputed_indices(fn) -> str:
     """Random batches; ``rows`` found outside the sniffer; ``fn`` must not sync and must match
     the indices the package builds (SGLang's per-forward metadata)."""
-    rng = random.Random(7)
+    rng = random.Random(check_seed(7))
     n = 0
     for trial in range(25):
         size = rng.randint(1, 5)
@@ -118,9 +118,9 @@ def check_prepare(fn) -> str:
     from mamba_edu.engine import Engine
     from mamba_edu.model import build_model
 
-    torch.manual_seed(0)
+    torch.manual_seed(check_seed(0))
     model = build_model("tiny", device="cpu")
-    prompt = torch.randint(0, model.config.vocab, (500,), generator=torch.Generator().manual_seed(7)).tolist()
+    prompt = torch.randint(0, model.config.vocab, (500,), generator=torch.Generator().manual_seed(check_seed(7))).tolist()
     theirs = Engine(model, strategy="precomputed", max_requests=3)
     mine = Engine(model, strategy="precomputed", max_requests=3)
     strategy = _LearnerPrecomputed(fn)
@@ -153,8 +153,8 @@ def check_prepare(fn) -> str:
 def check_masked_copy(fn) -> str:
     """Random pools: ``fn(pool, src, dst, mask)`` must leave ``pool[dst[i]] = src[i]`` for every row
     with ``mask[i]`` and every other slot but the scratch slot as it was, with no sync."""
-    gen = torch.Generator().manual_seed(73)
-    rng = random.Random(73)
+    gen = torch.Generator().manual_seed(check_seed(73))
+    rng = random.Random(check_seed(73))
     cases = [[True, False, True], [False, False], [True], [False, True, False, False, True]]
     cases += [[rng.random() < 0.5 for _ in range(rng.randint(1, 6))] for _ in range(8)]
     for case, mask_list in enumerate(cases):

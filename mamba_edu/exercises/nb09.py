@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 
 from mamba_edu._runtime import data_dir
-from mamba_edu.exercises.core import checker, exercise
+from mamba_edu.exercises.core import check_seed, checker, exercise
 from mamba_edu.profiling.bubbles import (
     GPU_CATEGORIES,
     analyze_trace,
@@ -83,7 +83,7 @@ def _synthetic_lanes():
     yield "lane starting before the window", [(-10, 3), (8, 9), (30, 60), (10, 12)], 0, 80, 5
     yield ("lane with kernels outside the window", [(0, 4), (130, 140), (12, 30), (-20, -5), (95, 130),
                                                     (110, 125), (40, 41)], 10, 100, 5)
-    gen = random.Random(9)
+    gen = random.Random(check_seed(9))
     for n in range(3):
         intervals = []
         for _stream in range(3):
@@ -112,7 +112,7 @@ def check_gpu_lane(fn) -> str:
         events = trace_events(load_trace(path))
         start, end, gpu = forward_window(events, forward_range(events, "prefill_forward"))
         intervals = [(e.start, e.end) for e in gpu if e.cat in GPU_CATEGORIES]
-        random.Random(0).shuffle(intervals)  # a trace lists streams one after the other
+        random.Random(check_seed(0)).shuffle(intervals)  # a trace lists streams one after the other
         a = analyze_trace(path, "prefill_forward")
         busy, gaps = fn(intervals, start, end, a.threshold_us)
         total = sum(e - s for s, e in busy)

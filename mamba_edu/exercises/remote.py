@@ -41,6 +41,18 @@ class LearnerError(Exception):
     """The learner's function raised; ``str`` says what and where."""
 
 
+#: The only variables the learner's kernel inherits: what Python, Jupyter, torch and Triton need to
+#: run, and the grader's private folders. Tokens, credentials and the grading seed stay behind.
+KERNEL_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV",
+              "IPYTHONDIR", "MPLCONFIGDIR", "JUPYTER_RUNTIME_DIR", "TRITON_CACHE_DIR", "TRITON_INTERPRET",
+              "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "LD_LIBRARY_PATH")
+
+
+def kernel_environment() -> dict:
+    """This process's environment cut down to :data:`KERNEL_ENV`."""
+    return {k: os.environ[k] for k in KERNEL_ENV if k in os.environ}
+
+
 def _fresh_digests() -> dict:
     """Digests of the instruments' code, compiled from the files (not from the loaded modules)."""
     import importlib.util
@@ -79,7 +91,7 @@ class KernelSession:
         if kernel_cmd_prefix:
             self.km.ip = str(self.channel / "kernel")
             self.km.connection_file = str(self.channel / "kernel.json")
-        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg"}
+        env = {**kernel_environment(), "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg"}
         if kernel_cmd_prefix:
             self.km.kernel_cmd = None
             from jupyter_client.kernelspec import KernelSpecManager

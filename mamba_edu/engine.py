@@ -215,7 +215,8 @@ class Engine:
             StatePool.for_model(self.config, capacity, model.device, model.dtype), strategy,
             self.config.conv_width)
         self.pool = backend.pool
-        self.cache = RadixCache(self.pool, working_slots=self._working_slots)
+        self.cache = RadixCache(self.pool, working_slots=self._working_slots,
+                                kv_layers=len(self.config.attn_layers))
         self.backend = backend
         self._owner = _Owner()
         self.running: dict[Hashable, RunningRequest] = {}
@@ -314,7 +315,7 @@ class Engine:
                 raise RuntimeError(f"internal error: planned slots {slots}, allocated {taken}")
             for m, slot in zip(matches, working):
                 if m.slot is not None:
-                    self.pool.copy_slot(m.slot, slot)
+                    self.pool.copy_slot(m.slot, slot, self._owner)
             for m in matches:
                 self.cache.lock(m.node, self._owner)
                 self.cache.touch(m)
@@ -373,7 +374,7 @@ class Engine:
         self.pool.ssm[:, idx] = 0
         for m, slot in zip(batch._matches, batch.forward_batch.working_slots):
             if m.slot is not None:
-                self.pool.copy_slot(m.slot, slot)
+                self.pool.copy_slot(m.slot, slot, self._owner)
 
     @_single_threaded
     def reset_prefill(self, batch: PreparedPrefill) -> None:

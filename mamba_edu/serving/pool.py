@@ -138,11 +138,15 @@ class StatePool:
         slots = self._check_slots("slots", slots, owner, check_owner=True)
         self._owner.update(dict.fromkeys(slots, new_owner))
 
-    def copy_slot(self, src: int, dst: int) -> None:
-        """Copy slot ``src``'s conv and SSM states into ``dst``, all layers at once."""
+    def copy_slot(self, src: int, dst: int, owner=None) -> None:
+        """Copy slot ``src``'s conv and SSM states into ``dst``, all layers at once; ``dst`` must
+        be ``owner``'s (a cached snapshot is the cache's: nobody else writes it)."""
         for s, name in ((src, "src"), (dst, "dst")):
             if not self.is_allocated(s):
                 raise ValueError(f"{name} must be an allocated slot; got {s!r}")
+        if self._owner[dst] is not owner:
+            raise ValueError(f"dst {dst} belongs to {self._owner[dst]!r}, not to {owner!r}: only a "
+                             f"slot's owner writes it")
         if src == dst:
             return
         self.conv[:, dst] = self.conv[:, src]

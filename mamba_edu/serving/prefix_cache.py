@@ -38,6 +38,12 @@ class RadixNode:
     children: dict[int, RadixNode] = field(default_factory=dict)
     holders: list = field(default_factory=list, repr=False)  # one entry per lock: who took it
 
+    def __repr__(self) -> str:  # flat: a deep tree must not recurse through parent and children
+        head = self.tokens[:4]
+        more = f", … {len(self.tokens)} tokens" if len(self.tokens) > 4 else ""
+        return (f"RadixNode(tokens={head}{more}, depth={self.depth}, slot={self.slot}, "
+                f"children={len(self.children)}, locks={self.refcount})")
+
     @property
     def refcount(self) -> int:
         """Number of locks held on this node."""
@@ -67,19 +73,33 @@ class PrefixMatch:
     path: tuple = field(default=(), repr=False)  # the nodes walked, for RadixCache.touch
 
 
+class _CacheKey:
+    """What the pool records as the owner of the cache's snapshots: a key only the cache holds,
+    so that no caller can pass as the cache by handing over the cache object."""
+
+    def __repr__(self) -> str:
+        return "the prefix cache"
+
+
 class RadixCache:
     """Prefix cache. ``pool`` is the :class:`StatePool` whose slots the snapshots occupy.
 
     ``working_slots``: called by :meth:`insert`, returns the slots that forwards write now (an
     engine's running requests' and prepared batches' working slots); none of them may become a
-    snapshot. Without it, only the pool's own rules apply.
+    snapshot. Without it, only the pool's own rules apply. ``kv_layers``: the model's number of
+    attention layers, which every entry's ``kv`` must have (None: the first entry's count).
     """
 
-    def __init__(self, pool, working_slots: Callable[[], Collection[int]] = tuple):
+    def __init__(self, pool, working_slots: Callable[[], Collection[int]] = tuple,
+                 kv_layers: int | None = None):
+        if kv_layers is not None and (type(kv_layers) is not int or kv_layers < 0):
+            raise ValueError(f"kv_layers must be an int >= 0 (the model's attention layers); got {kv_layers!r}")
         self.pool = pool
         self.working_slots = working_slots
+        self.kv_layers = kv_layers
         self.root = RadixNode((), None, [])
         self._clock = itertools.count(1)
+        self._key = _CacheKey()  # the pool's owner of every snapshot slot
 
     # ---- lookup -------------------------------------------------------------------------
     def match(self, token_ids: list[int], max_length: int | None = None, touch: bool = True) -> PrefixMatch:
@@ -218,7 +238,7 @@ class RadixCache:
         node.last_used = next(self._clock)
         if node.slot is not None:
             return False
-        self.pool.transfer([slot], owner, self)
+        self.pool.transfer([slot], owner, self._key)
         node.slot = slot
         return True
 
@@ -233,7 +253,7 @@ class RadixCache:
             raise ValueError(f"slot must not be the scratch slot {SCRATCH_SLOT} (every forward may write it)")
         if not self.pool.is_allocated(slot):
             raise ValueError(f"slot must be allocated in the pool (pool.alloc); slot {slot} is free")
-        if slot in self.snapshot_slots() or self.pool.owner_of(slot) is self:
+        if slot in self.snapshot_slots() or self.pool.owner_of(slot) is self._key:
             raise ValueError(f"slot {slot} is already owned by the cache (another entry's snapshot); "
                              f"insert a slot that holds this prefix's own snapshot")
         if slot in self.working_slots():
@@ -245,6 +265,9 @@ class RadixCache:
                              f"only a slot's owner can hand it to the cache")
         if not isinstance(kv, (list, tuple)):
             raise ValueError(f"kv must be a list of per-attention-layer (k, v); got {type(kv).__name__}")
+        if self.kv_layers is not None and len(kv) != self.kv_layers:
+            raise ValueError(f"kv must have one (k, v) per attention layer of the model ({self.kv_layers}); "
+                             f"got {len(kv)}")
         example = self._kv_example()
         if example is not None and len(kv) != len(example):
             raise ValueError(f"kv must have one (k, v) per attention layer ({len(example)}, as the cached "
@@ -297,15 +320,17 @@ class RadixCache:
     def evictable_slots(self) -> int:
         """How many snapshot slots :meth:`evict` could free (all unlocked snapshots whose
         subtree holds no locked node)."""
-        def count(node) -> tuple[int, bool]:
-            total, locked = 0, node.refcount > 0
-            for child in node.children.values():
-                n, child_locked = count(child)
-                total, locked = total + n, locked or child_locked
-            if not locked and node.slot is not None:
-                total += 1
-            return total, locked
-        return count(self.root)[0]
+        order, stack = [], [self.root]  # parents before children; counted in reverse, no recursion
+        while stack:
+            node = stack.pop()
+            order.append(node)
+            stack.extend(node.children.values())
+        locked_below, total = {}, 0
+        for node in reversed(order):
+            locked = node.refcount > 0 or any(locked_below[id(c)] for c in node.children.values())
+            locked_below[id(node)] = locked
+            total += not locked and node.slot is not None
+        return total
 
     def eviction_plan(self, n_slots: int, protect=()) -> list[RadixNode]:
         """The nodes :meth:`evict` would remove (in order) to free ``n_slots`` snapshot slots,
@@ -344,7 +369,7 @@ class RadixCache:
         """
         plan = self.eviction_plan(n_slots, protect)
         slots = [leaf.slot for leaf in plan if leaf.slot is not None]
-        self.pool.free(slots, self)
+        self.pool.free(slots, self._key)
         for leaf in plan:
             del leaf.parent.children[leaf.tokens[0]]
         return len(slots)

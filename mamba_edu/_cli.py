@@ -77,8 +77,9 @@ def plain(text: str | None) -> str:
     return _ROLE.sub(r"\1", text).replace("``", "").replace("**", "")
 
 
-def _number(kind: type, least, strict: bool, what: str):
-    """An argparse type: ``kind(value)`` that must be ``> least`` (strict) or ``>= least``."""
+def _number(kind: type, least, strict: bool, what: str, most=None):
+    """An argparse type: ``kind(value)`` that must be ``> least`` (strict) or ``>= least``, and
+    at most ``most`` when given."""
     def parse(value: str):
         try:
             x = kind(value)
@@ -88,6 +89,8 @@ def _number(kind: type, least, strict: bool, what: str):
             raise argparse.ArgumentTypeError(f"expected a finite number, got {value!r}")
         if x < least or (strict and x == least):
             raise argparse.ArgumentTypeError(f"must be {'above' if strict else 'at least'} {least}, got {value}")
+        if most is not None and x > most:
+            raise argparse.ArgumentTypeError(f"must be at most {most}, got {value}")
         return x
     parse.__name__ = what.replace(" ", "_")  # argparse names the type in its error messages
     return parse
@@ -96,6 +99,8 @@ def _number(kind: type, least, strict: bool, what: str):
 positive_int = _number(int, 1, False, "a whole number")
 non_negative_int = _number(int, 0, False, "a whole number")
 positive_float = _number(float, 0, True, "a number")
+seed_int = _number(int, 0, False, "a whole number", most=2**63 - 1)  # what torch's generators take
+timeout_seconds = _number(int, 1, False, "a whole number of seconds", most=86_400)
 
 
 def unwritable_reason(folder: Path) -> str | None:
@@ -118,9 +123,18 @@ def unwritable_reason(folder: Path) -> str | None:
 
 
 def check_out_dir(parser: argparse.ArgumentParser, folder: Path, option: str = "--out") -> None:
-    """``parser.error`` (exit 2) unless ``folder`` can be created and written to."""
+    """``parser.error`` (exit 2) unless ``folder`` can be created and written to: it is created
+    now and a probe file written and removed (permission bits alone do not tell, e.g. as root or
+    under /proc)."""
     if why := unwritable_reason(folder):
         parser.error(f"{option} {folder}: {why}")
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        probe = Path(folder) / f".mamba_edu-write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        parser.error(f"{option} {folder}: cannot write there ({err.strerror or err})")
 
 
 def resolve_device(parser: argparse.ArgumentParser, choice: str):

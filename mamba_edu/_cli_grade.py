@@ -36,7 +36,7 @@ import sys
 import threading
 from pathlib import Path
 
-from mamba_edu._cli import HelpFormatter, positive_int, prog_name, unwritable_reason
+from mamba_edu._cli import HelpFormatter, positive_int, prog_name, timeout_seconds, unwritable_reason
 
 GRADE_NEEDS = ("nbformat", "nbclient", "ipykernel")  # the extra "grade": pip install 'mamba_edu[grade]'
 
@@ -52,8 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("path", type=Path,
                         help="a notebook (.ipynb), a folder of notebooks, or a class folder (one "
                              "sub-folder per student)")
-    parser.add_argument("--timeout", type=positive_int, default=900,
-                        help="seconds one cell, or one call of a learner's function, may run")
+    parser.add_argument("--timeout", type=timeout_seconds, default=900,
+                        help="seconds one cell, or one call of a learner's function, may run "
+                             "(at most a day)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON report (per student, notebook and exercise) instead of lines")
     parser.add_argument("--sandbox", action="store_true",

@@ -286,3 +286,19 @@ def install_triton_stand_in() -> bool:
 
 
 install_triton_stand_in()
+
+
+def free_memory_bytes(device) -> int | None:
+    """Memory free for new tensors on ``device``: the GPU's free memory, or the host's available
+    memory (``MemAvailable`` of ``/proc/meminfo``); None where it cannot be read."""
+    import torch
+    if torch.device(device).type == "cuda":
+        return torch.cuda.mem_get_info(torch.device(device))[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

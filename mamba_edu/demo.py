@@ -181,7 +181,23 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> arg
     check_out_dir(parser, args.out)
     if args.tp > 1:
         check_tp_args(parser, args)
+    elif args.preset != "auto":
+        check_fits(parser, args.preset, args.device)
     return args
+
+
+def check_fits(parser: argparse.ArgumentParser, preset: str, device: torch.device) -> None:
+    """A usage error, before anything is allocated, when the preset's weights alone exceed the
+    memory the device has free."""
+    from mamba_edu._runtime import free_memory_bytes
+    from mamba_edu.model.hybrid import weight_bytes
+
+    need = weight_bytes(preset, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    have = free_memory_bytes(device)
+    if have is not None and need > have:
+        parser.error(f"--preset {preset} needs about {need / 2**30:.1f} GiB for its weights alone, and "
+                     f"{device.type} has {have / 2**30:.1f} GiB free: use --preset tiny (or qwen3.5-tp8, "
+                     f"one GPU's slice of Qwen3.5)")
 
 
 def check_tp_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

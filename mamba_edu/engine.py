@@ -60,6 +60,10 @@ from mamba_edu.serving.requests import (DecodeResult, EngineStats, PrefillResult
                                         check_rid)
 
 
+#: Most steps one ``decode`` call takes: its logits and KV grow with every step until it returns.
+MAX_DECODE_STEPS = 1 << 16
+
+
 def _positive_int(name: str, value) -> int:
     if type(value) is not int or value < 1:
         raise ValueError(f"{name} must be a positive int; got {value!r}")
@@ -558,6 +562,9 @@ class Engine:
         the working slots' states back and leaves every request as it was.
         """
         _positive_int("steps", steps)
+        if steps > MAX_DECODE_STEPS:
+            raise ValueError(f"steps must be at most {MAX_DECODE_STEPS} per call (every step's logits and "
+                             f"KV are kept until the call returns); got {steps}: call decode again")
         reqs = list(self.running.values())
         if not reqs:
             raise ValueError("decode needs running requests: call prefill first")

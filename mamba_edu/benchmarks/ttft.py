@@ -386,7 +386,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The bench's options (shared by ``mamba-edu bench`` and ``python -m
     mamba_edu.benchmarks.ttft``); the values are checked by :func:`check_args`."""
-    from mamba_edu._cli import DEVICES, non_negative_int, positive_float, positive_int
+    from mamba_edu._cli import DEVICES, non_negative_int, positive_float, positive_int, seed_int
     from mamba_edu.model.config import PRESETS
 
     p.add_argument("--device", choices=DEVICES, default="auto",
@@ -414,7 +414,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="measure nothing: redraw the figures from --out/results.json and its traces")
     p.add_argument("--dtype", choices=DTYPES, default="auto",
                    help="model dtype; auto = bfloat16 on a GPU, float32 on a CPU")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and prompts")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the weights and prompts")
     p.add_argument("--tp", type=positive_int, default=1, metavar="N",
                    help="tensor parallelism over N ranks, one process each, started by torchrun: "
                         "torchrun --nproc-per-node N -m mamba_edu bench --tp N (gloo on the CPU, "

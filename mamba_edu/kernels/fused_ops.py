@@ -17,6 +17,8 @@ token ``r // heads`` (``heads = 1`` for ``[T, width]``), and one program owns ``
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -107,9 +109,11 @@ def _launch_rms(x, delta, z, weight, eps, heads, stride_x, want_sum):
     """Launch :func:`rms_norm_kernel` over ``x.numel() // D`` rows; returns ``(s or None, y)``,
     both contiguous ``[rows, D]`` in x's dtype."""
     D = weight.shape[0]
-    n_rows = x.numel() // D
+    n_rows = math.prod(x.shape[:-1]) * (x.shape[-1] // D if D else 1)  # rows of D, also when D = 0
     y = torch.empty(n_rows, D, device=x.device, dtype=x.dtype)
     s = torch.empty_like(y) if want_sum else None
+    if y.numel() == 0:  # nothing to normalise: no launch (a grid of 0 programs, or D = 0)
+        return s, y
     block, rows, warps = _tiling(D)
     rms_norm_kernel[(triton.cdiv(n_rows, rows),)](
         x, delta, z, weight, s, y, n_rows, heads, D, stride_x,
@@ -217,6 +221,8 @@ def _silu_mul(gate_up, backend):
     T, F2 = gate_up.shape
     Fw = F2 // 2
     y = torch.empty(T, Fw, device=gate_up.device, dtype=gate_up.dtype)
+    if y.numel() == 0:
+        return y
     block, rows, warps = _tiling(Fw, max_block=1024)
     silu_mul_kernel[(triton.cdiv(T, rows), triton.cdiv(Fw, block))](
         gate_up, y, T, Fw, gate_up.stride(0), rows, block, num_warps=warps)

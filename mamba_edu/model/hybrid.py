@@ -157,3 +157,13 @@ def build_model(preset: str | ModelConfig = "tiny", device=None, dtype=torch.flo
     cfg = get_config(preset, **overrides)
     return HybridModel(cfg, device=default_device() if device is None else torch.device(device),
                        dtype=dtype, seed=seed).eval()
+
+
+def weight_bytes(preset: str | ModelConfig, dtype=torch.float32, **overrides) -> int:
+    """Bytes of a preset's weights at ``dtype``, counted on a model built without memory
+    (``FakeTensorMode``: shapes, no data), so that a command can refuse a model that does not
+    fit before it allocates anything."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        model = build_model(preset, device="cpu", dtype=dtype, **overrides)
+        return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))

@@ -18,6 +18,7 @@ Any failure raises :class:`RankFailure`, whose message names every rank and what
 
 from __future__ import annotations
 
+import math
 import os
 import queue as queue_mod
 import socket
@@ -109,6 +110,10 @@ def launch(job, world: int, args: tuple = (), *, device_type: str = "cpu", timeo
 
     if type(world) is not int or world < 1:
         raise ValueError(f"world must be an int >= 1; got {world!r}")
+    for name, value in (("timeout", timeout), ("collective_timeout", collective_timeout), ("grace", grace)):
+        if value is not None and (type(value) not in (int, float) or not math.isfinite(value) or value <= 0):
+            raise ValueError(f"{name} must be a finite number of seconds > 0 (a hung rank is stopped "
+                             f"after it); got {value!r}")
     grace = collective_timeout + 10.0 if grace is None else grace
     ctx = mp.get_context("spawn")
     results = ctx.Queue()

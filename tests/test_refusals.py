@@ -1,0 +1,70 @@
+"""Bad input refused in one line (issue: commands and kernels that end in tracebacks, allocate
+without an estimate, or run without a bound)."""
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _helpers import run_main  # noqa: E402
+from test_misuse import MODEL, P  # noqa: E402
+
+from mamba_edu.engine import MAX_DECODE_STEPS, Engine, Request  # noqa: E402
+from mamba_edu.kernels.fused_ops import add_rms_norm, gated_rms_norm, rms_norm, silu_mul  # noqa: E402
+
+
+@pytest.mark.parametrize("argv, says", [
+    (("bench", "--seed", str(10**30), "--quick"), "--seed: must be at most"),
+    (("grade", "--timeout", str(10**8), "notebooks"), "--timeout: must be at most 86400"),
+    (("demo", "--out", "/proc/no-such-folder", "--device", "cpu", "--preset", "tiny"), "cannot write there"),
+])
+def test_a_bad_argument_is_one_usage_line(capsys, argv, says):
+    code, out, err = run_main(capsys, *argv)
+    assert code == 2 and says in err and "Traceback" not in err, err
+
+
+def test_a_model_too_large_for_the_machine_is_refused_with_its_size(capsys, monkeypatch):
+    import mamba_edu._runtime as runtime
+    monkeypatch.setattr(runtime, "free_memory_bytes", lambda device: 2**30)  # 1 GiB free
+    code, _, err = run_main(capsys, "demo", "--preset", "qwen3-next", "--device", "cpu")
+    assert code == 2 and "GiB for its weights alone" in err and "1.0 GiB free" in err, err
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("case", ["rms T=0", "rms D=0", "add D=0", "gated V=0", "gated T=0", "silu F=0", "silu T=0"])
+def test_zero_size_dimensions_give_empty_outputs(backend, case):
+    calls = {
+        "rms T=0": (lambda: rms_norm(torch.zeros(0, 8), torch.ones(8), 1e-6, backend=backend), (0, 8)),
+        "rms D=0": (lambda: rms_norm(torch.zeros(3, 0), torch.ones(0), 1e-6, backend=backend), (3, 0)),
+        "add D=0": (lambda: add_rms_norm(torch.zeros(3, 0), torch.zeros(3, 0), torch.ones(0), 1e-6,
+                                         backend=backend)[1], (3, 0)),
+        "gated V=0": (lambda: gated_rms_norm(torch.zeros(3, 2, 0), torch.zeros(3, 0), torch.ones(0), 1e-6,
+                                             backend=backend), (3, 2, 0)),
+        "gated T=0": (lambda: gated_rms_norm(torch.zeros(0, 2, 4), torch.zeros(0, 8), torch.ones(4), 1e-6,
+                                             backend=backend), (0, 2, 4)),
+        "silu F=0": (lambda: silu_mul(torch.zeros(3, 0), backend=backend), (3, 0)),
+        "silu T=0": (lambda: silu_mul(torch.zeros(0, 8), backend=backend), (0, 4)),
+    }
+    call, shape = calls[case]
+    assert tuple(call().shape) == shape
+
+
+def test_decode_steps_are_bounded_and_a_refused_call_changes_nothing():
+    engine = Engine(MODEL, strategy="sync_free", max_requests=1)
+    engine.prefill([Request("a", P[:20])])
+    tokens = list(engine.running["a"].tokens)
+    with pytest.raises(ValueError, match=f"at most {MAX_DECODE_STEPS}"):
+        engine.decode(2**62)
+    assert engine.running["a"].tokens == tokens
+
+
+@pytest.mark.parametrize("kw", [{"timeout": math.nan}, {"timeout": math.inf}, {"collective_timeout": -1.0},
+                                {"grace": 0}])
+def test_tp_launch_needs_finite_timeouts(kw):
+    from mamba_edu.tp.launch import launch
+    with pytest.raises(ValueError, match="finite number of seconds"):
+        launch(print, 1, **kw)

@@ -68,3 +68,32 @@ def test_tp_launch_needs_finite_timeouts(kw):
     from mamba_edu.tp.launch import launch
     with pytest.raises(ValueError, match="finite number of seconds"):
         launch(print, 1, **kw)
+
+
+# --- the trace command: untrusted text, many traces ------------------------------------------
+
+def hostile_trace(path: Path, op: str) -> Path:
+    from test_trace_loader_hostile import small_trace, write
+    trace = small_trace()
+    for event in trace["traceEvents"]:
+        if event["name"] == "aten::nonzero":
+            event["name"] = op  # a bubble's cause, which the report names
+    return write(path, trace)
+
+
+def test_escape_codes_and_lone_surrogates_in_a_trace_reach_no_terminal(capsys, tmp_path):
+    path = hostile_trace(tmp_path / "t.json", "aten::\x1b[2J\x1b]0;owned\x07mm\udc80")
+    code, out, err = run_main(capsys, "trace", str(path), "--no-plot", "--top", "5")
+    assert code == 0, err
+    assert "\x1b" not in out and "\x07" not in out and "\\x1b[2J" in out and "\\udc80" in out
+
+
+def test_the_timeline_of_many_traces_draws_a_bounded_number_of_rows(capsys, tmp_path):
+    from mamba_edu._cli_trace import MAX_ROWS
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(MAX_ROWS + 6):
+        hostile_trace(folder / f"t{i:03d}.json", "aten::mm")
+    code, out, err = run_main(capsys, "trace", str(folder), "--out", str(tmp_path / "t.png"))
+    assert code == 0, err
+    assert f"the first {MAX_ROWS} of {MAX_ROWS + 6} traces" in out and out.count("GPU busy") >= MAX_ROWS + 6

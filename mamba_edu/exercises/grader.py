@@ -31,11 +31,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import mamba_edu
+from mamba_edu.exercises.containment import (become_subreaper, children, kill_descendants, limit_resources,
+                                             not_dumpable)
 
 PACKAGE_DIR = Path(mamba_edu.__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
@@ -219,12 +222,16 @@ def _worker_main(argv) -> int:
     parser.add_argument("--sandbox", action="store_true")
     parser.add_argument("--hide", action="append", default=[])
     args = parser.parse_args(argv)
+    not_dumpable()      # before the secret arrives: no other process reads it from this one
+    become_subreaper()  # whatever the kernel starts, setsid or not, stays this process's to kill
+    limit_resources()
     secret = sys.stdin.readline().strip()
     sys.stdin.close()
     out = os.fdopen(os.dup(1), "w")
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)  # nothing else this process prints reaches the reporting pipe
     result = grade_one(args.worker, args.timeout, args.sandbox, args.hide)
+    kill_descendants()  # the verdict is written once nothing the notebook started is alive
     out.write(secret + json.dumps(asdict(result)) + "\n")
     out.flush()
     return 0
@@ -257,12 +264,27 @@ def private_package(snapshot: dict[str, bytes], workdir: Path) -> Path:
         path = workdir / "mamba_edu" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-    if (REPO_DIR / "data").is_dir():
-        (workdir / "data").symlink_to(REPO_DIR / "data")  # data_dir(): the recorded traces
+    if (REPO_DIR / "data").is_dir():  # data_dir(): the recorded results; a copy, no path back
+        shutil.copytree(REPO_DIR / "data", workdir / "data", symlinks=False)
     return workdir
 
 
+#: The grading workers running now (several with ``--jobs``) and the children this process had
+#: before grading began: what :func:`_run_worker` spares when it kills the processes this one
+#: adopted from a worker that died.
+_WORKERS: set[int] = set()
+_WORKERS_LOCK = threading.Lock()
+
+
 def _run_worker(path: Path, timeout: int, sandbox: bool, package_root: Path) -> NotebookResult:
+    try:
+        return _worker_result(path, timeout, sandbox, package_root)
+    finally:  # a worker killed from its kernel leaves its kernel's processes to us (a subreaper)
+        with _WORKERS_LOCK:
+            kill_descendants(keep=frozenset(_WORKERS))
+
+
+def _worker_result(path: Path, timeout: int, sandbox: bool, package_root: Path) -> NotebookResult:
     secret = secrets.token_hex(16)
     cmd = [sys.executable, "-m", "mamba_edu.exercises.grader", "--worker", str(path.resolve()),
            "--timeout", str(timeout), "--hide", str(REPO_DIR / "notebooks" / "solutions")] + \
@@ -273,8 +295,10 @@ def _run_worker(path: Path, timeout: int, sandbox: bool, package_root: Path) -> 
            # fresh check inputs per run; an instructor who exports it reproduces one run exactly
            SEED_VARIABLE: os.environ.get(SEED_VARIABLE) or str(secrets.randbelow(2**31))}
     budget = timeout * (len(code_cells(path)) + 100) + 300
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env, start_new_session=True, text=True, cwd=package_root)
+    with _WORKERS_LOCK:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=env, start_new_session=True, text=True, cwd=package_root)
+        _WORKERS.add(proc.pid)
     try:
         out, err = proc.communicate(secret + "\n", timeout=budget)
     except subprocess.TimeoutExpired:
@@ -286,6 +310,9 @@ def _run_worker(path: Path, timeout: int, sandbox: bool, package_root: Path) -> 
             os.killpg(proc.pid, 9)  # the worker's kernel and anything it left behind
         except ProcessLookupError:
             pass
+        proc.wait()
+        with _WORKERS_LOCK:
+            _WORKERS.discard(proc.pid)
     for line in out.splitlines():
         if line.startswith(secret):
             data = json.loads(line[len(secret):])
@@ -301,6 +328,10 @@ def grade_paths(paths: list[Path], timeout: int, sandbox: bool = False, report=N
     ``started(path)`` before each and ``report(result)`` after each."""
     from mamba_edu.exercises import core
 
+    not_dumpable()      # no notebook writes into this process's output or reads its memory
+    become_subreaper()  # the processes of a worker that was killed come back here, to be killed
+    with _WORKERS_LOCK:
+        _WORKERS.update(children())  # the caller's own children are not the notebooks' to lose
     snapshot = _package_snapshot()
     results = []
     for path in paths:

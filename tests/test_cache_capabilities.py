@@ -60,3 +60,21 @@ def test_a_deep_cache_needs_no_recursion():
     assert match.length == depth and "RadixNode" in repr(match)
     assert cache.evictable_slots() == depth
     assert cache.evict(depth) == depth and not cache.snapshot_slots()
+
+
+# --- files a learner controls: read once, regular only ---------------------------------------
+
+def test_read_regular_refuses_links_pipes_devices_and_folders_at_the_open(tmp_path):
+    import os
+
+    from mamba_edu.exercises.containment import read_regular
+    (tmp_path / "nb.ipynb").write_bytes(b"{}")
+    assert read_regular(tmp_path / "nb.ipynb") == b"{}"
+    (tmp_path / "link.ipynb").symlink_to(tmp_path / "nb.ipynb")
+    os.mkfifo(tmp_path / "reply.pt")  # a reader that opened it blocking would wait for ever
+    for path in (tmp_path / "link.ipynb", tmp_path / "reply.pt", Path("/dev/zero"), tmp_path):
+        with pytest.raises((OSError, ValueError)):
+            read_regular(path)
+    (tmp_path / "big").write_bytes(b"x" * 101)
+    with pytest.raises(ValueError, match="more than the 100"):
+        read_regular(tmp_path / "big", max_bytes=100)

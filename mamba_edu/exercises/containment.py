@@ -9,6 +9,9 @@
   open ``/proc/<pid>/fd/*`` (write into this process's stdout) or read its memory (the report's
   secret). Root still can.
 * :func:`limit_resources` — no core files, a cap on the size of any file written.
+* :func:`read_regular` — read a file a learner controls: opened without following a link and
+  without blocking, refused unless it is a regular file, capped; read once, so what was checked
+  is what is used.
 
 Each is a no-op where the system has no such call (not Linux): the container recipe in
 ``docs/teaching.md`` is then the boundary.
@@ -20,6 +23,7 @@ import ctypes
 import os
 import resource
 import signal
+import stat
 import sys
 import time
 
@@ -99,3 +103,29 @@ def kill_descendants(deadline_s: float = 10.0, keep=frozenset()) -> int:
             except ChildProcessError:
                 pass
     return killed
+
+
+#: The largest notebook or kernel reply the grader reads (bytes).
+MAX_READ_BYTES = 64 * 2**20
+
+
+def read_regular(path, max_bytes: int = MAX_READ_BYTES) -> bytes:
+    """The bytes of ``path``, a regular file of at most ``max_bytes``. A symbolic link, a named
+    pipe, a device or a folder is refused at the open (``OSError``/``ValueError``, one line),
+    before a byte is read, so nothing can block the grader or swap the file after a check."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        if info.st_size > max_bytes:
+            raise ValueError(f"{path} holds {info.st_size} bytes, more than the {max_bytes} read")
+        chunks, total = [], 0
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > max_bytes:
+                raise ValueError(f"{path} grew past the {max_bytes} bytes read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

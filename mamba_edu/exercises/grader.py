@@ -38,7 +38,7 @@ from pathlib import Path
 
 import mamba_edu
 from mamba_edu.exercises.containment import (become_subreaper, children, kill_descendants, limit_resources,
-                                             not_dumpable)
+                                             not_dumpable, read_regular)
 
 PACKAGE_DIR = Path(mamba_edu.__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
@@ -76,24 +76,27 @@ class NotebookResult:
 
 # --- what may be graded -----------------------------------------------------------------------
 
-def _refusal(path: Path) -> str | None:
-    """Why ``path`` cannot be graded, or None."""
+def _refusal(path: Path) -> tuple[str | None, bytes]:
+    """Why ``path`` cannot be graded (or None), and its bytes: read once, so that what is
+    validated here is what the worker grades (no swap after the check)."""
     if path.is_symlink():
-        return "is a symbolic link (submit the notebook itself)"
-    if not path.is_file():
-        return "is not a regular file"
+        return "is a symbolic link (submit the notebook itself)", b""
     try:
-        data = json.loads(path.read_bytes())
+        raw = read_regular(path)
     except (OSError, ValueError) as err:
-        return f"is not a JSON notebook ({type(err).__name__}: {str(err)[:80]})"
+        return f"cannot be read as a regular file ({str(err)[:80]})", b""
+    try:
+        data = json.loads(raw)
+    except ValueError as err:
+        return f"is not a JSON notebook ({type(err).__name__}: {str(err)[:80]})", b""
     if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
-        return "is not a Jupyter notebook (no list of cells)"
+        return "is not a Jupyter notebook (no list of cells)", b""
     try:
         import nbformat
         nbformat.validate(nbformat.from_dict(data))
     except Exception as err:  # noqa: BLE001 - any validation error is a refusal
-        return f"is not a valid notebook ({type(err).__name__})"
-    return None
+        return f"is not a valid notebook ({type(err).__name__})", b""
+    return None, raw
 
 
 def notebooks_in(path: Path) -> list[Path]:
@@ -106,8 +109,9 @@ def notebooks_in(path: Path) -> list[Path]:
     return []
 
 
-def code_cells(path: Path) -> list[str]:
-    data = json.loads(path.read_bytes())
+def code_cells(raw: bytes) -> list[str]:
+    """The sources of a notebook's code cells, from its validated bytes."""
+    data = json.loads(raw)
     cells = []
     for cell in data["cells"]:
         if cell.get("cell_type") == "code":
@@ -118,9 +122,9 @@ def code_cells(path: Path) -> list[str]:
 
 # --- the throwaway copy and the sandbox -------------------------------------------------------
 
-def throwaway_copy(notebook: Path, workdir: Path) -> Path:
+def throwaway_copy(notebook: Path, raw: bytes, workdir: Path) -> Path:
     """The notebook's folder copied under ``workdir``: regular files and folders only, no other
-    notebook; the notebook itself as the bytes that were validated."""
+    notebook; the notebook itself as ``raw``, the bytes that were validated."""
     folder = workdir / "folder"
 
     def ignore(directory, names):
@@ -133,7 +137,7 @@ def throwaway_copy(notebook: Path, workdir: Path) -> Path:
         return skip
 
     shutil.copytree(notebook.parent, folder, ignore=ignore, symlinks=True)
-    (folder / notebook.name).write_bytes(notebook.read_bytes())
+    (folder / notebook.name).write_bytes(raw)
     return folder
 
 
@@ -161,7 +165,7 @@ def bwrap_prefix(folder: Path, channel: Path, private: Path, hide: list[str] = (
 
 # --- the worker (runs in its own process) -----------------------------------------------------
 
-def grade_one(notebook: Path, timeout: int, sandbox: bool, hide: list[str] = ()) -> NotebookResult:
+def grade_one(notebook: Path, raw: bytes, timeout: int, sandbox: bool, hide: list[str] = ()) -> NotebookResult:
     """Run and grade one notebook (already validated). Never raises for what the notebook does."""
     from mamba_edu.exercises import core
     from mamba_edu.exercises.core import KernelDied
@@ -169,12 +173,12 @@ def grade_one(notebook: Path, timeout: int, sandbox: bool, hide: list[str] = ())
 
     start = time.perf_counter()
     registered = core.REGISTRY[notebook.stem]
-    cells = code_cells(notebook)
+    cells = code_cells(raw)
     result = NotebookResult(notebook.name, "graded")
     workdir = Path(tempfile.mkdtemp(prefix="mamba_edu-grade-"))
     session = None
     try:
-        folder = throwaway_copy(notebook, workdir)
+        folder = throwaway_copy(notebook, raw, workdir)
         channel, private = workdir / "channel", workdir / "private"
         channel.mkdir()
         private.mkdir()
@@ -225,12 +229,13 @@ def _worker_main(argv) -> int:
     not_dumpable()      # before the secret arrives: no other process reads it from this one
     become_subreaper()  # whatever the kernel starts, setsid or not, stays this process's to kill
     limit_resources()
-    secret = sys.stdin.readline().strip()
+    secret = sys.stdin.buffer.readline().decode().strip()
+    raw = sys.stdin.buffer.read()  # the notebook as the grader validated it (never re-read)
     sys.stdin.close()
     out = os.fdopen(os.dup(1), "w")
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)  # nothing else this process prints reaches the reporting pipe
-    result = grade_one(args.worker, args.timeout, args.sandbox, args.hide)
+    result = grade_one(args.worker, raw, args.timeout, args.sandbox, args.hide)
     kill_descendants()  # the verdict is written once nothing the notebook started is alive
     out.write(secret + json.dumps(asdict(result)) + "\n")
     out.flush()
@@ -276,15 +281,15 @@ _WORKERS: set[int] = set()
 _WORKERS_LOCK = threading.Lock()
 
 
-def _run_worker(path: Path, timeout: int, sandbox: bool, package_root: Path) -> NotebookResult:
+def _run_worker(path: Path, raw: bytes, timeout: int, sandbox: bool, package_root: Path) -> NotebookResult:
     try:
-        return _worker_result(path, timeout, sandbox, package_root)
+        return _worker_result(path, raw, timeout, sandbox, package_root)
     finally:  # a worker killed from its kernel leaves its kernel's processes to us (a subreaper)
         with _WORKERS_LOCK:
             kill_descendants(keep=frozenset(_WORKERS))
 
 
-def _worker_result(path: Path, timeout: int, sandbox: bool, package_root: Path) -> NotebookResult:
+def _worker_result(path: Path, raw: bytes, timeout: int, sandbox: bool, package_root: Path) -> NotebookResult:
     secret = secrets.token_hex(16)
     cmd = [sys.executable, "-m", "mamba_edu.exercises.grader", "--worker", str(path.resolve()),
            "--timeout", str(timeout), "--hide", str(REPO_DIR / "notebooks" / "solutions")] + \
@@ -294,13 +299,13 @@ def _worker_result(path: Path, timeout: int, sandbox: bool, package_root: Path) 
            "PYTHONPATH": os.pathsep.join([str(package_root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
            # fresh check inputs per run; an instructor who exports it reproduces one run exactly
            SEED_VARIABLE: os.environ.get(SEED_VARIABLE) or str(secrets.randbelow(2**31))}
-    budget = timeout * (len(code_cells(path)) + 100) + 300
+    budget = timeout * (len(code_cells(raw)) + 100) + 300
     with _WORKERS_LOCK:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=env, start_new_session=True, text=True, cwd=package_root)
+                                env=env, start_new_session=True, cwd=package_root)
         _WORKERS.add(proc.pid)
     try:
-        out, err = proc.communicate(secret + "\n", timeout=budget)
+        out, err = proc.communicate(secret.encode() + b"\n" + raw, timeout=budget)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
         out, err = proc.communicate()
@@ -313,6 +318,7 @@ def _worker_result(path: Path, timeout: int, sandbox: bool, package_root: Path) 
         proc.wait()
         with _WORKERS_LOCK:
             _WORKERS.discard(proc.pid)
+    out, err = out.decode(errors="replace"), err.decode(errors="replace")
     for line in out.splitlines():
         if line.startswith(secret):
             data = json.loads(line[len(secret):])
@@ -338,7 +344,7 @@ def grade_paths(paths: list[Path], timeout: int, sandbox: bool = False, report=N
         if started is not None:
             started(path)
         registered = core.REGISTRY[path.stem]
-        refusal = _refusal(path)
+        refusal, raw = _refusal(path)
         touched = []
         if refusal:
             result = NotebookResult(path.name, "refused", f"{path.name} {refusal}")
@@ -347,7 +353,7 @@ def grade_paths(paths: list[Path], timeout: int, sandbox: bool = False, report=N
             workdir = Path(tempfile.mkdtemp(prefix="mamba_edu-package-"))
             try:
                 root = private_package(snapshot, workdir)
-                result = _run_worker(path, timeout, sandbox, root)
+                result = _run_worker(path, raw, timeout, sandbox, root)
                 touched = _changed(snapshot, root / "mamba_edu")
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)

@@ -13,6 +13,7 @@ The kernel's stdout and stderr go nowhere.
 
 from __future__ import annotations
 
+import io
 import os
 import queue
 import secrets
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 
 from mamba_edu.exercises import _harness
+from mamba_edu.exercises.containment import read_regular
 from mamba_edu.exercises.core import KernelDied, Observed
 
 HARNESS_FILE = Path(_harness.__file__)
@@ -160,7 +162,7 @@ class KernelSession:
             if not answer.exists():
                 raise KernelDied(f"the kernel did not answer the grader's call of {payload['name']}")
             try:
-                reply = torch.load(answer, weights_only=True)
+                reply = torch.load(io.BytesIO(read_regular(answer)), weights_only=True)
             except Exception as err:  # noqa: BLE001 - a reply the safe loader refuses is not an answer
                 raise Refused(f"the reply to {payload['name']} is not plain data "
                               f"({type(err).__name__})") from None

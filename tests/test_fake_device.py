@@ -187,3 +187,29 @@ def test_the_kernel_environment_is_an_allow_list(monkeypatch):
     monkeypatch.setenv("PATH", "/usr/bin")
     env = kernel_environment()
     assert env["PATH"] == "/usr/bin" and "GITHUB_TOKEN" not in env and SEED_VARIABLE not in env
+
+
+# --- forbidden means absent: however the answer reaches the function -------------------------
+
+from mamba_edu.serving import tracking as _tracking  # noqa: E402
+
+_SAVED = _tracking.sglang_track_metadata  # a reference taken long before the call, under a new name
+
+
+def windows_from_a_saved_reference(batch, rows, conv_width):
+    return _SAVED(batch, conv_width).conv_positions
+
+
+def windows_from_a_thread(batch, rows, conv_width):
+    out = {}
+    worker = threading.Thread(target=lambda: out.setdefault("m", _tracking.sglang_track_metadata(batch, conv_width)))
+    worker.start()
+    worker.join()
+    return out["m"].conv_positions  # a KeyError when the call raised in the thread
+
+
+@pytest.mark.parametrize("answer", [windows_from_a_saved_reference, windows_from_a_thread])
+def test_a_forbidden_function_is_absent_however_it_is_reached(answer):
+    verdict = remote_judge(nb06.NOTEBOOK, 1, answer)
+    assert verdict.status == FAIL, verdict.line()
+    assert _tracking.sglang_track_metadata is _SAVED and _SAVED(BATCH, 4) is not None  # put back after

@@ -57,29 +57,64 @@ def _resolve(dotted: str):
     raise ImportError(dotted)
 
 
-def _codes(obj) -> list:
-    """The code objects behind a forbidden name: a function, the methods of a class, every
-    function of a module."""
+def _functions(obj) -> list:
+    """The functions behind a forbidden name: a function, the methods of a class, every function
+    of a module; a Triton kernel's Python function too (the interpreter recompiles it)."""
     obj = getattr(obj, "__wrapped__", obj)
     if isinstance(obj, types.FunctionType):
-        return [obj.__code__]
+        return [obj]
     if isinstance(getattr(obj, "fn", None), types.FunctionType) and not isinstance(obj, (type, types.ModuleType)):
-        return [obj.fn.__code__]  # a Triton kernel or @triton.jit helper (the interpreter recompiles it)
+        return [obj.fn]  # a Triton kernel or @triton.jit helper
     if isinstance(obj, types.MethodType):
-        return _codes(obj.__func__)
+        return _functions(obj.__func__)
     if isinstance(obj, type):
-        return [c for member in vars(obj).values() for c in _codes(member)
+        return [f for member in vars(obj).values() for f in _functions(member)
                 if isinstance(member, (types.FunctionType, classmethod, staticmethod))]
     if isinstance(obj, (classmethod, staticmethod)):
-        return _codes(obj.__func__)
+        return _functions(obj.__func__)
     if isinstance(obj, types.ModuleType):  # a package: every module of it that is loaded
         modules = [m for name, m in list(sys.modules.items()) if m is not None and (
             name == obj.__name__ or (hasattr(obj, "__path__") and name.startswith(obj.__name__ + ".")))]
-        return [c for module in modules for member in list(vars(module).values())
+        return [f for module in modules for member in list(vars(module).values())
                 if module.__name__ in (getattr(member, "__module__", None),  # or a Triton kernel's function's
                                        getattr(getattr(member, "fn", None), "__module__", None))
-                for c in _codes(member)]
+                for f in _functions(member)]
     return []
+
+
+#: Modules the harness itself runs during the call (the sniffer, the data-less run, the memory
+#: record): never made absent; an answer that calls them is still refused by the call tracer.
+_INSTRUMENTS = frozenset({"mamba_edu.profiling.syncs", "mamba_edu.profiling.fake_device",
+                          "mamba_edu.exercises.core", "mamba_edu.probes"})
+
+
+def _absent_template(*args, **kwargs):
+    raise RuntimeError("this function is not available in this exercise: write it yourself")
+
+
+def _make_absent(functions: dict, codes: dict) -> list:
+    """Swap the code of every plain function of ``functions`` (function → its forbidden dotted
+    name) for one that raises, so that a forbidden function is absent for the call, however it
+    is reached (a reference taken earlier, a new name, a worker thread). Returns
+    ``[(function, original code)]`` for :func:`_restore`; each raising code joins ``codes`` (code
+    → name) under the same name, so that the call tracer still names it."""
+    swapped = []
+    for function, dotted in functions.items():
+        code = function.__code__
+        if code.co_freevars or function.__module__ in _INSTRUMENTS:
+            continue  # a closure's code cannot be swapped; the instruments run during the call
+        raiser = _absent_template.__code__.replace(
+            co_name=code.co_name, co_qualname=code.co_qualname, co_filename=code.co_filename,
+            co_firstlineno=code.co_firstlineno)
+        swapped.append((function, code))
+        function.__code__ = raiser
+        codes[raiser] = dotted
+    return swapped
+
+
+def _restore(swapped: list) -> None:
+    for function, code in swapped:
+        function.__code__ = code
 
 
 def _cell_dir() -> str:
@@ -275,10 +310,15 @@ def _serve(request: dict, own_file: str) -> dict:
             return func(*args, **(kwargs or {}))
 
     forbidden = {}
+    functions = {}
     for dotted in request["forbidden"]:
         try:
-            for code in _codes(_resolve(dotted)):
-                forbidden[code] = dotted
+            found = _functions(_resolve(dotted))
+            for f in found:
+                forbidden[f.__code__] = dotted
+            # A Triton kernel's function stays: its interpreter recompiles it from the source
+            functions.update((f, dotted) for f in found
+                             if getattr(f.__globals__.get(f.__name__), "fn", None) is not f)
         except Exception:  # noqa: BLE001 - a name this version does not have cannot be called
             pass
     # Triton's interpreter runs a recompiled copy of a @triton.jit function (same file and name)
@@ -331,35 +371,39 @@ def _serve(request: dict, own_file: str) -> dict:
         target = fn
     from mamba_edu.exercises.core import memory_of, rebound
     from mamba_edu.profiling.fake_device import would_be_sync
-    read = would_be_sync(target, args) if request.get("fake") is True else None
-    before = memory_of(args)
-    syncs, recorder = None, OpRecorder()
-    previous = sys.getprofile()
-    result = None
+    absent = _make_absent(functions, forbidden)  # for this call only: put back below, whatever happens
     try:
-        if description["kind"] == "triton":
-            cls.run = counting_run
-        with count_syncs(strict=True) as syncs, recorder:
-            sys.setprofile(hook)
-            try:
-                result = target(*args, **kwargs)
-            except Exception:
-                if seen_forbidden:  # the forbidden call is the verdict, not what it raised
+        read = would_be_sync(target, args) if request.get("fake") is True else None
+        before = memory_of(args)
+        syncs, recorder = None, OpRecorder()
+        previous = sys.getprofile()
+        result = None
+        try:
+            if description["kind"] == "triton":
+                cls.run = counting_run
+            with count_syncs(strict=True) as syncs, recorder:
+                sys.setprofile(hook)
+                try:
+                    result = target(*args, **kwargs)
+                except Exception:
+                    if seen_forbidden:  # the forbidden call is the verdict, not what it raised
+                        sys.setprofile(previous)
+                        return {"refused": f"the answer calls {', '.join(sorted(set(seen_forbidden)))}, "
+                                           "which this exercise asks you to write yourself"}
+                    raise
+                finally:
+                    still = sys.getprofile() is hook
                     sys.setprofile(previous)
-                    return {"refused": f"the answer calls {', '.join(sorted(set(seen_forbidden)))}, "
-                                       "which this exercise asks you to write yourself"}
-                raise
-            finally:
-                still = sys.getprofile() is hook
-                sys.setprofile(previous)
+        finally:
+            if description["kind"] == "triton":
+                cls.run = original
+        reply = {"result": _plain_copy(result), "syncs": [e.op for e in syncs.events], "data_read": read,
+                 "ops": sorted(recorder.ops), "forbidden": sorted(set(seen_forbidden)),
+                 "foreign": foreign[:5], "cell_code": cell_code, "launches": sum(launches),
+                 "args_after": [_plain_copy(a) if type(a) is torch.Tensor else None for a in args],
+                 "rebound": rebound(before, args)}
+        if not still:
+            reply["refused"] = "the answer switched off the grader's call tracer (sys.setprofile)"
+        return reply
     finally:
-        if description["kind"] == "triton":
-            cls.run = original
-    reply = {"result": _plain_copy(result), "syncs": [e.op for e in syncs.events], "data_read": read,
-             "ops": sorted(recorder.ops), "forbidden": sorted(set(seen_forbidden)),
-             "foreign": foreign[:5], "cell_code": cell_code, "launches": sum(launches),
-             "args_after": [_plain_copy(a) if type(a) is torch.Tensor else None for a in args],
-             "rebound": rebound(before, args)}
-    if not still:
-        reply["refused"] = "the answer switched off the grader's call tracer (sys.setprofile)"
-    return reply
+        _restore(absent)

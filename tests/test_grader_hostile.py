@@ -69,11 +69,14 @@ def shared_run(tmp_path_factory):
     delete_solutions, edit_package, kill_grader, os_exit, exit_call, endless_loop — are graded in
     runs of their own below), and each notebook has its own worker, kernel and package copy.
     The exec cheats look for the solutions next to the package; the grader's private copy of the
-    package has none, so they are told where the repository's are (the others never read it)."""
+    package has none, so a file in their folder tells them where the repository's are (the
+    others never read it)."""
     cls = tmp_path_factory.mktemp("hostile") / "class"
     for cheat in CHEATS:
         shutil.copytree(HOSTILE / cheat, cls / cheat)
-    result, report = _grade(cls, "--timeout", "120", "--jobs", "2", env={"HOSTILE_SOLUTIONS": str(SOLUTIONS)})
+        if cheat.startswith("exec_solutions"):  # the kernel inherits no variable to carry it
+            (cls / cheat / "solutions_path.txt").write_text(str(SOLUTIONS))
+    result, report = _grade(cls, "--timeout", "120", "--jobs", "2")
     assert report is not None, result.stderr[-3000:]
     assert sorted(s["student"] for s in report["students"]) == sorted(CHEATS), report["students"]
     return result, {s["student"]: s for s in report["students"]}

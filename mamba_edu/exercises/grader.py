@@ -83,8 +83,11 @@ def _refusal(path: Path) -> tuple[str | None, bytes]:
         return "is a symbolic link (submit the notebook itself)", b""
     try:
         raw = read_regular(path)
-    except (OSError, ValueError) as err:
-        return f"cannot be read as a regular file ({str(err)[:80]})", b""
+    except ValueError as err:  # a folder, a pipe or a device; or too large
+        return ("is not a regular file" if "not a regular file" in str(err)
+                else f"is too large to be a notebook ({str(err)[-60:]})"), b""
+    except OSError as err:
+        return f"cannot be read ({err.strerror or err})", b""
     try:
         data = json.loads(raw)
     except ValueError as err:

@@ -39,6 +39,8 @@ WRONG_1 = {
     "A = E: not rounded down to the cache chunk": plan(no_round=True),
     "checkpoint in cache chunks (A // Cc), not in 64-token chunks": plan(chunk_units=True),
     "the forbidden call: plan_tracking": plan_by_the_package,
+    "flags as 0 and 1 (1 == True would pass a value check)": lambda P, E, Cc: tuple(
+        int(x) if isinstance(x, bool) else x for x in plan()(P, E, Cc)),
 }
 
 

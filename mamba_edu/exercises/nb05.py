@@ -30,6 +30,11 @@ def check_plan(fn) -> str:
                 got = fn(prefix, extend, cc)
                 if not (isinstance(got, tuple | list) and len(got) == 4):
                     raise AssertionError("return a tuple (tracked, A, from_final, checkpoint)")
+                if any(w is not None and type(g) is not type(w) for g, w in zip(got, want)):
+                    raise AssertionError(  # 1 == True: without this an int would pass for a flag
+                        f"plan(P={prefix}, E={extend}, Cc={cc}) returned types "
+                        f"({', '.join(type(g).__name__ for g in got)}); expected "
+                        f"({', '.join(type(w).__name__ for w in want)}): flags are bools, not 0 and 1")
                 if tuple(got) != want:
                     raise AssertionError(
                         f"plan(P={prefix}, E={extend}, Cc={cc}) = {tuple(got)}; expected "

@@ -137,9 +137,10 @@ class Arm:
             trace_dir.mkdir(parents=True, exist_ok=True)
             kept = trace_dir / f"{self.label}.pt.trace.json.gz"
             shutil.copyfile(rec.chrome_trace, kept)  # gzipped already
-        events = trace_events(load_trace(kept))
+        trace = load_trace(kept)  # read once: the kernels counted here, the rest analysed
+        events = trace_events(trace)
         _, _, gpu = forward_window(events, forward_range(events, FORWARD_RANGE))
-        a = analyze_trace(kept, FORWARD_RANGE)
+        a = analyze_trace(trace, FORWARD_RANGE)
         busy = a.gpu_busy_us
         span = a.gpu_busy[-1][1] - a.gpu_busy[0][0] if a.gpu_busy else 0.0
         pieces = self.captured.pieces if self.captured is not None else None

@@ -23,7 +23,6 @@ import ctypes
 import os
 import resource
 import signal
-import stat
 import sys
 import time
 
@@ -111,21 +110,15 @@ MAX_READ_BYTES = 64 * 2**20
 
 def read_regular(path, max_bytes: int = MAX_READ_BYTES) -> bytes:
     """The bytes of ``path``, a regular file of at most ``max_bytes``. A symbolic link, a named
-    pipe, a device or a folder is refused at the open (``OSError``/``ValueError``, one line),
-    before a byte is read, so nothing can block the grader or swap the file after a check."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{path} is not a regular file")
-        if info.st_size > max_bytes:
-            raise ValueError(f"{path} holds {info.st_size} bytes, more than the {max_bytes} read")
-        chunks, total = [], 0
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-            total += len(chunk)
-            if total > max_bytes:
-                raise ValueError(f"{path} grew past the {max_bytes} bytes read")
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+    pipe, a device or a folder is refused at the open (``ValueError``, one line), before a byte
+    is read (:func:`mamba_edu.profiling.trace_files.open_regular`), so nothing can block the
+    grader or swap the file after a check."""
+    from mamba_edu.profiling.trace_files import open_regular
+
+    with os.fdopen(open_regular(path, "a notebook or a reply", follow_links=False), "rb") as f:
+        if os.fstat(f.fileno()).st_size > max_bytes:
+            raise ValueError(f"{path} holds more than the {max_bytes} bytes read")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"{path} grew past the {max_bytes} bytes read")
+    return data

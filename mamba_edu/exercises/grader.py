@@ -39,6 +39,7 @@ from pathlib import Path
 import mamba_edu
 from mamba_edu.exercises.containment import (become_subreaper, children, kill_descendants, limit_resources,
                                              not_dumpable, read_regular)
+from mamba_edu.profiling.trace_files import TraceError
 
 PACKAGE_DIR = Path(mamba_edu.__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
@@ -83,11 +84,10 @@ def _refusal(path: Path) -> tuple[str | None, bytes]:
         return "is a symbolic link (submit the notebook itself)", b""
     try:
         raw = read_regular(path)
-    except ValueError as err:  # a folder, a pipe or a device; or too large
-        return ("is not a regular file" if "not a regular file" in str(err)
-                else f"is too large to be a notebook ({str(err)[-60:]})"), b""
-    except OSError as err:
-        return f"cannot be read ({err.strerror or err})", b""
+    except TraceError as err:  # refused at the open: a folder, a pipe, a device; or unreadable
+        return ("is not a regular file" if "cannot be opened" not in str(err) else f"cannot be read ({err})"), b""
+    except ValueError as err:
+        return f"is too large to be a notebook ({str(err)[-60:]})", b""
     try:
         data = json.loads(raw)
     except ValueError as err:

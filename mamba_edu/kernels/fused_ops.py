@@ -109,7 +109,7 @@ def _launch_rms(x, delta, z, weight, eps, heads, stride_x, want_sum):
     """Launch :func:`rms_norm_kernel` over ``x.numel() // D`` rows; returns ``(s or None, y)``,
     both contiguous ``[rows, D]`` in x's dtype."""
     D = weight.shape[0]
-    n_rows = math.prod(x.shape[:-1]) * (x.shape[-1] // D if D else 1)  # rows of D, also when D = 0
+    n_rows = math.prod(x.shape[:-1])  # the last dim is D (rms_norm's [T, D], the output norm's [T, HV, V])
     y = torch.empty(n_rows, D, device=x.device, dtype=x.dtype)
     s = torch.empty_like(y) if want_sum else None
     if y.numel() == 0:  # nothing to normalise: no launch (a grid of 0 programs, or D = 0)

@@ -81,24 +81,29 @@ def _size(n: int) -> str:
 # Reading the bytes
 
 
-def _open_regular(path: Path) -> int:
-    """A file descriptor of ``path``, refused unless it is a regular file (no blocking open)."""
+def open_regular(path, what: str = "a trace file", follow_links: bool = True) -> int:
+    """A blocking file descriptor of ``path``, refused (:class:`TraceError`, a ``ValueError``)
+    unless it is a regular file: opened without blocking and checked with ``fstat`` before a
+    byte is read, so a named pipe or a device cannot stall the reader. ``what`` names the file
+    the caller expects; ``follow_links=False`` refuses a symbolic link too."""
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    if not follow_links:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
     try:
         fd = os.open(path, flags)
     except IsADirectoryError:
-        raise TraceError("is a folder, not a trace file") from None
+        raise TraceError(f"is a folder, not {what}") from None
     except OSError as err:
         raise TraceError(f"cannot be opened: {err.strerror or err}") from None
     try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
-            raise TraceError("is a folder, not a trace file")
+            raise TraceError(f"is a folder, not {what}")
         if not stat.S_ISREG(mode):
             kind = ("a named pipe" if stat.S_ISFIFO(mode) else "a character device"
                     if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
                     else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
-            raise TraceError(f"is {kind}, not a regular file; only trace files are read")
+            raise TraceError(f"is {kind}, not a regular file")
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)
     except BaseException:
@@ -143,7 +148,7 @@ def read_trace_bytes(path: str | Path, max_bytes: int = MAX_TRACE_BYTES) -> byte
     """
     path = Path(path)
     _check_cap(max_bytes)
-    fd = _open_regular(path)
+    fd = open_regular(path)
     try:
         with os.fdopen(fd, "rb") as f:
             magic = f.read(2)

@@ -231,3 +231,54 @@ def test_fla_syncs_agree_between_notebooks_03_and_04(number):
     text = _cells_markdown(_learner_notebook(number))
     pointer = next(p for p in _in_sglang_paragraphs(text) if "prepare_chunk_indices" in p)
     assert "1 host sync" in pointer and ("2 in the PR era" in pointer or "In the PR era it was 2" in pointer), pointer
+
+
+# --- the rows re-checked for issue 40 -------------------------------------------------------------
+
+RECHECKED = ("4", "6", "7", "8", "10", "11", "12")
+
+
+def test_rechecked_rows_are_dated_and_name_their_versions(doc):
+    """Rows re-checked against SGLang now carry the date and an N tag; every N tag of "What was read"
+    names a commit or says it is a code-search excerpt."""
+    header, rows = _table(_section(doc, "Serving concepts"))
+    by_number = {r[0]: r for r in rows}
+    source = header.index("source")
+    for n in RECHECKED:
+        assert re.search(r"re-checked \d{4}-\d{2}-\d{2}", by_number[n][source]), n
+        assert re.search(r"\bN\d+\b", by_number[n][source]), n
+    read = _section(doc, "What was read")
+    tags = re.findall(r"(?m)^\| (N\d+) \| [^|]+\| ([^|]+)\|", read)
+    assert [t for t, _ in tags] == [f"N{i}" for i in range(1, len(tags) + 1)] and len(tags) >= 23
+    for tag, version in tags:
+        assert re.search(r"commit `[0-9a-f]{12}`|CS", version), tag
+
+
+def test_row_10_pr_era_indexes_h_by_the_kernel_chunk(doc):
+    """At #20522, `h` was indexed in 64-token units (FLA_CHUNK_SIZE); the cache-chunk unit came with
+    #15829. The now column says what could not be verified."""
+    header, rows = _table(_section(doc, "Serving concepts"))
+    row = {r[0]: r for r in rows}["10"]
+    pr, now = row[header.index(PR_ERA)], row[header.index(NOW)]
+    assert "L // 64" in pr and "FLA_CHUNK_SIZE" in pr and "#15829" in pr
+    assert "L // Cc" not in pr
+    assert "Not verified" in now or row[header.index("status")] == "verified"
+
+
+def test_the_now_column_claims_no_fork_only_names(doc):
+    """`MambaTrackPlan` / `build_mamba_track_plan` were found only in a fork: no "SGLang now" cell may
+    present them as SGLang's."""
+    for title in ("Serving concepts", "Names: PR era"):
+        header, rows = _table(_section(doc, title))
+        now = header.index(NOW)
+        for r in rows:
+            assert "MambaTrackPlan" not in r[now] and "build_mamba_track_plan" not in r[now], r[0]
+
+
+def test_the_sync_table_names_the_two_newer_syncs(doc):
+    syncs = _section(doc, "How many syncs")
+    header, rows = _table(syncs)
+    sites = [r[0] for r in rows]
+    assert any("logical token count" in s for s in sites), sites
+    assert any("FlashInfer checkpoint plan" in s for s in sites), sites
+    assert "maybe_build_flashinfer_checkpoint_plan" in syncs and "query_start_loc[-1]" in syncs

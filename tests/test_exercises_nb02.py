@@ -3,6 +3,7 @@
 Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`).
 """
 
+import numpy as np
 import pytest
 import torch
 from exercise_judge import remote_judge
@@ -38,6 +39,32 @@ def backward(L):                   # from the bottom row up: the transposed syst
     return T
 
 
+def neumann_series(L):             # Σ (−L)^j, j < C: exact algebra, but float32 loses it on correlated keys
+    T = P = torch.eye(L.shape[0], dtype=L.dtype)
+    for _ in range(1, L.shape[0]):
+        P = -P @ L
+        T = T + P
+    return T
+
+
+def doubling_product(L):           # (I − L)(I + L²)(I + L⁴)…: the same series, log(C) products
+    eye = torch.eye(L.shape[0], dtype=L.dtype)
+    T, P, m = eye, -L, 1
+    while m < L.shape[0]:
+        T, P, m = T @ (eye + P), P @ P, 2 * m
+    return T
+
+
+def float32_hard_coded(L):         # right rows, but T made float32 whatever L is
+    return forward_substitution(L.float())
+
+
+def in_place(L):                   # right values, written over the caller's L
+    T = forward_substitution(L)
+    L.copy_(T)
+    return L
+
+
 def library_solve(L):              # the forbidden call: torch.linalg
     eye = torch.eye(L.shape[0])
     return torch.linalg.solve_triangular(eye + L, eye, upper=False, unitriangular=True)
@@ -52,6 +79,10 @@ WRONG_1 = {
     "float64 result": lambda L: forward_substitution(L, dtype=torch.float64),
     "torch.linalg.solve_triangular (forbidden)": library_solve,
     "torch.linalg.inv (forbidden)": lambda L: torch.linalg.inv(torch.eye(L.shape[0]) + L),
+    "the full Neumann series (off on correlated keys)": neumann_series,
+    "the doubling product of the series (off on correlated keys)": doubling_product,
+    "float32 hard-coded (a bf16 L gives a float32 T)": float32_hard_coded,
+    "L overwritten with T (input mutation)": in_place,
 }
 
 
@@ -68,6 +99,9 @@ def test_inverse_rejects(mistake):
 def test_inverse_says_why():
     assert "C=7" in remote_judge(NB, 1, WRONG_1["I - L (first-order series)"]).message
     assert "linalg_solve_triangular" in remote_judge(NB, 1, library_solve).message
+    assert "correlated keys" in remote_judge(NB, 1, neumann_series).message
+    assert "bfloat16" in remote_judge(NB, 1, float32_hard_coded).message
+    assert "in place" in remote_judge(NB, 1, in_place).message
 
 
 # --- exercise 2: the checkpoint row ---------------------------------------------------------------
@@ -97,6 +131,11 @@ WRONG_2 = {
     "a float row": _row(as_type=float),
     "checkpoint_offsets (forbidden)": lambda lengths, n, tokens: (
         None if tokens % 64 or tokens >= lengths[n] else checkpoint_offsets(lengths)[n] + tokens // 64),
+    "checkpoint_offsets under another name (forbidden)": lambda lengths, n, tokens, offsets=checkpoint_offsets: (
+        None if tokens % 64 or tokens >= lengths[n] else offsets(lengths)[n] + tokens // 64),
+    "a numpy integer row": _row(as_type=np.int64),
+    "any token count rounded down to its chunk's row": lambda lengths, n, tokens: (
+        None if tokens >= lengths[n] else checkpoint_row(lengths, n, tokens - tokens % 64)),
 }
 
 
@@ -119,9 +158,11 @@ def test_checkpoint_row_says_why():
 # --- exercise 3: one chunk ----------------------------------------------------------------------------
 
 def wy_chunk(q, k, v, g, beta, S0, scale, mask_first=True, decay_to_end=True, inclusive=True,
-             inter=True, carry=True, dtype=torch.float32):
+             inter=True, carry=True, dtype=torch.float32, scaled=True, work=torch.float32, in_place=False):
     """One chunk in the WY form, with switches for the mistakes the check must catch."""
     C = g.shape[0]
+    if work != torch.float32:                              # the whole chunk in a narrower dtype
+        q, k, v, g, beta, S0 = (t.to(work) for t in (q, k, v, g, beta, S0))
     gamma = g.double().cumsum(0)
     diff = gamma[:, None] - gamma[None, :]
 
@@ -137,10 +178,14 @@ def wy_chunk(q, k, v, g, beta, S0, scale, mask_first=True, decay_to_end=True, in
     U, W = T @ (beta[:, None] * v), T @ ((beta * gamma.exp().float())[:, None] * k)
     v_new = U - W @ S0
     causal = torch.ones(C, C, dtype=torch.bool).tril(0 if inclusive else -1)
-    O = scale * ((q * gamma.exp().float()[:, None]) @ S0 * inter + ((q @ k.T) * masked_exp(causal)) @ v_new)
+    O = (scale if scaled else 1.0) * ((q * gamma.exp().float()[:, None]) @ S0 * inter
+                                      + ((q @ k.T) * masked_exp(causal)) @ v_new)
     # Each token's write decays from its own position to the chunk's end: exp(Γ_C − Γ_s).
     to_end = (gamma[-1] - gamma) if decay_to_end else gamma
-    S_next = gamma[-1].exp().float() * S0 * carry + (k * to_end.exp().float()[:, None]).T @ v_new
+    if in_place:                                           # S0 decayed where it lies: the caller's tensor
+        S_next = S0.mul_(gamma[-1].exp().float()).add_((k * to_end.exp().float()[:, None]).T @ v_new)
+    else:
+        S_next = gamma[-1].exp().float() * S0 * carry + (k * to_end.exp().float()[:, None]).T @ v_new
     return O.to(dtype), S_next.to(dtype)
 
 
@@ -176,6 +221,9 @@ WRONG_3 = {
     "O without the entering state's part": _chunk(inter=False),
     "S_next without the decayed S0": _chunk(carry=False),
     "float64 results": _chunk(dtype=torch.float64),
+    "no scale on O": _chunk(scaled=False),
+    "computed in float16, returned as float32": _chunk(work=torch.float16),
+    "S0 decayed in place (input mutation)": _chunk(in_place=True),
     "the package's intra_chunk (forbidden)": chunk_with_package_factors,
 }
 

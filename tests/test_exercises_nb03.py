@@ -99,6 +99,29 @@ def l2norm_package_helper(x_ptr, y_ptr, n_rows, stride_x, D: tl.constexpr, BD: t
     tl.store(y_ptr + rows[:, None] * D + cols[None, :], tiles.l2norm_rows(x, True), mask=mask)
 
 
+@triton.jit
+def l2norm_unmasked_columns(x_ptr, y_ptr, n_rows, stride_x, D: tl.constexpr, BD: tl.constexpr,
+                            ROWS: tl.constexpr):
+    """The store masks the rows only: columns D … BD-1 spill into the next row (and past the last)."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BD)
+    mask = (rows < n_rows)[:, None] & (cols < D)[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    y = x / tl.sqrt(tl.sum(x * x, 1) + 1e-6)[:, None]
+    tl.store(y_ptr + rows[:, None] * D + cols[None, :], y, mask=(rows < n_rows)[:, None])
+
+
+@triton.jit
+def l2norm_in_float16(x_ptr, y_ptr, n_rows, stride_x, D: tl.constexpr, BD: tl.constexpr, ROWS: tl.constexpr):
+    """The row loaded as float16 (half the traffic), normalised there."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BD)
+    mask = (rows < n_rows)[:, None] & (cols < D)[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float16)
+    y = x / tl.sqrt(tl.sum(x * x, 1) + 1e-6).to(tl.float16)[:, None]
+    tl.store(y_ptr + rows[:, None] * D + cols[None, :], y.to(tl.float32), mask=mask)
+
+
 def l2norm_in_torch(x_ptr, y_ptr, n_rows, stride_x, D, BD, ROWS):
     """A torch answer with the right signature: not a kernel."""
     y_ptr[:n_rows] = x_ptr * torch.rsqrt((x_ptr * x_ptr).sum(-1, keepdim=True) + 1e-6)
@@ -112,7 +135,8 @@ def test_l2norm_kernel():
 @pytest.mark.parametrize("wrong,phrase", [
     (l2norm_eps_outside, None), (l2norm_no_eps, None), (l2norm_ignores_stride, None),
     (l2norm_unmasked_rows, "wrote past row n_rows-1"), (l2norm_output_with_x_stride, None),
-    (l2norm_package_helper, "calls mamba_edu.kernels"), (l2norm_in_torch, "not a Triton kernel")],
+    (l2norm_package_helper, "calls mamba_edu.kernels"), (l2norm_in_torch, "not a Triton kernel"),
+    (l2norm_unmasked_columns, "wrote past row n_rows-1"), (l2norm_in_float16, None)],
     ids=lambda w: getattr(w, "__name__", None) or getattr(getattr(w, "fn", None), "__name__", "phrase"))
 def test_l2norm_kernel_rejects(wrong, phrase):
     _rejected(1, wrong, phrase)
@@ -187,12 +211,15 @@ def _stub_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, h0_ptr, 
 def _recurrent(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, h0_ptr, ht_ptr, cu_ptr, scale,
                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                INTERLEAVED: tl.constexpr, READ_BEFORE_DECAY: tl.constexpr, READ_BEFORE_WRITE: tl.constexpr,
-               SCALED: tl.constexpr, FROM_ZERO: tl.constexpr):
-    """The right kernel, with switches for the mistakes the check must catch."""
+               SCALED: tl.constexpr, FROM_ZERO: tl.constexpr, GROUP: tl.constexpr, EXTRA: tl.constexpr):
+    """The right kernel, with switches for the mistakes the check must catch (``GROUP`` > 0: that
+    head group hard-coded; ``EXTRA``: tokens read past the sequence's end)."""
     seq = tl.program_id(0)
     hv = tl.program_id(1)
     if INTERLEAVED:
         hk = hv % H
+    elif GROUP > 0:
+        hk = hv // GROUP
     else:
         hk = hv // (HV // H)
     bos = tl.load(cu_ptr + seq)
@@ -203,7 +230,7 @@ def _recurrent(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, h0_ptr, ht_ptr, cu_p
     S = tl.load(h0_ptr + state)
     if FROM_ZERO:
         S = S * 0.0
-    for t in range(bos, eos):
+    for t in range(bos, eos + EXTRA):
         q = tl.load(q_ptr + (t * H + hk) * K + rk)
         k = tl.load(k_ptr + (t * H + hk) * K + rk)
         v = tl.load(v_ptr + (t * HV + hv) * V + rv)
@@ -228,42 +255,56 @@ def _recurrent(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, h0_ptr, ht_ptr, cu_p
 def recurrent_right(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, h0_ptr, ht_ptr, cu_ptr, scale,
                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
     _recurrent(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, h0_ptr, ht_ptr, cu_ptr, scale, H, HV, K, V,
-               False, False, False, True, False)
+               False, False, False, True, False, 0, 0)
 
 
 @triton.jit
 def recurrent_interleaved(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, h0_ptr, ht_ptr, cu_ptr, scale,
                           H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
     _recurrent(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, h0_ptr, ht_ptr, cu_ptr, scale, H, HV, K, V,
-               True, False, False, True, False)
+               True, False, False, True, False, 0, 0)
 
 
 @triton.jit
 def recurrent_read_before_decay(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, h0_ptr, ht_ptr, cu_ptr, scale,
                                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
     _recurrent(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, h0_ptr, ht_ptr, cu_ptr, scale, H, HV, K, V,
-               False, True, False, True, False)
+               False, True, False, True, False, 0, 0)
 
 
 @triton.jit
 def recurrent_read_before_write(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, h0_ptr, ht_ptr, cu_ptr, scale,
                                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
     _recurrent(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, h0_ptr, ht_ptr, cu_ptr, scale, H, HV, K, V,
-               False, False, True, True, False)
+               False, False, True, True, False, 0, 0)
 
 
 @triton.jit
 def recurrent_unscaled(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, h0_ptr, ht_ptr, cu_ptr, scale,
                        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
     _recurrent(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, h0_ptr, ht_ptr, cu_ptr, scale, H, HV, K, V,
-               False, False, False, False, False)
+               False, False, False, False, False, 0, 0)
 
 
 @triton.jit
 def recurrent_from_zero(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, h0_ptr, ht_ptr, cu_ptr, scale,
                         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
     _recurrent(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, h0_ptr, ht_ptr, cu_ptr, scale, H, HV, K, V,
-               False, False, False, True, True)
+               False, False, False, True, True, 0, 0)
+
+
+@triton.jit
+def recurrent_group_of_two(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, h0_ptr, ht_ptr, cu_ptr, scale,
+                           H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
+    _recurrent(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, h0_ptr, ht_ptr, cu_ptr, scale, H, HV, K, V,
+               False, False, False, True, False, 2, 0)
+
+
+@triton.jit
+def recurrent_one_token_too_many(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, h0_ptr, ht_ptr, cu_ptr, scale,
+                                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
+    _recurrent(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, h0_ptr, ht_ptr, cu_ptr, scale, H, HV, K, V,
+               False, False, False, True, False, 0, 1)
 
 
 def recurrent_in_torch(q, k, v, g, beta, o, h0, ht, cu, scale, H, HV, K, V):
@@ -279,9 +320,10 @@ def test_recurrent_kernel():
 @pytest.mark.parametrize("wrong,phrase", [
     (recurrent_interleaved, None), (recurrent_read_before_decay, None), (recurrent_read_before_write, None),
     (recurrent_unscaled, None), (recurrent_from_zero, None), (recurrent_in_torch, "not a Triton kernel"),
-    (prefill.chunk_scan_kernel, None)],  # refused: a Heuristics wrapper, the package's own kernel
+    (prefill.chunk_scan_kernel, None),  # refused: a Heuristics wrapper, the package's own kernel
+    (recurrent_group_of_two, "HV=8"), (recurrent_one_token_too_many, None)],
     ids=["interleaved", "read_before_decay", "read_before_write", "unscaled", "from_zero", "torch",
-         "package_kernel"])
+         "package_kernel", "group_of_two", "one_token_too_many"])
 def test_recurrent_kernel_rejects(wrong, phrase):
     _rejected(3, wrong, phrase)
 

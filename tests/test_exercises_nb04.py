@@ -3,6 +3,8 @@
 Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`).
 """
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 from exercise_judge import remote_judge
@@ -54,6 +56,13 @@ def device_meta(lengths, device):
     return cu, torch.stack([seq, chunk], 1), offsets
 
 
+def meta_through_the_device(read):
+    """Right values from lengths uploaded and read back by ``read`` (a sync however it is done)."""
+    def my_chunk_meta(lengths, device):
+        return host_meta(read(torch.tensor(lengths, device=device)), device)
+    return my_chunk_meta
+
+
 def package_meta(lengths, device):            # the forbidden call
     meta = build_chunk_meta(lengths, device)
     return meta.cu_seqlens, meta.chunk_indices, meta.chunk_offsets
@@ -71,6 +80,11 @@ WRONG_1 = {
     "a flat chunk table": (_meta(flat_table=True), None),
     "built on the device (syncs)": (device_meta, "sync"),
     "build_chunk_meta (forbidden)": (package_meta, "mamba_edu.kernels"),
+    "int16 tables (overflow past 32767 tokens)": (_meta(dtype=torch.int16), "int16"),
+    "lengths read back through .to('cpu') (a sync)": (
+        meta_through_the_device(lambda t: [int(n) for n in t.to("cpu")]), "sync"),
+    "lengths read back in a worker thread (a sync)": (
+        meta_through_the_device(lambda t: ThreadPoolExecutor(1).submit(t.tolist).result()), "sync"),
 }
 
 
@@ -85,10 +99,12 @@ def test_chunk_meta_rejects(mistake):
 
 # --- exercise 2: the conv states of a packed batch ------------------------------------------------
 
-def conv_states(prev, x, lengths, old=True, shift=0, newest_first=False, layout="[N, D, W-1]", dtype=None):
+def conv_states(prev, x, lengths, old=True, shift=0, newest_first=False, layout="[N, D, W-1]", dtype=None,
+                from_the_back=False):
     """A right answer (one gather with a host-built index), with switches for the mistakes."""
     N, D, w = prev.shape
-    rows, start = [], 0
+    # from_the_back: the sequences placed from x's last row back (right only without padding)
+    rows, start = [], x.shape[0] - sum(lengths) if from_the_back else 0
     for n, length in enumerate(lengths):
         end = start + length
         for j in range(w):
@@ -127,6 +143,24 @@ def conv_states_device_lengths(prev, x, lengths):  # right values, but the lengt
     return torch.stack(out)
 
 
+def conv_states_float32(prev, x, lengths):        # right columns, in a float32 buffer whatever prev is
+    N, D, w = prev.shape
+    out, start = torch.empty(N, D, w), 0
+    for n, length in enumerate(lengths):
+        out[n] = torch.cat([prev[n], x[start:start + length].T], dim=1)[:, -w:]
+        start += length
+    return out
+
+
+def conv_states_host_lengths(read):
+    """Right states, with the ends uploaded and read back by ``read`` (a sync however it is done)."""
+    def my_conv_states(prev, x, lengths):
+        ends = read(torch.tensor(lengths, device=x.device).cumsum(0))
+        return torch.stack([torch.cat([prev[n], x[end - lengths[n]:end].T], dim=1)[:, -prev.shape[2]:]
+                            for n, end in enumerate(ends)])
+    return my_conv_states
+
+
 def conv_states_package(prev, x, lengths):        # the forbidden call
     cu = [0]
     for n in lengths:
@@ -147,6 +181,12 @@ WRONG_2 = {
     "float64 states": (_conv(dtype=torch.float64), "float32"),
     "lengths uploaded and read back (syncs)": (conv_states_device_lengths, "sync"),
     "causal_conv1d's final states (forbidden)": (conv_states_package, "mamba_edu.gdn.conv"),
+    "sequences counted from x's last row (wrong with padding rows)": (_conv(from_the_back=True), "padding"),
+    "a float32 buffer whatever prev's dtype": (conv_states_float32, "bfloat16"),
+    "ends read back through .to('cpu') (a sync)": (
+        conv_states_host_lengths(lambda t: [int(e) for e in t.to("cpu")]), "sync"),
+    "ends read back in a worker thread (a sync)": (
+        conv_states_host_lengths(lambda t: ThreadPoolExecutor(1).submit(t.tolist).result()), "sync"),
 }
 
 

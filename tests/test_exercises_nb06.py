@@ -4,9 +4,12 @@ Every answer is judged through the grader's own path (:func:`exercise_judge.remo
 sniffer sees its syncs and the harness refuses its forbidden calls as in ``mamba_edu grade``.
 """
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 from exercise_judge import remote_judge
 
 from mamba_edu.exercises import nb06
@@ -50,6 +53,28 @@ def conv_through_numpy(batch, rows, conv_width):     # np.asarray of a tensor re
     return torch.as_tensor((cu[r] + A[r])[:, None] + np.arange(-(conv_width - 1), 0))
 
 
+def host_rows(how):
+    """The tracked rows read to the host, ``how``: through ``.to('cpu')``, in a worker thread, or
+    with torch's modes switched off (the sniffer's modes, not the data: still a sync)."""
+    def read(rows):
+        if how == "to_cpu":
+            return [int(r) for r in rows.to("cpu")]
+        if how == "thread":
+            with ThreadPoolExecutor(1) as pool:
+                return pool.submit(rows.tolist).result()
+        with _disable_current_modes():
+            return rows.tolist()
+    return read
+
+
+def conv_from_host_rows(how):
+    """Right windows, from rows read to the host (:func:`host_rows`)."""
+    def my_conv_positions(batch, rows, conv_width):
+        return torch.tensor([[batch.token_ranges[r][0] + batch.plans[r].aligned - (conv_width - 1) + j
+                              for j in range(conv_width - 1)] for r in host_rows(how)(rows)])
+    return my_conv_positions
+
+
 def conv_by_the_package(batch, rows, conv_width):
     from mamba_edu.serving.tracking import sglang_track_metadata
     return sglang_track_metadata(batch, conv_width).conv_positions
@@ -65,6 +90,10 @@ WRONG_1 = {
     "syncing: rows.tolist()": conv_on_host,
     "syncing: np.asarray(tensor)": conv_through_numpy,
     "the forbidden call: sglang_track_metadata": conv_by_the_package,
+    "syncing: rows read through .to('cpu')": conv_from_host_rows("to_cpu"),
+    "syncing: rows read in a worker thread": conv_from_host_rows("thread"),
+    "syncing: rows read with torch's modes switched off": conv_from_host_rows("no_modes"),
+    "int16 positions (overflow past 32767 tokens)": lambda batch, rows, W: conv_positions()(batch, rows, W).short(),
 }
 
 
@@ -116,6 +145,20 @@ def sources_on_host(batch, rows):                    # SGLang's way: .cpu() copi
     return torch.minimum(first[r] + A[r] // 64, chunks.sum() - 1), A[r] == E[r]
 
 
+def sources_from_host_rows(how):
+    """Right sources, from rows read to the host (:func:`host_rows`) and the host plans."""
+    def my_ssm_sources(batch, rows):
+        first, offsets = 0, []
+        for e in batch.extend_lens:
+            offsets.append(first)
+            first += (e + 63) // 64
+        picked = host_rows(how)(rows)
+        plans = [batch.plans[r] for r in picked]
+        checkpoint = [min(offsets[r] + p.aligned // 64, first - 1) for r, p in zip(picked, plans)]
+        return torch.tensor(checkpoint), torch.tensor([p.aligned == p.extend_len for p in plans])
+    return my_ssm_sources
+
+
 def sources_by_the_package(batch, rows):
     from mamba_edu.serving.tracking import sglang_track_metadata
     t = sglang_track_metadata(batch, 4)
@@ -140,6 +183,9 @@ WRONG_2 = {
     "syncing: SGLang's .cpu() copies": sources_on_host,
     "the forbidden call: sglang_track_metadata": sources_by_the_package,
     "the forbidden call: checkpoint_offsets": sources_by_offsets,
+    "syncing: rows read through .to('cpu')": sources_from_host_rows("to_cpu"),
+    "syncing: rows read in a worker thread": sources_from_host_rows("thread"),
+    "syncing: rows read with torch's modes switched off": sources_from_host_rows("no_modes"),
 }
 
 
@@ -162,7 +208,16 @@ def test_ssm_sources_messages():
 
 # --- exercise 3: the naive per-layer track write ------------------------------------------------
 
-def make_track(window_shift=0, all_rows=False, final_from_h=False, inclusive=False, no_prefix=False):
+def _final_when_equal(A, E):                         # the right split: the final state exactly when A = E
+    return A == E
+
+
+def _final_when_whole_chunks(A, E):                  # "no checkpoint if the rest is whole chunks"
+    return (E - A) % 64 == 0
+
+
+def make_track(window_shift=0, all_rows=False, final_from_h=False, inclusive=False, no_prefix=False,
+               is_final=_final_when_equal, last_row=False, window_dtype=None, consume_h=False):
     """A naive track write; the flags make it wrong in one plausible way."""
     def track(conv_pool, ssm_pool, mixed_qkv, h, batch, W):
         mask = batch.track_mask_t
@@ -174,13 +229,18 @@ def make_track(window_shift=0, all_rows=False, final_from_h=False, inclusive=Fal
         A = A.clamp(min=W - 1)
         pos = (cu[rows] + A + window_shift)[:, None] + torch.arange(-(W - 1), 0)
         dst = batch.track_slots_t[rows]
-        conv_pool[dst] = mixed_qkv[pos.clamp(0, mixed_qkv.shape[0] - 1)].transpose(1, 2)
+        window = mixed_qkv[pos.clamp(0, mixed_qkv.shape[0] - 1)].transpose(1, 2)
+        conv_pool[dst] = window if window_dtype is None else window.to(window_dtype)
         E = cu[1:] - cu[:-1]
         chunks = (E + 63) // 64
         first = chunks.cumsum(0) - (0 if inclusive else chunks)
-        final = (A == E[rows]) & (not final_from_h)
+        final = is_final(A, E[rows]) & (not final_from_h)
         ckpt = (first[rows] + A // 64).clamp(max=h.shape[0] - 1)
+        if last_row:                                 # "the tracked state is the request's last checkpoint"
+            ckpt = first[rows] + chunks[rows] - 1
         ssm_pool[dst] = torch.where(final[:, None, None, None], ssm_pool[batch.working_slots_t[rows]], h[ckpt])
+        if consume_h:                                # "h is scratch after the copy": zeroed for the next layer
+            h.zero_()
     return track
 
 
@@ -202,6 +262,12 @@ WRONG_3 = {
     "off by one chunk: an inclusive running sum": make_track(inclusive=True),
     "A taken as track_lens, the prefix not subtracted": make_track(no_prefix=True),
     "the forbidden call: the backend's copies and the naive strategy": track_by_the_backend,
+    "the final state whenever E - A is whole chunks (wrong at cache chunk 128, E = 192)":
+        make_track(is_final=_final_when_whole_chunks),
+    "the request's last checkpoint row, not row A // 64 (wrong at cache chunk 128, E = 200)":
+        make_track(last_row=True),
+    "the conv windows copied through float16": make_track(window_dtype=torch.float16),
+    "h zeroed after the copy (input mutation)": make_track(consume_h=True),
 }
 
 

@@ -4,9 +4,12 @@ Every answer is judged through the grader's own path (:func:`exercise_judge.remo
 sniffer sees its syncs and the harness refuses its forbidden calls as in ``mamba_edu grade``.
 """
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 from exercise_judge import remote_judge
 
 from mamba_edu.exercises import nb08
@@ -19,14 +22,26 @@ SCRATCH_SLOT = 0
 
 # --- exercise 1: the host plan of sync_free -------------------------------------------------------
 
-def host_plan(masked=False, from_device=False, own_slot=False, shift=0, clamp=True, numpy=False):
+def read_mask(batch, how):
+    """The device track mask read to the host, ``how``: each is a sync."""
+    mask = batch.track_mask_t
+    if how == "tolist":
+        return mask.tolist()
+    if how == "numpy":
+        return list(np.asarray(mask))
+    if how == "to_cpu":
+        return [bool(m) for m in mask.to("cpu")]
+    if how == "thread":
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(mask.tolist).result()
+    with _disable_current_modes():                                      # the sniffer's modes off
+        return mask.tolist()
+
+
+def host_plan(masked=False, from_device=None, own_slot=False, shift=0, clamp=True, chunk_of=lambda a: a // 64):
     """sync_free's host plan; each flag makes it wrong in one plausible way."""
     def my_host_plan(batch, W):
-        tracked = batch.track_mask
-        if from_device:
-            tracked = batch.track_mask_t.tolist()                       # a sync
-        if numpy:
-            tracked = list(np.asarray(batch.track_mask_t))              # a read of the device
+        tracked = batch.track_mask if from_device is None else read_mask(batch, from_device)
         offsets = [0]
         for e in batch.extend_lens:
             offsets.append(offsets[-1] + (e + 63) // 64)
@@ -39,7 +54,7 @@ def host_plan(masked=False, from_device=False, own_slot=False, shift=0, clamp=Tr
                 c = offsets[i] + plan.aligned // 64
                 ckpt.append(min(c, offsets[-1] - 1) if clamp else c)
                 final.append(int(plan.aligned == plan.extend_len))
-                chunks.append(plan.aligned // 64)
+                chunks.append(chunk_of(plan.aligned))
             elif not masked:
                 dst.append(batch.track_slots[i] if own_slot else SCRATCH_SLOT)
                 conv.append([start] * (W - 1))
@@ -61,8 +76,12 @@ WRONG_1 = {
     "untracked rows write their own track slot": host_plan(own_slot=True),
     "off by one: the conv window ends at A": host_plan(shift=1),
     "no clamp: a final row's checkpoint past h": host_plan(clamp=False),
-    "syncing: track_mask_t.tolist()": host_plan(from_device=True),
-    "syncing: np.asarray(track_mask_t)": host_plan(numpy=True),
+    "syncing: track_mask_t.tolist()": host_plan(from_device="tolist"),
+    "syncing: np.asarray(track_mask_t)": host_plan(from_device="numpy"),
+    "syncing: track_mask_t read through .to('cpu')": host_plan(from_device="to_cpu"),
+    "syncing: track_mask_t read in a worker thread": host_plan(from_device="thread"),
+    "syncing: track_mask_t read with torch's modes switched off": host_plan(from_device="no_modes"),
+    "chunks counted in cache chunks of 128, not kernel chunks of 64": host_plan(chunk_of=lambda a: a // 128),
     "the forbidden call: host_track_indices": host_plan_by_the_package,
 }
 
@@ -80,7 +99,7 @@ def test_host_plan_rejects(mistake):
 
 def test_host_plan_messages():
     assert "scratch" in remote_judge(NB, 1, host_plan(masked=True)).message
-    assert "sync" in remote_judge(NB, 1, host_plan(from_device=True)).message
+    assert "sync" in remote_judge(NB, 1, host_plan(from_device="tolist")).message
 
 
 # --- exercise 2: capture-ready copies in fixed buffers ---------------------------------------------
@@ -150,9 +169,10 @@ WRONG_2 = {
     "the buffers' memory swapped with set_": fill(swap="set_"),
     "off by one: the conv window ends at A": fill(plan=host_plan(shift=1)),
     "untracked rows write their own track slot": fill(plan=host_plan(own_slot=True)),
-    "syncing: the plan from track_mask_t.tolist()": fill(plan=host_plan(from_device=True)),
+    "syncing: the plan from track_mask_t.tolist()": fill(plan=host_plan(from_device="tolist")),
     "syncing: the tracked rows found with nonzero": fill_compacted,
-    "syncing: np.asarray(track_mask_t)": fill(plan=host_plan(numpy=True)),
+    "syncing: np.asarray(track_mask_t)": fill(plan=host_plan(from_device="numpy")),
+    "syncing: the plan read in a worker thread": fill(plan=host_plan(from_device="thread")),
     "the forbidden call: host_track_indices": fill_by_the_package,
 }
 
@@ -176,9 +196,13 @@ def test_fill_static_messages():
 
 # --- exercise 3: the fused tracking write -------------------------------------------------------------
 
-def fused_scan(shift=0, write_untracked=False, skip_final=False, return_h=False, skip_working=False):
+def fused_scan(shift=0, write_untracked=False, skip_final=False, return_h=False, skip_working=False,
+               normalise_in_place=False):
     """A chunk-by-chunk scan with the tracking write; the flags make it wrong in one way."""
     def scan(q, k, v, g, beta, pool, lengths, working, track_slots, track_chunks):
+        if normalise_in_place:                      # the caller's q and k, normalised where they lie
+            q.div_(q.norm(dim=-1, keepdim=True))
+            k.div_(k.norm(dim=-1, keepdim=True))
         start, h = 0, []
         for n, L in enumerate(lengths):
             state = pool[working[n]].clone()
@@ -250,6 +274,7 @@ WRONG_3 = {
     "unfused: the recurrence with output_checkpoints=True, then the copy": unfused_recurrent,
     "unfused: the chunked form with checkpoints, then the copy": unfused_chunked,
     "the forbidden call: gdn_prefill": fused_by_the_package,
+    "q and k normalised in place (input mutation)": fused_scan(normalise_in_place=True),
 }
 
 

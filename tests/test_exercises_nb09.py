@@ -17,24 +17,25 @@ GPU = ("kernel", "gpu_memcpy", "gpu_memset")
 
 # --- exercise 1: the GPU lane --------------------------------------------------------------------
 
-def merged(intervals):
+def merged(intervals, touching=True):
     out = []
     for s, e in sorted(intervals):
-        if out and s <= out[-1][1]:
+        if out and (s <= out[-1][1] if touching else s < out[-1][1]):
             out[-1] = (out[-1][0], max(out[-1][1], e))
         else:
             out.append((s, e))
     return out
 
 
-def lane(clip=True, union=True, keep=lambda d, th: d >= th, ends=True, drop_empty=True):
+def lane(clip=True, union=True, keep=lambda d, th: d >= th, ends=True, drop_empty=True, touching=True,
+         gaps_from=merged):
     """A GPU-lane answer with one mistake switched on."""
     def my_gpu_lane(intervals, start, end, threshold):
         ivs = [(max(s, start), min(e, end)) if clip else (s, e) for s, e in intervals]
         if drop_empty:
             ivs = [(s, e) for s, e in ivs if s <= e]
-        busy = merged(ivs) if union else sorted(ivs)  # no union: overlaps counted twice
-        edges = [start] + [t for iv in merged(ivs) for t in iv] + [end]
+        busy = merged(ivs, touching) if union else sorted(ivs)  # no union: overlaps counted twice
+        edges = [start] + [t for iv in gaps_from(ivs) for t in iv] + [end]
         gaps = [(a, b) for a, b in zip(edges[0::2], edges[1::2]) if keep(b - a, threshold) and b > a]
         if not ends:
             gaps = [g for g in gaps if g[0] != start and g[1] != end]
@@ -54,6 +55,8 @@ WRONG_1 = {
     "a gap exactly at the threshold dropped": lane(keep=lambda d, th: d > th),
     "idle time before the first and after the last kernel ignored": lane(ends=False),
     "intervals outside the window kept as negative stretches": lane(drop_empty=False),
+    "touching intervals kept apart (s < end, not s <= end)": lane(touching=False),
+    "gaps read between the sorted intervals, not their union": lane(gaps_from=sorted),
     "the forbidden call: merge_intervals / find_gaps": lane_by_the_package,
 }
 
@@ -76,18 +79,20 @@ def test_gpu_lane_messages():
 
 # --- exercise 2: a forward's syncs in a trace ------------------------------------------------------
 
-def syncs(all_waits=False, async_copies=False, all_dtoh=False, window_dtoh=False, any_thread=False):
+def syncs(all_waits=False, async_copies=False, all_dtoh=False, window_dtoh=False, any_thread=False,
+          which=-1, waits=WAITS, categories=("cuda_runtime", "cuda_driver"),
+          inside=lambda t0, ts, t1: t0 <= ts < t1):
     """A sync-counting answer with one mistake switched on."""
     def my_trace_syncs(trace, range_name="prefill_forward"):
         events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
-        fwd = [e for e in events if e["name"] == range_name][-1]
+        fwd = [e for e in events if e["name"] == range_name][which]
         t0, t1 = fwd["ts"], fwd["ts"] + fwd["dur"]
         thread = (fwd["pid"], fwd["tid"])
-        runtime = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
-        inside = [e for e in runtime if (any_thread or (e["pid"], e["tid"]) == thread) and t0 <= e["ts"] < t1]
-        names = WAITS | {"cudaMemcpyAsync"} if async_copies else WAITS
-        waits = sum(e["name"] in names for e in (runtime if all_waits else inside))
-        launched = {(e.get("args") or {}).get("correlation") for e in inside}
+        runtime = [e for e in events if e.get("cat") in categories]
+        mine = [e for e in runtime if (any_thread or (e["pid"], e["tid"]) == thread) and inside(t0, e["ts"], t1)]
+        names = waits | {"cudaMemcpyAsync"} if async_copies else waits
+        n_waits = sum(e["name"] in names for e in (runtime if all_waits else mine))
+        launched = {(e.get("args") or {}).get("correlation") for e in mine}
         if window_dtoh:       # the copies that run inside the range, whoever launched them
             dtoh = sum(e.get("cat") == "gpu_memcpy" and e["name"].startswith("Memcpy DtoH") and t0 <= e["ts"] < t1
                        for e in events)
@@ -95,7 +100,7 @@ def syncs(all_waits=False, async_copies=False, all_dtoh=False, window_dtoh=False
             dtoh = sum(e.get("cat") == "gpu_memcpy" and e["name"].startswith("Memcpy DtoH")
                        and (all_dtoh or (e.get("args") or {}).get("correlation") in launched)
                        for e in events)
-        return waits, dtoh
+        return n_waits, dtoh
     return my_trace_syncs
 
 
@@ -111,6 +116,11 @@ WRONG_2 = {
     "copies launched after the forward counted": syncs(all_dtoh=True),
     "DtoH counted by time window, no thread filter": syncs(window_dtoh=True),
     "another host thread's waits and copies counted": syncs(any_thread=True),
+    "the first range of that name, not the last": syncs(which=0),
+    "only cudaStreamSynchronize counted as a wait": syncs(waits={"cudaStreamSynchronize"}),
+    "cuda_runtime only, the cuda_driver calls missed": syncs(categories=("cuda_runtime",)),
+    "a call exactly at the range's start left out": syncs(inside=lambda t0, ts, t1: t0 < ts < t1),
+    "a call exactly at the range's end counted": syncs(inside=lambda t0, ts, t1: t0 <= ts <= t1),
     "the forbidden call: analyze_trace": syncs_by_the_package,
 }
 
@@ -129,30 +139,31 @@ def test_trace_syncs_rejects(mistake):
 # --- exercise 3: which wait cost the GPU most ----------------------------------------------------------
 
 def worst_wait(longest=False, own_duration=False, runtime_name=False, outermost=False, any_thread=False,
-               always_next=False, until_launch=False):
+               always_next=False, until_launch=False, which=-1, kinds=WAITS, later_on_tie=False,
+               running=lambda s, t, e: s <= t < e, in_stretch=lambda t0, ts, t1: t0 <= ts < t1):
     """A reading of a zoomed stretch with one mistake switched on."""
     def my_worst_wait(trace, t0, t1):
         events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
-        fwd = [e for e in events if e["name"] == "prefill_forward" and e.get("cat") in ("user_annotation", "cpu_op")][-1]
+        fwd = [e for e in events if e["name"] == "prefill_forward" and e.get("cat") in ("user_annotation", "cpu_op")][which]
         mine = (fwd.get("pid"), fwd.get("tid"))
         thread = [e for e in events if any_thread or (e.get("pid"), e.get("tid")) == mine]
         gpu = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in GPU]
         launches = [e["ts"] for e in thread if e["name"] == "cudaLaunchKernel"]
         cpu = [e for e in events if (e.get("pid"), e.get("tid")) == mine and e.get("cat") in ("cpu_op", "user_annotation")]
         waits = sorted((e for e in thread if e.get("cat") in ("cuda_runtime", "cuda_driver")
-                        and e["name"] in WAITS and t0 <= e["ts"] < t1), key=lambda e: e["ts"])
+                        and e["name"] in kinds and in_stretch(t0, e["ts"], t1)), key=lambda e: e["ts"])
         best, best_score = (None, 0.0), None
         for w in waits:
             t = w["ts"] + w["dur"]
             nxt = [ts for ts in launches if ts > t] if until_launch else [s for s, e in gpu if s > t]
-            busy = not always_next and any(s <= t < e for s, e in gpu)
+            busy = not always_next and any(running(s, t, e) for s, e in gpu)
             idle = w["dur"] if own_duration else (0.0 if busy or not nxt else min(nxt) - t)
             open_ops = [e for e in cpu if e["ts"] <= w["ts"] < e["ts"] + e["dur"]]
             pick = min if outermost else max
             op = w["name"] if runtime_name else (pick(open_ops, key=lambda e: (e["ts"], -e["dur"]))["name"]
                                                  if open_ops else None)
             score = w["dur"] if longest else idle
-            if best_score is None or score > best_score:
+            if best_score is None or score > best_score or (later_on_tie and score == best_score):
                 best, best_score = (op, idle), score
         return best
     return my_worst_wait
@@ -178,6 +189,13 @@ WRONG_3 = {
     "another host thread's waits counted": worst_wait(any_thread=True),
     "a stream still busy when the wait ends ignored": worst_wait(always_next=True),
     "idle until the host's next launch, not the GPU's next work": worst_wait(until_launch=True),
+    "the first forward range, not the last": worst_wait(which=0),
+    "only cudaStreamSynchronize taken as a wait": worst_wait(kinds={"cudaStreamSynchronize"}),
+    "the later wait on a tie": worst_wait(later_on_tie=True),
+    "a kernel ending exactly as the wait ends counted as running": worst_wait(running=lambda s, t, e: s <= t <= e),
+    "a kernel starting exactly as the wait ends not counted as running": worst_wait(running=lambda s, t, e: s < t < e),
+    "a wait exactly at the stretch's start left out": worst_wait(in_stretch=lambda t0, ts, t1: t0 < ts < t1),
+    "a wait exactly at the stretch's end taken": worst_wait(in_stretch=lambda t0, ts, t1: t0 <= ts <= t1),
     "the forbidden call: analyze_trace": worst_wait_by_the_package,
 }
 

@@ -29,33 +29,50 @@ def compare(actual, expected, name: str, tol: float = 1e-5) -> None:
 
 
 
-def _chunk_L(gen: torch.Generator, C: int, decay: float) -> torch.Tensor:
-    """A strictly lower ``L`` as a chunk makes it: unit keys, cumulative decay, write strengths."""
-    k = torch.nn.functional.normalize(torch.randn(C, 16, generator=gen), dim=-1)
+def _chunk_L(gen: torch.Generator, C: int, decay: float, spread: float | None = None,
+             dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A strictly lower ``L [C, C]`` as a chunk makes it: unit keys, cumulative decay, write
+    strengths. ``spread``: the keys are one direction plus that much noise (correlated keys, as
+    in real text: the entries of ``L`` near 1, where a truncated series is far off); ``None``:
+    independent random keys."""
+    k = torch.randn(C, 16, generator=gen)
+    if spread is not None:
+        k = torch.randn(1, 16, generator=gen) + spread * k
+    k = torch.nn.functional.normalize(k, dim=-1)
     gamma = (-decay * torch.rand(C, generator=gen)).cumsum(0)
     beta = torch.rand(C, generator=gen)
     below = torch.ones(C, C, dtype=torch.bool).tril(-1)
-    return beta[:, None] * (k @ k.T) * (gamma[:, None] - gamma[None, :]).masked_fill(~below, float("-inf")).exp()
+    L = beta[:, None] * (k @ k.T) * (gamma[:, None] - gamma[None, :]).masked_fill(~below, float("-inf")).exp()
+    return L.to(dtype)
+
+
+#: Exercise 1's cases: (C, decay, key spread or None, dtype, tolerance). A bf16 ``L`` wants a bf16
+#: ``T`` (the answer is dtype-generic); its rounding allows a looser tolerance.
+_INVERSE_CASES = ((1, 0.1, None, torch.float32, 1e-5), (7, 0.1, None, torch.float32, 1e-5),
+                  (64, 0.02, None, torch.float32, 1e-5), (64, 1.0, None, torch.float32, 1e-5),
+                  (64, 0.02, 0.1, torch.float32, 1e-5), (32, 0.1, None, torch.bfloat16, 2e-2))
 
 
 @exercise(NOTEBOOK, 1, "the triangular inverse by hand", "my_unit_lower_inverse",
           forbidden=("mamba_edu.gdn.chunked", "mamba_edu.kernels"))
 def check_unit_lower_inverse(fn) -> str:
-    """Chunk-like ``L`` (C = 1, 7 and 64; slow and fast decay); compare with a triangular solve."""
+    """Chunk-like ``L`` (C = 1, 7 and 64; slow and fast decay; correlated keys; a bf16 ``L``);
+    compare with a triangular solve in float64."""
     gen = torch.Generator().manual_seed(check_seed(3))
-    for C, decay in ((1, 0.1), (7, 0.1), (64, 0.02), (64, 1.0)):
-        L = _chunk_L(gen, C, decay)
-        eye = torch.eye(C)
+    for C, decay, spread, dtype, tol in _INVERSE_CASES:
+        L = _chunk_L(gen, C, decay, spread, dtype)
         seen = observe(fn, L.clone())
         T = seen.result
         solvers = {op for op in seen.ops if op.startswith("linalg_") or op in ("triangular_solve", "inverse")}
         if solvers:
             raise AssertionError(f"the answer calls {', '.join(sorted(solvers))}: do the forward "
                                  "substitution yourself, one row at a time")
-        expected = torch.linalg.solve_triangular(eye + L, eye, upper=False, unitriangular=True)
+        eye = torch.eye(C, dtype=torch.float64)
+        expected = torch.linalg.solve_triangular(eye + L.double(), eye, upper=False, unitriangular=True)
         if isinstance(T, torch.Tensor) and T.dtype != L.dtype:
             raise AssertionError(f"T has dtype {T.dtype}; expected {L.dtype}, the dtype of L")
-        compare(T, expected, name=f"T = (I + L)⁻¹ for C={C}")
+        keys = "correlated keys" if spread is not None else "random keys"
+        compare(T, expected, tol=tol, name=f"T = (I + L)⁻¹ for C={C}, {keys}, {str(dtype)[6:]}")
     return "(I + L)·T = I for chunk sizes 1, 7 and 64, without torch.linalg"
 
 
@@ -124,7 +141,7 @@ def check_chunk(fn) -> str:
         scale = K ** -0.5
         ref = recurrent_gated_delta_rule(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
                                          scale=scale, initial_state=S0[None, None])
-        result = fn(q.clone(), k.clone(), v.clone(), g.clone(), beta.clone(), S0.clone(), scale)
+        result = observe(fn, q, k, v, g, beta, S0, scale).result
         if not (isinstance(result, tuple) and len(result) == 2):
             raise AssertionError(f"my_chunk returned {type(result).__name__}; expected a tuple (O, S_next)")
         O, S_next = result

@@ -173,18 +173,27 @@ def check_program_counts(fn) -> str:
 # Exercise 3
 # ---------------------------------------------------------------------------------------------
 
+def _with_spare_row(x: torch.Tensor, dev) -> torch.Tensor:
+    """``x [T, …]`` on ``dev`` as the first T rows of a buffer one NaN row longer: a kernel that
+    reads a token or a head too far reads NaN (and fails the comparison) inside memory it may
+    read, instead of crashing the interpreter."""
+    buffer = torch.full((x.shape[0] + 1, *x.shape[1:]), float("nan"), dtype=x.dtype, device=dev)
+    buffer[:-1] = x
+    return buffer[:-1]
+
+
 @exercise(NOTEBOOK, 3, "the gated delta rule as a Triton kernel", "my_recurrent_kernel",
           forbidden=("mamba_edu.kernels",))
 def check_recurrent_kernel(kernel) -> str:
     """Launch ``kernel[(N, HV)](q, k, v, g, beta, o, h0, ht, cu, scale, H, HV, K, V)`` on fresh
-    packed batches (a 1-token sequence, 2 value heads per key head, K ≠ V) and compare o and the
-    final states with the recurrent reference. ``o`` and ``ht`` start as NaN, so every element
-    must be written."""
+    packed batches (a 1-token sequence, head groups of 2 and 4 value heads per key head, K ≠ V)
+    and compare o and the final states with the recurrent reference. ``o`` and ``ht`` start as
+    NaN, so every element must be written."""
     _require_triton(3)
     _require_kernel(kernel, "my_recurrent_kernel")
     dev = default_device()  # CUDA tensors on a GPU, CPU tensors in the interpreter
     gen = torch.Generator().manual_seed(check_seed(9))
-    for lengths, H, HV, K, V in (([5, 1, 13], 2, 4, 16, 32), ([7, 3], 1, 2, 32, 16)):
+    for lengths, H, HV, K, V in (([5, 1, 13], 2, 4, 16, 32), ([7, 3], 1, 2, 32, 16), ([6, 2], 2, 8, 16, 16)):
         T, N = sum(lengths), len(lengths)
         cu = [0]
         for n in lengths:
@@ -198,9 +207,9 @@ def check_recurrent_kernel(kernel) -> str:
         scale = K ** -0.5
         ref = recurrent_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=h0,
                                          cu_seqlens=cu, use_qk_l2norm=False)
-        o = torch.full((T, HV, V), float("nan"), device=dev)
+        o = _with_spare_row(torch.full((T, HV, V), float("nan")), dev)
         ht = torch.full((N, HV, K, V), float("nan"), device=dev)
-        args = [t.to(dev) for t in (q, k, v, g, beta)]
+        args = [_with_spare_row(t, dev) for t in (q, k, v, g, beta)]
         kernel[(N, HV)](*args, o, h0.to(dev), ht, torch.tensor(cu, dtype=torch.int32, device=dev),
                         scale, H, HV, K, V)
         case = f"lengths={lengths}, H={H}, HV={HV}, K={K}, V={V}"

@@ -25,8 +25,9 @@ _BATCHES = ([1], [64], [65], [64, 65], [1, 63, 64, 65, 128, 129, 150, 300], [200
 def _values(t, name: str) -> list:
     """A returned table as a plain list (the check reads it after the sync count is taken)."""
     if isinstance(t, torch.Tensor):
-        if t.dtype.is_floating_point or t.dtype == torch.bool:
-            raise AssertionError(f"{name} has dtype {t.dtype}; expected an integer tensor")
+        if t.dtype not in (torch.int32, torch.int64):
+            raise AssertionError(f"{name} has dtype {t.dtype}; expected an int32 or int64 tensor (a "
+                                 "narrower one overflows: a batch holds more than 32767 tokens)")
         return t.cpu().tolist()
     raise AssertionError(f"{name} is a {type(t).__name__}; expected a torch tensor")
 
@@ -64,25 +65,34 @@ def check_chunk_meta(fn) -> str:
     return f"{len(_BATCHES)} batches match build_chunk_meta, 0 would-be syncs"
 
 
+#: Exercise 2's batches: (W, lengths, rows of padding after the last sequence, dtype). A CUDA-graph
+#: bucket pads ``x`` past the batch's tokens; the states are copies, in ``prev``'s dtype.
+_CONV_CASES = ((4, [1, 10, 2, 3, 4], 0, torch.float32), (3, [2, 1, 7], 5, torch.float32),
+               (4, [1], 0, torch.float32), (4, [3, 1, 5], 3, torch.bfloat16))
+
+
 @exercise(NOTEBOOK, 2, "the conv states a packed batch leaves", "my_conv_states",
           forbidden=("mamba_edu.gdn.conv", "mamba_edu.kernels"))
 def check_conv_states(fn) -> str:
-    """``fn(prev [N, D, W−1], x [T, D], lengths)`` -> ``[N, D, W−1]``: compared bit for bit with the
-    reference conv's final states, for batches that mix sequences shorter and longer than W−1
-    (W = 4 and 3), with no would-be sync."""
+    """``fn(prev [N, D, W−1], x [T + pad, D], lengths)`` -> ``[N, D, W−1]``: compared bit for bit
+    with the reference conv's final states, for batches that mix sequences shorter and longer than
+    W−1 (W = 4 and 3), padding rows after the last sequence (tokens of no sequence), a bf16
+    batch, with no would-be sync."""
     gen = torch.Generator().manual_seed(check_seed(6))
     D = 5
-    for W, lengths in ((4, [1, 10, 2, 3, 4]), (3, [2, 1, 7]), (4, [1])):
+    for W, lengths, pad, dtype in _CONV_CASES:
         N, T = len(lengths), sum(lengths)
-        prev = torch.randn(N, D, W - 1, generator=gen)
-        x = torch.randn(T, D, generator=gen)
+        prev = torch.randn(N, D, W - 1, generator=gen).to(dtype)
+        x = torch.randn(T + pad, D, generator=gen).to(dtype)
         weight = torch.randn(D, W, generator=gen)
         cu = [0]
         for n in lengths:
             cu.append(cu[-1] + n)
-        _, finals = causal_conv1d(x, weight, cu_seqlens=cu, initial_states=prev)
-        seen = observe(fn, prev.clone(), x.clone(), list(lengths), fake=True)
-        got, case = seen.result, f"W={W}, lengths={lengths}"
+        # the states are copies: the float32 conv's are prev's and x's values exactly
+        finals = causal_conv1d(x[:T].float(), weight, cu_seqlens=cu, initial_states=prev.float())[1].to(dtype)
+        seen = observe(fn, prev, x, list(lengths), fake=True)
+        got = seen.result
+        case = f"W={W}, lengths={lengths}, {pad} padding row(s) after them, {str(dtype)[6:]}"
         if seen.sync_count:
             raise AssertionError(f"{case}: {seen.sync_count} would-be host sync(s) "
                                  f"({', '.join(seen.by_op)}); the lengths are a Python list already")

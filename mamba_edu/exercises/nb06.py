@@ -103,13 +103,16 @@ def check_conv_positions(fn) -> str:
             seen = observe(fn, batch, rows.clone(), width, fake=True)
             _no_syncs(seen, "the window build")
             got = _tensor(seen.result, "conv_positions", ref.conv_positions.shape, what)
-            if not torch.equal(got.long(), ref.conv_positions):
+            if got.dtype != torch.int64:
+                raise AssertionError(f"conv_positions has dtype {got.dtype}; expected torch.int64 (a packed "
+                                     "batch of a long prompt has more rows than int16 or int32 can count)")
+            if not torch.equal(got, ref.conv_positions):
                 raise AssertionError(f"conv_positions = {got.tolist()}; expected {ref.conv_positions.tolist()} "
                                      f"for W = {width} {what}")
             T = int(batch.cu_seqlens[-1])
             mixed_qkv, pool = torch.randn(T, 3, generator=gen), torch.randn(1 + 2 * len(batch.extend_lens), 3, width - 1)
             mine, theirs = pool.clone(), pool.clone()
-            LinearAttentionBackend._track_conv(mine, mixed_qkv, type(ref)(ref.dst, got.long(), ref.working,
+            LinearAttentionBackend._track_conv(mine, mixed_qkv, type(ref)(ref.dst, got, ref.working,
                                                                           ref.checkpoint, ref.from_final))
             LinearAttentionBackend._track_conv(theirs, mixed_qkv, ref)
             assert torch.equal(mine, theirs), "the copies differ although the indices agree"
@@ -172,13 +175,16 @@ def _toy_layer(batch, W: int, D: int, HV: int, K: int, V: int, gen: torch.Genera
 @exercise(NOTEBOOK, 3, "the naive per-layer track write", "my_naive_track",
           forbidden=("mamba_edu.serving.backend", "mamba_edu.serving.tracking"))
 def check_naive_track(fn) -> str:
-    """Random batches (tracked at a checkpoint, at the final state, untracked, after a prefix):
-    run ``fn`` and the package's naive strategy + backend copies on equal pools, compare every slot."""
+    """Random batches (tracked at a checkpoint, at the final state, untracked, after a prefix;
+    cache chunks 64 and 128, E = 192 and 200 at 128): run ``fn`` and the package's naive strategy
+    + backend copies on equal pools, compare every slot."""
     gen = torch.Generator().manual_seed(check_seed(61))
     rng = random.Random(check_seed(62))
     D, HV, K, V = 5, 2, 3, 3
+    # cache chunk 128 leaves up to 127 tokens after A: E = 192 ends one whole chunk after A = 128,
+    # and E = 200 puts A's checkpoint before the request's last one
     shapes = [([0, 0, 64], [130, 40, 64], 64, 4), ([0], [64], 64, 4), ([64, 0], [200, 10], 64, 3),
-              ([0, 128, 0], [129, 256, 63], 128, 5)]
+              ([0, 128, 0], [129, 256, 63], 128, 5), ([0, 0, 128], [192, 200, 192], 128, 4)]
     for _ in range(6):
         size = rng.randint(1, 4)
         shapes.append(([rng.choice([0, 64]) for _ in range(size)],
@@ -198,7 +204,7 @@ def check_naive_track(fn) -> str:
         if track is not None:
             LinearAttentionBackend._track_ssm(want_ssm, h, track)
         got_conv, got_ssm = conv.clone(), ssm.clone()
-        fn(got_conv, got_ssm, mixed_qkv, h, batch, W)
+        observe(fn, got_conv, got_ssm, mixed_qkv, h, batch, W, writes=(0, 1))  # the pools, in place
         what = f"(prefix_lens {prefix}, extend_lens {extend}, cache chunk {cc}, W {W})"
         for name, got, want in (("conv", got_conv, want_conv), ("ssm", got_ssm, want_ssm)):
             wrong = [s for s in range(got.shape[0]) if not torch.equal(got[s], want[s])]

@@ -168,7 +168,8 @@ def check_fused_scan(fn) -> str:
                     track_slots=torch.tensor(track),
                     track_chunks=torch.tensor(chunks), backend="torch")
         got = pool.clone()
-        out = fn(q, k, v, g, beta, got, list(lengths), list(working), list(track), list(chunks))
+        out = observe(fn, q, k, v, g, beta, got, list(lengths), list(working), list(track), list(chunks),
+                      writes=(5,)).result  # the pool, in place
         if out is not None:
             raise AssertionError(f"returned {type(out).__name__}: the fused write returns nothing (no h)")
         what = f"(lengths {lengths}, working {working}, track_slots {track}, track_chunks {chunks})"

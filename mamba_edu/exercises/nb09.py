@@ -172,21 +172,52 @@ def _synthetic_trace() -> tuple[dict, int, int]:
     return {"traceEvents": events}, 3, 4
 
 
+def _second_forward_trace() -> tuple[dict, int, int]:
+    """Two forwards, and the exercise reads the last: the first (on another thread) has its own
+    wait and copy. In the second, every kind of wait (``cudaEventSynchronize`` exactly at the
+    range's start, ``cudaDeviceSynchronize``, a synchronous ``cudaMemcpy`` in the ``cuda_driver``
+    category), a wait exactly at the range's end (not the forward's), a copy launched just before
+    the end and one launched exactly at it: (trace, host waits, DtoH copies)."""
+    events = [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "python"}},
+        _event("prefill_forward", "user_annotation", 10, 90, tid=3),           # the first forward
+        _event("cudaStreamSynchronize", "cuda_runtime", 20, 10, tid=3),
+        _event("cudaMemcpyAsync", "cuda_runtime", 40, 3, tid=3, corr=1),
+        _event("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 44, 2, tid=7, corr=1),
+        _event("prefill_forward", "user_annotation", 200, 200),                # the last one
+        _event("cudaEventSynchronize", "cuda_runtime", 200, 12),               # wait 1, at the start
+        _event("cudaLaunchKernel", "cuda_runtime", 220, 4, corr=2),
+        _event("gdn_kernel", "kernel", 225, 20, tid=7, corr=2),
+        _event("cudaDeviceSynchronize", "cuda_runtime", 250, 8),               # wait 2
+        _event("cudaMemcpy", "cuda_driver", 300, 9, corr=3),                   # wait 3, copy 1
+        _event("Memcpy DtoH (Device -> Pageable)", "gpu_memcpy", 303, 2, tid=7, corr=3),
+        _event("cudaStreamSynchronize", "cuda_runtime", 320, 6),               # wait 4
+        _event("cudaMemcpyAsync", "cuda_runtime", 399.5, 0.4, corr=4),         # copy 2: launched inside
+        _event("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 405, 2, tid=7, corr=4),
+        _event("cudaStreamSynchronize", "cuda_runtime", 400, 5),               # at the end: after it
+        _event("cudaMemcpyAsync", "cuda_runtime", 400, 1, corr=5),             # launched at the end
+        _event("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 402, 2, tid=7, corr=5),
+    ]
+    return {"traceEvents": events}, 4, 2
+
+
 @exercise(NOTEBOOK, 2, "count a forward's syncs in a trace", "my_trace_syncs",
           forbidden=("mamba_edu.profiling.bubbles", "mamba_edu.profiling.traces", "mamba_edu.profiling.trace_files"))
 def check_trace_syncs(fn) -> str:
     """Compare ``fn(trace, range_name) -> (waits, dtoh)`` with :func:`analyze_trace`."""
-    trace, waits, dtoh = _synthetic_trace()
-    a = analyze_trace(trace, "prefill_forward")
-    assert (a.n_syncs, a.n_dtoh) == (waits, dtoh), "the synthetic trace disagrees with the package"
-    got = tuple(fn(trace, "prefill_forward"))
-    if got != (waits, dtoh):
-        raise AssertionError(
-            f"hand-made trace: got (waits, dtoh) = {got}, expected {(waits, dtoh)} (count the "
-            f"host waits of the forward's thread that start inside the range, and the DtoH copies "
-            f"that thread launched inside it, wherever they run; the caller's synchronize after "
-            f"the forward, another thread's calls and the copies launched after it are not the "
-            f"forward's; cudaMemcpyAsync alone does not wait)")
+    for what, (trace, waits, dtoh) in (("hand-made trace", _synthetic_trace()),
+                                       ("hand-made trace with two forwards", _second_forward_trace())):
+        a = analyze_trace(trace, "prefill_forward")
+        assert (a.n_syncs, a.n_dtoh) == (waits, dtoh), f"the {what} disagrees with the package"
+        got = tuple(fn(trace, "prefill_forward"))
+        if got != (waits, dtoh):
+            raise AssertionError(
+                f"{what}: got (waits, dtoh) = {got}, expected {(waits, dtoh)} (count the host waits "
+                f"(all four kinds, cuda_runtime or cuda_driver) of the forward's thread that start "
+                f"inside the last range of that name, from its start included to its end excluded, "
+                f"and the DtoH copies that thread launched inside it, wherever they run; the caller's "
+                f"synchronize after the forward, another thread's calls and the copies launched after "
+                f"it are not the forward's; cudaMemcpyAsync alone does not wait)")
     used = 0
     for case in TRACE_CASES:
         for strategy in TRACE_STRATEGIES:
@@ -262,6 +293,40 @@ def _zoom_trace() -> dict:
     return {"traceEvents": events}
 
 
+def _second_zoom_trace() -> dict:
+    """Two forwards, and the exercise reads the last (the first ran on thread 3, which waits again
+    later). The last forward's waits, one of each kind (``cudaMemcpy`` in the ``cuda_driver``
+    category): a tie of 45 µs idle (the earliest wins), a wait that ends exactly when a kernel
+    ends (the GPU idles after it) and one that ends exactly when a kernel starts (no idle).
+    :data:`SECOND_ZOOM_STRETCHES` puts waits exactly on a stretch's edges."""
+    events = [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "python"}},
+        _event("prefill_forward", "user_annotation", 0, 100, tid=3),           # the first forward
+        _event("prefill_forward", "user_annotation", 190, 410),                 # the last one
+        _event("k1", "kernel", 180, 40, tid=7),                                 # ends at 220 ...
+        _event("aten::item", "cpu_op", 198, 42),
+        _event("cudaEventSynchronize", "cuda_runtime", 200, 20),                # ... as this wait: idle 30
+        _event("k2", "kernel", 250, 20, tid=7),
+        _event("aten::nonzero", "cpu_op", 298, 30),
+        _event("cudaMemcpy", "cuda_driver", 300, 20),                           # idle 365 - 320 = 45
+        _event("aten::first_forward_op", "cpu_op", 320, 20, tid=3),
+        _event("cudaStreamSynchronize", "cuda_runtime", 330, 5, tid=3),         # thread 3: idle 30
+        _event("k3", "kernel", 365, 15, tid=7),
+        _event("aten::_local_scalar_dense", "cpu_op", 398, 14),
+        _event("cudaStreamSynchronize", "cuda_runtime", 400, 10),               # k4 starts as it ends: 0
+        _event("k4", "kernel", 410, 20, tid=7),
+        _event("aten::is_nonzero", "cpu_op", 448, 24),
+        _event("cudaDeviceSynchronize", "cuda_runtime", 450, 20),               # idle 515 - 470 = 45: a tie
+        _event("k5", "kernel", 515, 15, tid=7),
+    ]
+    return {"traceEvents": events}
+
+
+#: Stretches of :func:`_second_zoom_trace`: (t0, t1, what the stretch tests).
+SECOND_ZOOM_STRETCHES = ((200, 500, "a tie, every wait kind"), (200, 260, "a wait at the stretch's start"),
+                         (400, 450, "a wait at the stretch's end, a kernel starting as a wait ends"))
+
+
 #: Stretches of the H200 traces exercise 3 reads: (case, strategy, first GDN layer index). A window
 #: runs from the start of that GDN layer to the start of the GDN layer two after it (layer index -1:
 #: from the forward's start to the first GDN layer).
@@ -303,6 +368,9 @@ def check_worst_wait(fn) -> str:
     for t0, t1, what in ((0, 1000, "hand-made forward, whole"), (0, 300, "hand-made forward, layer00.gdn"),
                          (300, 1000, "hand-made forward, from 300 µs on")):
         _compare_wait(fn, trace, t0, t1, what)
+    second = _second_zoom_trace()
+    for t0, t1, what in SECOND_ZOOM_STRETCHES:
+        _compare_wait(fn, second, t0, t1, f"hand-made trace with two forwards, [{t0}, {t1}) µs: {what}")
     used = 0
     for case, strategy, first in ZOOMS:
         path = _trace(case, strategy)

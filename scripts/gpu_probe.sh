@@ -14,7 +14,7 @@ SMI=$!
 for pair in ${PAIRS:-}; do
     for variant in ${VARIANTS:-default}; do
         extra=(); cache=4
-        case $variant in own) extra=(--own-inputs) ;; cache) cache=4096 ;; esac
+        case $variant in own) extra=(--own-inputs) ;; cache) cache=4096 ;; eager) extra=(--eager-after) ;; esac
         FLA_TENSOR_CACHE_SIZE=$cache timeout 150 python3 scripts/probe_shared_arms.py \
             --case "${PROBE_CASE:-qwen3-next 16x256}" --arms "$pair" "${extra[@]}" \
             --log "$OUT/probe.jsonl" >> "$OUT/probe.log" 2>&1

@@ -29,6 +29,13 @@ from mamba_edu.benchmarks import references as refs
 
 def _checksum(case) -> list[float]:
     parts = [case.cu.double().sum(), case.h0.double().sum()]
+    from mamba_edu.kernels.metadata import _PRIVATE_ATTR
+    for t in case.indices.values():  # and the private twin the kernels read
+        if torch.is_tensor(t):
+            parts += [t.double().sum(), getattr(t, _PRIVATE_ATTR, t).double().sum()]
+    for meta in (case.meta, case.meta._kernel):  # the kernels read private twins (_kernel)
+        parts += [getattr(meta, f).double().sum() for f in ("cu_seqlens", "chunk_indices",
+                                                            "chunk_offsets") if meta is not None]
     for x in case.sets:
         parts += [t.double().abs().sum() for t in x.values() if torch.is_tensor(t)]
     return [float(p) for p in parts]
@@ -41,6 +48,9 @@ def main() -> int:
     p.add_argument("--own-inputs", action="store_true")
     p.add_argument("--eager-after", action="store_true",
                    help="capture the first arm only; run the others eagerly, uncaptured")
+    p.add_argument("--eager", action="store_true",
+                   help="capture nothing: every arm runs eagerly (for compute-sanitizer with "
+                        "PYTORCH_NO_CUDA_MEMORY_CACHING=1, where each tensor is its own cudaMalloc)")
     p.add_argument("--log", required=True)
     args = p.parse_args()
     preset, shape = args.case.split(" ")
@@ -49,7 +59,7 @@ def main() -> int:
 
     def say(**fields):
         fields |= dict(case=args.case, arms=args.arms, own_inputs=args.own_inputs,
-                       eager_after=args.eager_after,
+                       eager_after=args.eager_after, eager=args.eager,
                        fla_cache=os.environ.get("FLA_TENSOR_CACHE_SIZE", "4"))
         log.write(json.dumps(fields) + "\n")
         log.flush()
@@ -62,7 +72,7 @@ def main() -> int:
             before = _checksum(shared)
             call, out, _ = refs.ARMS[name](case)
             out()
-            if position and args.eager_after:
+            if args.eager or (position and args.eager_after):
                 for i in range(refs.ROTATE):
                     call(i)
             else:

@@ -101,6 +101,9 @@ non_negative_int = _number(int, 0, False, "a whole number")
 positive_float = _number(float, 0, True, "a number")
 seed_int = _number(int, 0, False, "a whole number", most=2**63 - 1)  # what torch's generators take
 timeout_seconds = _number(int, 1, False, "a whole number of seconds", most=86_400)
+# a kernel that imports torch needs about 2.8 GiB of address space (KernelLimits): less cannot start one
+memory_gib = _number(float, 4, False, "a number of GiB", most=4096)
+cpu_seconds = _number(int, 10, False, "a whole number of seconds", most=7 * 86_400)
 
 
 def unwritable_reason(folder: Path) -> str | None:
@@ -122,19 +125,35 @@ def unwritable_reason(folder: Path) -> str | None:
     return None
 
 
-def check_out_dir(parser: argparse.ArgumentParser, folder: Path, option: str = "--out") -> None:
-    """``parser.error`` (exit 2) unless ``folder`` can be created and written to: it is created
-    now and a probe file written and removed (permission bits alone do not tell, e.g. as root or
-    under /proc)."""
+def write_refusal(folder: Path) -> str | None:
+    """Why no file can be written in ``folder`` (where it does not exist yet: in its nearest
+    existing ancestor, where it would be created), or ``None``. Tried by writing and removing a
+    probe file, nothing else created: permission bits alone do not tell (as root, under /proc)."""
     if why := unwritable_reason(folder):
-        parser.error(f"{option} {folder}: {why}")
+        return why
+    existing = Path(folder)
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
     try:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        probe = Path(folder) / f".mamba_edu-write-probe-{os.getpid()}"
+        probe = existing / f".mamba_edu-write-probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as err:
-        parser.error(f"{option} {folder}: cannot write there ({err.strerror or err})")
+        return f"cannot write there (a file in {existing}: {err.strerror or err})"
+    return None
+
+
+def check_out_dir(parser: argparse.ArgumentParser, folder: Path, option: str = "--out",
+                  given: Path | None = None) -> None:
+    """``parser.error`` (exit 2) unless ``folder`` can be created and written to (it is created
+    now); the message names ``given`` (the option's value, default ``folder``)."""
+    shown = folder if given is None else given
+    if why := write_refusal(folder):
+        parser.error(f"{option} {shown}: {why}")
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        parser.error(f"{option} {shown}: cannot write there ({err.strerror or err})")
 
 
 def resolve_device(parser: argparse.ArgumentParser, choice: str):

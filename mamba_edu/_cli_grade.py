@@ -36,7 +36,9 @@ import sys
 import threading
 from pathlib import Path
 
-from mamba_edu._cli import HelpFormatter, positive_int, prog_name, timeout_seconds, unwritable_reason
+from mamba_edu._cli import (HelpFormatter, cpu_seconds, memory_gib, positive_int, prog_name, timeout_seconds,
+                            write_refusal)
+from mamba_edu.exercises.containment import GIB, KernelLimits
 
 GRADE_NEEDS = ("nbformat", "nbclient", "ipykernel")  # the extra "grade": pip install 'mamba_edu[grade]'
 
@@ -60,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sandbox", action="store_true",
                         help="run each kernel in bubblewrap: file system read-only but for the "
                              "notebook's copy, no network, private /tmp and process tree")
+    parser.add_argument("--max-memory", type=memory_gib, default=KernelLimits.memory / GIB, metavar="GIB",
+                        help="address space one notebook's kernel may use, GiB (not set where a GPU is "
+                             "visible: CUDA reserves far more than it uses)")
+    parser.add_argument("--max-cpu", type=cpu_seconds, default=KernelLimits.cpu_seconds, metavar="SECONDS",
+                        help="CPU time one notebook's kernel may use over the whole notebook, all "
+                             "threads together")
     parser.add_argument("--jobs", type=positive_int, default=1,
                         help="students graded at a time (a class folder); each notebook runs in "
                              "its own worker process")
@@ -80,13 +88,41 @@ def usage_error(args, class_mode: bool) -> str | None:
     if args.sandbox and shutil.which("bwrap") is None:
         return ("--sandbox needs bubblewrap (bwrap), which is not installed (apt install bubblewrap, "
                 "dnf install bubblewrap); or grade inside a container (docs/teaching.md)")
-    if args.csv and (why := "is a folder" if args.csv.is_dir() else unwritable_reason(args.csv.parent)):
+    if why := path_refusal(args.path):
+        return f"PATH {args.path}: {why}"
+    if args.csv and (why := csv_refusal(args.csv)):
         return f"--csv {args.csv}: {why}"
-    if args.feedback and (why := unwritable_reason(args.feedback)):
+    if args.feedback and (why := write_refusal(args.feedback)):
         return f"--feedback {args.feedback}: {why}"
     if args.feedback and class_mode and args.path.resolve() in args.feedback.resolve().parents:
         return f"--feedback {args.feedback}: inside the class folder it would be taken for a student"
     return None
+
+
+def path_refusal(path: Path) -> str | None:
+    """Why ``path`` cannot hold anything to grade, or None: it is missing, or a file that is
+    not a notebook (a notebook that is not a regular file is the grader's to refuse, by name)."""
+    if not path.exists() and not path.is_symlink():
+        return "no such file or folder"
+    if path.is_file() and path.suffix != ".ipynb":
+        return "not a notebook (.ipynb) nor a folder of notebooks"
+    return None
+
+
+def csv_refusal(path: Path) -> str | None:
+    """Why the grade book cannot be written at ``path``, or None (checked before any grading)."""
+    if path.is_dir():
+        return "is a folder"
+    if not path.parent.is_dir():
+        return f"no such folder {path.parent} (create it first)"
+    return write_refusal(path.parent)
+
+
+def kernel_limits(args) -> KernelLimits | None:
+    """The kernels' limits from ``--max-memory`` and ``--max-cpu``; None when both are the
+    defaults (the grading library's own)."""
+    limits = KernelLimits(memory=int(args.max_memory * GIB), cpu_seconds=args.max_cpu)
+    return None if limits == KernelLimits() else limits
 
 
 def main(argv=None) -> int:
@@ -105,6 +141,7 @@ def main(argv=None) -> int:
         with lock:  # students graded in threads: one whole line at a time
             print(line, file=sys.stderr, flush=True)
 
+    args.limits = kernel_limits(args)
     try:
         reports = (grade_class if class_mode else grade_folder)(args, progress)
     except classroom.NothingToGrade as err:
@@ -122,7 +159,7 @@ def grade_class(args, progress) -> list:
     the JSON report with its ``students`` list."""
     from mamba_edu.exercises import classroom
 
-    reports = classroom.grade_class(args.path, args.timeout, args.sandbox, args.jobs, progress)
+    reports = classroom.grade_class(args.path, args.timeout, args.sandbox, args.jobs, progress, args.limits)
     if args.json:
         print(json.dumps({"points": sum(r.points for r in reports),
                           "max_points": sum(r.max_points for r in reports), "sandbox": args.sandbox,
@@ -147,7 +184,7 @@ def grade_folder(args, progress) -> list:
     folder = Path(os.path.abspath(args.path))
     student = folder.parent.name if folder.suffix == ".ipynb" else folder.name
     report = classroom.grade_student(student, args.path, args.timeout, args.sandbox, progress,
-                                     fixed_denominator=False)
+                                     fixed_denominator=False, limits=args.limits)
     if args.json:
         print(json.dumps({"student": student, "passed": report.points, "total": report.max_points,
                           "sandbox": args.sandbox,

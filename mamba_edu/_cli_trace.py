@@ -59,7 +59,7 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse
     elif args.out.suffix.lower() != ".png":
         p.error(f"--out {args.out}: the figure is a PNG, give a path ending in .png")
     if args.plot:
-        check_out_dir(p, args.out.parent)
+        check_out_dir(p, args.out.parent, given=args.out)
     return args
 
 

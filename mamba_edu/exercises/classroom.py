@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mamba_edu.exercises import core
+from mamba_edu.exercises.containment import KernelLimits
 from mamba_edu.exercises.grader import REPO_DIR, ExerciseResult, NotebookResult, grade_paths, notebooks_in
 
 CSV_COLUMNS = ("student", "notebook", "exercise", "title", "status", "points", "max_points", "message")
@@ -134,16 +135,18 @@ def _summary(result: NotebookResult) -> str:
 
 
 def grade_student(student: str, path: Path, timeout: int, sandbox: bool = False, progress=_silent,
-                  fixed_denominator: bool = True) -> StudentReport:
+                  fixed_denominator: bool = True, limits: KernelLimits | None = None) -> StudentReport:
     """Grade the notebooks at ``path`` (a folder or one notebook) as ``student``'s, calling
     ``progress(line)`` as each notebook starts and ends. ``fixed_denominator``: every course
-    notebook is reported, those not submitted as missing; else only what was submitted."""
+    notebook is reported, those not submitted as missing; else only what was submitted.
+    ``limits``: each kernel's (None: :class:`KernelLimits`' defaults)."""
     gradable, wrong = submitted(path)
     for result in wrong:
         progress(f"[{student}] {result.file}: {result.reason}")
     results = grade_paths(gradable, timeout, sandbox,
                           started=lambda p: progress(f"[{student}] {p.name} …"),
-                          report=lambda r: progress(f"[{student}] {r.file}: {_summary(r)}"))
+                          report=lambda r: progress(f"[{student}] {r.file}: {_summary(r)}"),
+                          **({"limits": limits} if limits else {}))
     if fixed_denominator:
         return StudentReport(student, whole_course(results, wrong))
     return StudentReport(student, sorted(results + wrong, key=lambda r: r.file))
@@ -172,9 +175,14 @@ def students_in(class_dir: Path) -> tuple[list[Path], list[StudentReport]]:
 
 
 def grade_class(class_dir: Path, timeout: int, sandbox: bool = False, jobs: int = 1,
-                progress=_silent) -> list[StudentReport]:
-    """Grade every student of ``class_dir``, ``jobs`` at a time, sorted by student id. Raises
-    :class:`NothingToGrade` when it holds no student folder."""
+                progress=_silent, limits: KernelLimits | None = None) -> list[StudentReport]:
+    """Grade every student of ``class_dir``, ``jobs`` at a time, sorted by student id, each kernel
+    under ``limits`` (None: the defaults). Raises :class:`NothingToGrade` when it holds no
+    student folder."""
+    if type(jobs) is not int or jobs < 1:
+        raise ValueError(f"jobs (students graded at a time) must be a whole number of at least 1, got {jobs!r}")
+    if not class_dir.is_dir():
+        raise NothingToGrade(f"{class_dir}: no such folder (expected a class folder, one sub-folder per student)")
     folders, refused = students_in(class_dir)
     if not folders and not refused:
         raise NothingToGrade(f"{class_dir} holds no student sub-folders (hidden ones are ignored): "
@@ -182,7 +190,8 @@ def grade_class(class_dir: Path, timeout: int, sandbox: bool = False, jobs: int 
     for report in refused:
         progress(f"[{report.student}] refused: {report.reason}")
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        graded = list(pool.map(lambda f: grade_student(f.name, f, timeout, sandbox, progress), folders))
+        graded = list(pool.map(lambda f: grade_student(f.name, f, timeout, sandbox, progress, limits=limits),
+                               folders))
     return sorted(graded + refused, key=lambda r: r.student)
 
 

@@ -5,9 +5,12 @@ mamba_edu.exercises.grader --worker``) that
 
 1. copies the notebook's folder to a throwaway directory (regular files only: no symbolic links,
    no other notebooks, so no ``solutions/``),
-2. starts a Jupyter kernel there (its stdout and stderr go nowhere; with ``--sandbox``, inside
-   bubblewrap: the file system read-only but for that copy, no network, its own process tree and
-   temp dir, the repository's ``notebooks/solutions`` hidden),
+2. starts a Jupyter kernel there under a launcher (:mod:`~mamba_edu.exercises.containment`): in a
+   PID namespace of its own where one can be had (it can signal no process outside: not the
+   worker, not this process), with resource limits (:class:`~mamba_edu.exercises.containment.
+   KernelLimits`: address space, CPU time, tasks, file size); its stdout and stderr go nowhere;
+   with ``--sandbox``, inside bubblewrap too: the file system read-only but for that copy, no
+   network, its own temp dir, the repository's ``notebooks/solutions`` hidden,
 3. runs the notebook's code cells (a failing cell does not stop it),
 4. calls each exercise's check **in the worker**, with proxies of the learner's functions
    (:mod:`mamba_edu.exercises.remote`): inputs go to the kernel, only plain tensors and numbers
@@ -18,8 +21,9 @@ it on stdin, so a line the notebook writes cannot pass for one. The worker and i
 private copy of the package written for that notebook alone, so a notebook that edits "the
 package" edits a copy the next notebook never sees (the installed package is never written to; a
 change to its checks or sniffer while a notebook runs gives that notebook 0). A dead kernel, a
-timeout, a ``BaseException`` (``os._exit``, ``exit()``, ``KeyboardInterrupt``) or a worker killed
-from the kernel gives that notebook 0 with the reason, and grading goes on with the next one.
+timeout, a limit reached (memory, CPU time), a ``BaseException`` (``os._exit``, ``exit()``,
+``KeyboardInterrupt``) or a killed worker gives that notebook 0 with the reason, and grading goes on
+with the next one.
 """
 
 from __future__ import annotations
@@ -37,8 +41,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import mamba_edu
-from mamba_edu.exercises.containment import (become_subreaper, children, kill_descendants, limit_resources,
-                                             not_dumpable, read_regular)
+from mamba_edu.exercises.containment import (KernelLimits, become_subreaper, children, death_cause, kill_descendants,
+                                             limit_resources, not_dumpable, read_regular)
 from mamba_edu.profiling.trace_files import TraceError
 
 PACKAGE_DIR = Path(mamba_edu.__file__).resolve().parent
@@ -168,8 +172,10 @@ def bwrap_prefix(folder: Path, channel: Path, private: Path, hide: list[str] = (
 
 # --- the worker (runs in its own process) -----------------------------------------------------
 
-def grade_one(notebook: Path, raw: bytes, timeout: int, sandbox: bool, hide: list[str] = ()) -> NotebookResult:
-    """Run and grade one notebook (already validated). Never raises for what the notebook does."""
+def grade_one(notebook: Path, raw: bytes, timeout: int, sandbox: bool, hide: list[str] = (),
+              limits: KernelLimits = KernelLimits()) -> NotebookResult:
+    """Run and grade one notebook (already validated), its kernel under ``limits``. Never raises
+    for what the notebook does."""
     from mamba_edu.exercises import core
     from mamba_edu.exercises.core import KernelDied
     from mamba_edu.exercises.remote import KernelSession
@@ -189,7 +195,7 @@ def grade_one(notebook: Path, raw: bytes, timeout: int, sandbox: bool, hide: lis
                           TRITON_CACHE_DIR=str(private / "triton"), JUPYTER_RUNTIME_DIR=str(private / "rt"),
                           TMPDIR=str(private))
         prefix = bwrap_prefix(folder, channel, private, hide) if sandbox else None
-        session = KernelSession(folder, timeout, prefix, channel)
+        session = KernelSession(folder, timeout, prefix, channel, limits)
         errors = session.run_notebook(cells)
         for number in sorted(registered):
             ex = registered[number]
@@ -228,6 +234,8 @@ def _worker_main(argv) -> int:
     parser.add_argument("--timeout", type=int, required=True)
     parser.add_argument("--sandbox", action="store_true")
     parser.add_argument("--hide", action="append", default=[])
+    parser.add_argument("--memory", type=int, required=True)
+    parser.add_argument("--cpu", type=int, required=True)
     args = parser.parse_args(argv)
     not_dumpable()      # before the secret arrives: no other process reads it from this one
     become_subreaper()  # whatever the kernel starts, setsid or not, stays this process's to kill
@@ -238,7 +246,8 @@ def _worker_main(argv) -> int:
     out = os.fdopen(os.dup(1), "w")
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)  # nothing else this process prints reaches the reporting pipe
-    result = grade_one(args.worker, raw, args.timeout, args.sandbox, args.hide)
+    limits = KernelLimits(memory=args.memory, cpu_seconds=args.cpu)
+    result = grade_one(args.worker, raw, args.timeout, args.sandbox, args.hide, limits)
     kill_descendants()  # the verdict is written once nothing the notebook started is alive
     out.write(secret + json.dumps(asdict(result)) + "\n")
     out.flush()
@@ -284,19 +293,21 @@ _WORKERS: set[int] = set()
 _WORKERS_LOCK = threading.Lock()
 
 
-def _run_worker(path: Path, raw: bytes, timeout: int, sandbox: bool, package_root: Path) -> NotebookResult:
+def _run_worker(path: Path, raw: bytes, timeout: int, sandbox: bool, package_root: Path,
+                limits: KernelLimits) -> NotebookResult:
     try:
-        return _worker_result(path, raw, timeout, sandbox, package_root)
+        return _worker_result(path, raw, timeout, sandbox, package_root, limits)
     finally:  # a worker killed from its kernel leaves its kernel's processes to us (a subreaper)
         with _WORKERS_LOCK:
             kill_descendants(keep=frozenset(_WORKERS))
 
 
-def _worker_result(path: Path, raw: bytes, timeout: int, sandbox: bool, package_root: Path) -> NotebookResult:
+def _worker_result(path: Path, raw: bytes, timeout: int, sandbox: bool, package_root: Path,
+                   limits: KernelLimits) -> NotebookResult:
     secret = secrets.token_hex(16)
     cmd = [sys.executable, "-m", "mamba_edu.exercises.grader", "--worker", str(path.resolve()),
-           "--timeout", str(timeout), "--hide", str(REPO_DIR / "notebooks" / "solutions")] + \
-        (["--sandbox"] if sandbox else [])
+           "--timeout", str(timeout), "--hide", str(REPO_DIR / "notebooks" / "solutions"),
+           "--memory", str(limits.memory), "--cpu", str(limits.cpu_seconds)] + (["--sandbox"] if sandbox else [])
     from mamba_edu.exercises.core import SEED_VARIABLE
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1",
            "PYTHONPATH": os.pathsep.join([str(package_root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
@@ -327,14 +338,15 @@ def _worker_result(path: Path, raw: bytes, timeout: int, sandbox: bool, package_
             data = json.loads(line[len(secret):])
             data["exercises"] = [ExerciseResult(**e) for e in data["exercises"]]
             return NotebookResult(**data)
-    tail = (err or "").strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
-    return NotebookResult(path.name, "zero", f"the grading process died ({tail[0][:200]})")
+    tail = (err or "").strip().splitlines()[-1:]
+    why = death_cause(proc.returncode, limits) + (f": {tail[0][:200]}" if tail else "")
+    return NotebookResult(path.name, "zero", f"the worker process grading it died ({why})")
 
 
 def grade_paths(paths: list[Path], timeout: int, sandbox: bool = False, report=None,
-                started=None) -> list[NotebookResult]:
-    """Grade every notebook in ``paths`` (each already one with registered exercises); call
-    ``started(path)`` before each and ``report(result)`` after each."""
+                started=None, limits: KernelLimits = KernelLimits()) -> list[NotebookResult]:
+    """Grade every notebook in ``paths`` (each already one with registered exercises), each kernel
+    under ``limits``; call ``started(path)`` before each and ``report(result)`` after each."""
     from mamba_edu.exercises import core
 
     not_dumpable()      # no notebook writes into this process's output or reads its memory
@@ -356,7 +368,7 @@ def grade_paths(paths: list[Path], timeout: int, sandbox: bool = False, report=N
             workdir = Path(tempfile.mkdtemp(prefix="mamba_edu-package-"))
             try:
                 root = private_package(snapshot, workdir)
-                result = _run_worker(path, raw, timeout, sandbox, root)
+                result = _run_worker(path, raw, timeout, sandbox, root, limits)
                 touched = _changed(snapshot, root / "mamba_edu")
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)

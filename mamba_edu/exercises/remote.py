@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from mamba_edu.exercises import _harness
-from mamba_edu.exercises.containment import read_regular
+from mamba_edu.exercises.containment import KernelLimits, death_cause, read_regular
 from mamba_edu.exercises.core import KernelDied, Observed
 
 HARNESS_FILE = Path(_harness.__file__)
@@ -79,27 +79,28 @@ def check_plain(value, depth: int = 0) -> None:
 
 
 class KernelSession:
-    """One learner kernel, running in ``folder`` (a throwaway copy)."""
+    """One learner kernel, running in ``folder`` (a throwaway copy), started by the launcher of
+    ``limits`` (its own PID namespace and resource limits), inside ``sandbox_prefix`` (bubblewrap)
+    when given."""
 
-    def __init__(self, folder: Path, timeout: int, kernel_cmd_prefix: list[str] | None = None,
-                 channel: Path | None = None):
+    def __init__(self, folder: Path, timeout: int, sandbox_prefix: list[str] | None = None,
+                 channel: Path | None = None, limits: KernelLimits = KernelLimits()):
         from jupyter_client import KernelManager
+        from jupyter_client.kernelspec import KernelSpecManager
 
-        self.folder, self.timeout = folder, timeout
+        self.folder, self.timeout, self.limits = folder, timeout, limits
         self.channel = channel or Path(tempfile.mkdtemp(prefix="mamba_edu-channel-"))
         self.own_file = f"<mamba_edu-grader-{secrets.token_hex(8)}>"
         self.digests = _fresh_digests()
-        self.km = KernelManager(kernel_name="python3", transport="ipc" if kernel_cmd_prefix else "tcp")
-        if kernel_cmd_prefix:
+        self.km = KernelManager(kernel_name="python3", transport="ipc" if sandbox_prefix else "tcp")
+        if sandbox_prefix:  # no network in the sandbox: the kernel's sockets are files of the channel
             self.km.ip = str(self.channel / "kernel")
             self.km.connection_file = str(self.channel / "kernel.json")
         env = {**kernel_environment(), "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg"}
-        if kernel_cmd_prefix:
-            self.km.kernel_cmd = None
-            from jupyter_client.kernelspec import KernelSpecManager
-            argv = KernelSpecManager().get_kernel_spec("python3").argv
-            argv = [sys.executable if i == 0 and a in ("python", "python3") else a for i, a in enumerate(argv)]
-            self.km.kernel_spec.argv = kernel_cmd_prefix + argv
+        self.km.kernel_cmd = None
+        argv = KernelSpecManager().get_kernel_spec("python3").argv
+        argv = [sys.executable if i == 0 and a in ("python", "python3") else a for i, a in enumerate(argv)]
+        self.km.kernel_spec.argv = limits.launcher() + (sandbox_prefix or []) + argv
         self.km.start_kernel(cwd=str(folder), env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
         self.kc = self.km.client()
@@ -121,7 +122,7 @@ class KernelSession:
                 msg = self.kc.get_shell_msg(timeout=0.2)
             except queue.Empty:
                 if not self.km.is_alive():
-                    raise KernelDied(f"the kernel died while running {what}") from None
+                    raise self.died(f"while running {what}") from None
                 if time.monotonic() > deadline:
                     raise KernelDied(f"{what} ran longer than the timeout ({timeout:.0f} s)") from None
                 continue
@@ -144,10 +145,20 @@ class KernelSession:
         for number, source in enumerate(cells, 1):
             reply = self.execute(source, self.timeout, what=f"code cell {number}")
             if reply.get("status") == "error":
-                errors.append(f"cell {number}: {reply.get('ename')}: {reply.get('evalue')}"[:300])
+                error = f"{reply.get('ename')}: {reply.get('evalue')}"
+                if out_of_memory(error):
+                    raise KernelDied(f"code cell {number} ran out of memory ({self.limits.memory_text()}): "
+                                     f"{error[:200]}")
+                errors.append(f"cell {number}: {error}"[:300])
             if not self.km.is_alive():
-                raise KernelDied(f"the kernel died in code cell {number}")
+                raise self.died(f"in code cell {number}")
         return errors
+
+    def died(self, when: str) -> KernelDied:
+        """The error for a kernel found dead ``when``, with the cause its launcher reported."""
+        process = getattr(getattr(self.km, "provisioner", None), "process", None)
+        cause = death_cause(process.poll(), self.limits) if process is not None else ""
+        return KernelDied(f"the kernel died {when}" + (f" ({cause})" if cause else ""))
 
     # --- calling the learner's functions -------------------------------------------------------
 
@@ -189,6 +200,13 @@ class KernelSession:
                 self.km.shutdown_kernel(now=True)
             except Exception:  # noqa: BLE001 - a dead kernel cannot be shut down twice
                 pass
+
+
+def out_of_memory(error: str) -> bool:
+    """Whether a cell's error (``"ename: evalue"``) says an allocation failed: Python's
+    ``MemoryError`` (numpy's subclass too), torch's ``can't allocate memory``."""
+    name = error.split(":", 1)[0]
+    return name.endswith("MemoryError") or "can't allocate memory" in error or "bad_alloc" in error
 
 
 def _in_notebook(source: str, notebook_sources: list[str]) -> bool:

@@ -104,3 +104,60 @@ def test_the_flashinfer_arm_hands_over_the_start_state_in_flashinfers_layout(mon
                                  cu_seqlens=[0, 40, 110], use_qk_l2norm=True)
     assert rel_err(o, ref.o) < 1e-5
     assert _rel_err_any_layout(final, ref.final_state) < 1e-5
+
+
+def _worker(tmp_path, script: str):
+    """A stand-in for an arm's process: ``script`` is the Python it runs."""
+    import sys as _sys
+    from mamba_edu.benchmarks.references import Worker
+    return Worker([_sys.executable, "-c", script], open(tmp_path / "w.log", "w+"))
+
+
+_SERVES = """
+import json, sys
+print("a library's own line on stdout")
+print("@@arm " + json.dumps(dict(o_err=0.001, state_err=0.001)), flush=True)
+ms = iter([TIMES])
+for line in sys.stdin:
+    print("@@arm " + json.dumps([next(ms), 1980.0]), flush=True)
+"""
+
+
+def test_each_arm_in_its_own_process_is_timed_in_rotated_rounds(tmp_path):
+    from mamba_edu.benchmarks.references import time_rounds
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    ours, ref = _worker(tmp_path / "a", _SERVES.replace("TIMES", "1.0, 1.2, 1.1")), \
+        _worker(tmp_path / "b", _SERVES.replace("TIMES", "2.0, 2.2, 2.1"))
+    row = {"arms": {"ours": ours.reply(), "fla_triton": ref.reply()}}
+    time_rounds(row, {"ours": ours.time, "fla_triton": ref.time}, rounds=3)
+    ours.close(), ref.close()
+    assert row["arms"]["ours"]["rounds_ms"] == [1.0, 1.2, 1.1]
+    assert row["arms"]["fla_triton"]["median_ms"] == 2.1
+    assert row["ratio_best"] == pytest.approx(1.1 / 2.1)
+
+
+def test_an_arm_whose_process_dies_gets_its_reason_and_never_counts(tmp_path):
+    """A CUDA error ends the arm's process: its row entry says so, the other arms keep theirs."""
+    from mamba_edu.benchmarks.references import time_rounds
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    dies = _worker(tmp_path / "a", """
+import json, sys
+print("@@arm " + json.dumps({"o_err": 0.001}), flush=True)
+sys.stdin.readline()
+sys.stderr.write("RuntimeError: CUDA error: an illegal memory access was encountered\\n")
+sys.exit(1)
+""")
+    ours = _worker(tmp_path / "b", _SERVES.replace("TIMES", "1.0, 1.0, 1.0"))
+    row = {"arms": {"flashqla": dies.reply(), "ours": ours.reply()}}
+    time_rounds(row, {"flashqla": dies.time, "ours": ours.time}, rounds=3)
+    dies.close(), ours.close()
+    assert "illegal memory access" in row["arms"]["flashqla"]["error"]
+    assert "exited with 1" in row["arms"]["flashqla"]["error"]
+    assert len(row["arms"]["ours"]["rounds_ms"]) == 3 and "ratio_best" not in row
+
+
+def test_a_worker_that_dies_before_its_entry_says_why(tmp_path):
+    worker = _worker(tmp_path, "import sys; sys.stderr.write('ImportError: no tilelang\\\\n'); sys.exit(3)")
+    with pytest.raises(RuntimeError, match="exited with 3: ImportError: no tilelang"):
+        worker.reply()
+    worker.close()

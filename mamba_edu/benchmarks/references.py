@@ -12,8 +12,8 @@ row entry saying why instead of a time):
 - ``flashqla``: ``flash_qla.chunk_gated_delta_rule`` called directly (TileLang);
 - ``flashinfer``: ``flashinfer.gdn_prefill.chunk_gated_delta_rule`` (CuTe DSL on SM90).
 
-Each shape runs in a child process of its own (``--in-process`` runs them in this one), so that
-a CUDA error in one shape costs that row only.
+Each arm of each shape runs in a process of its own (``--in-process`` runs them all in this
+one): no arm can reach another's memory, and a CUDA error costs that arm only.
 
 One instrument for every arm: a CUDA graph that holds one call on each of ``ROTATE`` input
 copies (so that L2 does not flatter anyone), replayed back to back between two CUDA events;
@@ -287,66 +287,162 @@ def summarize(arms: dict) -> dict:
     return dict(fastest_reference=best, ratio_best=arms["ours"]["median_ms"] / refs[best])
 
 
+def _build_arm(name: str, case: _Case, ref, table: dict) -> tuple[dict, _Graph | None]:
+    """One arm of one shape: its entry (errors against ``ref``, or why it cannot be timed) and,
+    when it agrees and can be captured, its graph."""
+    from mamba_edu.testing import rel_err
+    entry = {}
+    try:
+        with torch.inference_mode():
+            call, out, info = table[name](case)
+            entry.update(info)
+            o, final = out()
+            torch.cuda.synchronize()
+            entry["o_err"] = rel_err(o.reshape(ref.o.shape), ref.o)
+            entry["state_err"] = _rel_err_any_layout(final.float(), ref.final_state)
+            if not entry["o_err"] <= AGREE or not entry["state_err"] <= AGREE:
+                entry["error"] = f"disagrees with the fp32 reference (> {AGREE})"
+                return entry, None
+            if _syncs(lambda: call(0)):
+                entry["error"] = "syncs with the host: cannot be captured in a CUDA graph"
+                return entry, None
+            return entry, _Graph(call)
+    except Exception as exc:  # a reference that fails must not lose the others' numbers
+        entry["error"] = f"{type(exc).__name__}: {exc}"[:400]
+        torch.cuda.synchronize()
+        return entry, None
+
+
+def _row(preset: str, lengths: list[int]) -> dict:
+    H, HV = PRESETS[preset]
+    return dict(case=case_name(preset, lengths), T=sum(lengths), N=len(lengths), H=H, HV=HV,
+                K=K, V=V, dtype="bf16", arms={})
+
+
+def time_rounds(row: dict, timers: dict, rounds: int) -> None:
+    """Time every arm of ``timers`` (name → ``() -> (ms, sm_mhz)``) once per round, in an order
+    rotated from round to round, into ``row["arms"]``; then :func:`summarize`. An arm whose timer
+    raises gets the error and leaves the rounds (its earlier rounds are not counted)."""
+    live = list(timers)
+    for r in range(rounds):
+        for name in live[r % len(live):] + live[:r % len(live)] if live else []:
+            entry = row["arms"][name]
+            try:
+                ms, mhz = timers[name]()
+            except Exception as exc:
+                entry["error"] = f"{type(exc).__name__}: {exc}"[:400]
+                live.remove(name)
+                continue
+            entry.setdefault("rounds_ms", []).append(ms)
+            entry.setdefault("sm_mhz", []).append(mhz)
+    row.update(summarize(row["arms"]))
+
+
 def bench_case(preset: str, lengths: list[int], arms: list[str], rounds: int,
                table: dict | None = None) -> dict:
-    """One shape, every arm in ``arms`` (built by ``table``, default :data:`ARMS`)."""
+    """One shape, every arm in ``arms`` (built by ``table``, default :data:`ARMS`), all in this
+    process (``--in-process``): the arms share one CUDA context and can reach each other's
+    memory (see :func:`isolated_case`)."""
     table = ARMS if table is None else table
-    from mamba_edu.testing import rel_err
     case = _Case(preset, lengths)
-    row = dict(case=case_name(preset, lengths), T=case.T, N=case.N, H=case.H, HV=case.HV,
-               K=K, V=V, dtype="bf16", arms={})
-    ref = case.reference()
-    graphs = {}
+    row, ref, graphs = _row(preset, lengths), case.reference(), {}
     for name in arms:
-        entry = row["arms"][name] = {}
-        try:
-            with torch.inference_mode():
-                call, out, info = table[name](case)
-                entry.update(info)
-                o, final = out()
-                torch.cuda.synchronize()
-                entry["o_err"] = rel_err(o.reshape(ref.o.shape), ref.o)
-                entry["state_err"] = _rel_err_any_layout(final.float(), ref.final_state)
-                if not entry["o_err"] <= AGREE or not entry["state_err"] <= AGREE:
-                    entry["error"] = f"disagrees with the fp32 reference (> {AGREE})"
-                    continue
-                if _syncs(lambda: call(0)):
-                    entry["error"] = "syncs with the host: cannot be captured in a CUDA graph"
-                    continue
-                graphs[name] = _Graph(call)
-        except Exception as exc:  # a reference that fails must not lose the others' numbers
-            entry["error"] = f"{type(exc).__name__}: {exc}"[:400]
-            torch.cuda.synchronize()
-    live = list(graphs)
-    for r in range(rounds):
-        for name in live[r % len(live):] + live[:r % len(live)]:
-            row["arms"][name].setdefault("rounds_ms", []).append(graphs[name].ms_per_call())
-            row["arms"][name].setdefault("sm_mhz", []).append(sm_clock_mhz())
-    row.update(summarize(row["arms"]))
+        row["arms"][name], graph = _build_arm(name, case, ref, table)
+        if graph is not None:
+            graphs[name] = graph
+    time_rounds(row, {n: (lambda g=g: (g.ms_per_call(), sm_clock_mhz()))
+                      for n, g in graphs.items()}, rounds)
     del graphs
     torch.cuda.empty_cache()
     return row
 
 
-def _case_in_child(module: str, name: str, args) -> dict:
-    """One shape in a process of its own (``module --in-process --cases name``): a CUDA error
-    there (one was seen with two arms' graphs in one process) costs that row, not the run."""
+PROTOCOL = "@@arm "  # the prefix of a worker's protocol lines (libraries print on stdout too)
+
+
+def serve_arm(name: str, preset: str, lengths: list[int], table: dict) -> int:
+    """The worker of :func:`isolated_case`: build one arm, print its entry, then answer each
+    ``time`` read on stdin with one ``[ms, sm_mhz]``, until stdin ends."""
+    case = _Case(preset, lengths)
+    entry, graph = _build_arm(name, case, case.reference(), table)
+    print(PROTOCOL + json.dumps(entry), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "time" or graph is None:
+            break
+        print(PROTOCOL + json.dumps([graph.ms_per_call(), sm_clock_mhz()]), flush=True)
+    return 0
+
+
+class Worker:
+    """One arm in a process of its own (``command``), spoken to over its stdin and stdout; its
+    stderr goes to ``log`` (a file opened for reading and writing), read back to say why it died."""
+
+    def __init__(self, command: list[str], log):
+        self.log = log
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=log, text=True)
+
+    def reply(self):
+        for line in self.proc.stdout:
+            if line.startswith(PROTOCOL):
+                return json.loads(line[len(PROTOCOL):])
+        self.log.seek(0)
+        last = (self.log.read().strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"its process exited with {self.proc.wait()}: {last}")
+
+    def time(self) -> tuple[float, float | None]:
+        try:
+            self.proc.stdin.write("time\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # it died: reply() says how
+        return tuple(self.reply())
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()  # the end of its stdin: the worker returns
+        except BrokenPipeError:
+            pass
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def isolated_case(module: str, preset: str, lengths: list[int], arms: list[str],
+                  rounds: int) -> dict:
+    """One shape with each arm in a process (and so a CUDA context) of its own: built one after
+    the other, then timed in rotated rounds while the others wait on their stdin. Only the arm
+    being timed runs on the GPU, and no arm can reach another's memory. (With all arms in one
+    process, whole shapes were lost to an illegal memory access: ``docs/references.md``.)"""
+    row, workers = _row(preset, lengths), {}
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "row.json"
-        cmd = [sys.executable, "-m", module, "--in-process", "--cases", name, "--arms", args.arms,
-               "--rounds", str(args.rounds), "--out", str(out)]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode == 0 and out.exists():
-            return json.loads(out.read_text())["rows"][0]
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return dict(case=name, error=f"its process exited with {done.returncode}: {last}"[:400])
+        try:
+            for name in arms:
+                worker = Worker([sys.executable, "-m", module, "--serve-arm", name, "--cases",
+                                 row["case"]], open(Path(tmp) / f"{name}.log", "w+"))
+                try:
+                    row["arms"][name] = worker.reply()
+                except RuntimeError as exc:
+                    row["arms"][name] = {"error": str(exc)[:400]}
+                if "error" in row["arms"][name]:
+                    worker.close()
+                else:
+                    workers[name] = worker
+            time_rounds(row, {n: w.time for n, w in workers.items()}, rounds)
+        finally:
+            for worker in workers.values():
+                worker.close()
+    return row
 
 
 def main(argv=None, extra_arms: dict | None = None,
          module: str = "mamba_edu.benchmarks.references") -> int:
     """The command line; ``extra_arms`` adds arms (name → builder, like :data:`ARMS`'s) that
     run by default too, so a caller can time its own variant beside ours (``module``: the
-    module whose ``-m`` runs one shape in a child process)."""
+    module whose ``-m --serve-arm`` runs one arm in a child process)."""
     table = ARMS | (extra_arms or {})
     parser = argparse.ArgumentParser(prog="python -m mamba_edu.benchmarks.references",
                                      description=__doc__.split("\n\n")[0])
@@ -360,7 +456,9 @@ def main(argv=None, extra_arms: dict | None = None,
     parser.add_argument("--budget-s", type=float, default=1e9,
                         help="start no new case after this many seconds")
     parser.add_argument("--in-process", action="store_true",
-                        help="run the shapes in this process (default: each in a child process)")
+                        help="run every arm in this process (default: each arm of each shape in "
+                             "a process of its own)")
+    parser.add_argument("--serve-arm", default=None, help=argparse.SUPPRESS)  # a Worker's child
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
@@ -370,12 +468,17 @@ def main(argv=None, extra_arms: dict | None = None,
     if unknown := [a for a in arms if a not in table]:
         parser.error(f"unknown --arms {unknown}; choose from {', '.join(table)}")
     wanted = None if args.cases is None else set(args.cases.split(","))
+    if args.serve_arm is not None:
+        shapes = [c for c in CASES if case_name(*c) in (wanted or ())]
+        if len(shapes) != 1 or args.serve_arm not in table:
+            parser.error("--serve-arm takes one known arm and one --cases shape")
+        return serve_arm(args.serve_arm, *shapes[0], table)
     versions = package_versions()
     result = dict(meta=dict(commit=commit_hash(), date=datetime.now(timezone.utc).isoformat(
         timespec="seconds"), device=torch.cuda.get_device_name(), torch=versions["torch"],
         triton=versions["triton"], clock_log=args.clock_log, versions=versions,
         rounds=args.rounds, rotate=ROTATE, instrument="CUDA graph replay between CUDA events",
-        agree=AGREE), rows=[])
+        agree=AGREE, arms_in="one process" if args.in_process else "a process per arm"), rows=[])
     start = time.monotonic()
     for preset, lengths in CASES:
         name = case_name(preset, lengths)
@@ -385,7 +488,7 @@ def main(argv=None, extra_arms: dict | None = None,
             result["rows"].append(dict(case=name, skipped="time budget"))
             continue
         row = (bench_case(preset, lengths, arms, args.rounds, table) if args.in_process
-               else _case_in_child(module, name, args))
+               else isolated_case(module, preset, lengths, arms, args.rounds))
         row["seconds"] = round(time.monotonic() - start, 1)
         result["rows"].append(row)
         print(json.dumps({k: row.get(k) for k in ("case", "ratio_best", "fastest_reference", "error")}

@@ -19,67 +19,117 @@ NB = nb00.NOTEBOOK
 
 SYNCING = {"x[mask]", "bool(mask.any())", "mask.nonzero()", "torch.where(mask)", "x.max().item()",
            "x.tolist()", "x.repeat_interleave(counts)"}
+VALUE = {"bool(mask.any())", "x.max().item()", "x.tolist()"}          # the rest of SYNCING: "size"
+
+
+def reason_of(expression):
+    if expression in SYNCING:
+        return "value" if expression in VALUE else "size"
+    return "argument" if "output_size" in expression else "shapes"
 
 
 def would_sync_right(expression):
-    return expression in SYNCING
+    return expression in SYNCING, reason_of(expression)
+
+
+def verdicts(syncing, reason=reason_of):
+    """An answer with these syncing expressions and these reasons."""
+    return lambda expression: (expression in syncing, reason(expression))
 
 
 def every_mask_reduction_syncs(expression):     # mask.any() itself does not sync, reading it does
-    return "mask" in expression or ".item()" in expression or "tolist" in expression
-
-
-def repeat_interleave_is_free(expression):      # its output size is counts.sum(): data-dependent
-    return expression in SYNCING - {"x.repeat_interleave(counts)"}
-
-
-def indexing_syncs(expression):                 # x[idx] has the size of idx: no sync
-    return expression in SYNCING | {"x[idx]"}
-
-
-def clamp_to_a_tensor_syncs(expression):        # x.clamp(max=x.max()) keeps the max on the device
-    return expression in SYNCING | {"x.clamp(max=x.max())"}
-
-
-def cumsum_syncs(expression):                   # a cumulative sum has the input's size
-    return expression in SYNCING | {"mask.cumsum(0) - 1"}
+    said = "mask" in expression or ".item()" in expression or "tolist" in expression
+    return said, reason_of(expression) if said == (expression in SYNCING) else ("size" if said else "shapes")
 
 
 def asks_the_sniffer(expression):               # the forbidden call: let count_syncs answer
     with count_syncs() as syncs:
         eval(expression, nb00.quiz_tensors())  # noqa: S307
-    return syncs.count > 0
+    return syncs.count > 0, reason_of(expression)
 
 
 def asks_the_private_oracle(expression):        # the check's own oracle
-    return nb00._sniffed(expression) > 0
+    return nb00._sniffed(expression) > 0, reason_of(expression)
 
 
 def answers_an_int(expression):                 # 1/0 instead of True/False
-    return int(expression in SYNCING)
+    return int(expression in SYNCING), reason_of(expression)
 
 
-WRONG_1 = [every_mask_reduction_syncs, repeat_interleave_is_free, indexing_syncs, clamp_to_a_tensor_syncs,
-           cumsum_syncs, asks_the_sniffer, asks_the_private_oracle, answers_an_int,
-           lambda expression: True, lambda expression: False]
+def bare_verdict(expression):                   # the old format: no reason
+    return expression in SYNCING
+
+
+def every_sync_is_a_value(expression):          # right verdicts; "size" never used
+    return expression in SYNCING, "value" if expression in SYNCING else "shapes"
+
+
+def every_sync_is_a_size(expression):           # right verdicts; "value" never used
+    return expression in SYNCING, "size" if expression in SYNCING else "shapes"
+
+
+def tolist_is_a_size(expression):               # x.tolist(): the size is known, the values are read
+    return expression in SYNCING, "size" if expression == "x.tolist()" else reason_of(expression)
+
+
+def boolean_index_is_a_value(expression):       # x[mask]: the host needs the count, not a value
+    return expression in SYNCING, "value" if expression == "x[mask]" else reason_of(expression)
+
+
+def output_size_is_shapes(expression):          # output_size=12 is a host number, not a shape
+    return expression in SYNCING, "shapes" if "output_size" in expression else reason_of(expression)
+
+
+def clamp_is_an_argument(expression):           # max=x.max() is a device tensor, not a host number
+    return expression in SYNCING, "argument" if "clamp" in expression else reason_of(expression)
+
+
+def free_text_reason(expression):               # a sentence instead of a code
+    return expression in SYNCING, "the host needs the data" if expression in SYNCING else "no read"
+
+
+WRONG_1 = {
+    "every mask expression syncs": every_mask_reduction_syncs,
+    "repeat_interleave is free": verdicts(SYNCING - {"x.repeat_interleave(counts)"}),
+    "indexing syncs": verdicts(SYNCING | {"x[idx]"}, lambda e: "size" if e == "x[idx]" else reason_of(e)),
+    "clamp to a tensor syncs": verdicts(SYNCING | {"x.clamp(max=x.max())"},
+                                        lambda e: "value" if "clamp" in e else reason_of(e)),
+    "cumsum syncs": verdicts(SYNCING | {"mask.cumsum(0) - 1"}, lambda e: "size" if "cumsum" in e else reason_of(e)),
+    "asks the sniffer (forbidden)": asks_the_sniffer,
+    "asks the private oracle (forbidden)": asks_the_private_oracle,
+    "an int verdict": answers_an_int,
+    "a bare verdict, no reason": bare_verdict,
+    "every sync is a value": every_sync_is_a_value,
+    "every sync is a size": every_sync_is_a_size,
+    "x.tolist() is a size": tolist_is_a_size,
+    "x[mask] is a value": boolean_index_is_a_value,
+    "output_size is shapes": output_size_is_shapes,
+    "the clamp's bound is an argument": clamp_is_an_argument,
+    "free-text reasons": free_text_reason,
+    "always True": lambda expression: (True, "value"),
+    "always False": lambda expression: (False, "shapes"),
+}
 
 
 def test_sync_quiz_accepts_the_right_answer():
     assert remote_judge(NB, 1, would_sync_right).status == PASS
 
 
-@pytest.mark.parametrize("wrong", WRONG_1, ids=range(len(WRONG_1)))
-def test_sync_quiz_rejects(wrong):
-    verdict = remote_judge(NB, 1, wrong)
+@pytest.mark.parametrize("mistake", sorted(WRONG_1))
+def test_sync_quiz_rejects(mistake):
+    verdict = remote_judge(NB, 1, WRONG_1[mistake])
     assert verdict.status == FAIL, verdict
 
 
 def test_sync_quiz_says_why():
     assert "mask.any()" in remote_judge(NB, 1, every_mask_reduction_syncs).message
-    assert "x.repeat_interleave(counts) (1 would-be sync" in remote_judge(NB, 1, repeat_interleave_is_free).message
+    assert "x.repeat_interleave(counts) (1 would-be sync" in remote_judge(NB, 1, WRONG_1["repeat_interleave is free"]).message
     assert "mamba_edu.profiling.syncs" in remote_judge(NB, 1, asks_the_sniffer).message
     assert "mamba_edu.exercises.nb00" in remote_judge(NB, 1, asks_the_private_oracle).message
     assert "expected True or False" in remote_judge(NB, 1, answers_an_int).message
+    assert "expected a pair" in remote_judge(NB, 1, bare_verdict).message
+    assert "x.tolist() (right verdict, but not because" in remote_judge(NB, 1, tolist_is_a_size).message
+    assert "expected one of" in remote_judge(NB, 1, free_text_reason).message
 
 
 # --- exercise 2: the tracked rows without a sync ------------------------------------------------

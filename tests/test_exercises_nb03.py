@@ -185,7 +185,14 @@ WRONG_2 = {
     "output tile threshold with <=": _counts(strict=False),
     "output tile threshold on chains, not tiles": _counts(output_tiles=lambda NT, N, HV: N * HV),
     "the check's oracle (forbidden)": counts_from_the_oracle,
+    "the notebook's measurement, called (forbidden)": lambda lengths, H, HV, K, V: measured_by_the_notebook(
+        lengths, H, HV, K, V),
 }
+
+
+def measured_by_the_notebook(lengths, H, HV, K, V):  # the measuring cell's function, not a prediction
+    from mamba_edu.exercises.nb03 import launched_programs
+    return launched_programs(lengths, H, HV, K, V)
 
 
 def test_program_counts_accepts_the_right_answer():

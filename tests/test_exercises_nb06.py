@@ -186,11 +186,41 @@ WRONG_2 = {
     "syncing: rows read through .to('cpu')": sources_from_host_rows("to_cpu"),
     "syncing: rows read in a worker thread": sources_from_host_rows("thread"),
     "syncing: rows read with torch's modes switched off": sources_from_host_rows("no_modes"),
+    "final-row contract: a final row's checkpoint -1 (a Python index, not a row of h)":
+        lambda batch, rows: final_rows_at(-1)(batch, rows),
+    "final-row contract: from_final when A is a multiple of 64, not when A = E":
+        lambda batch, rows: final_when_aligned(batch, rows),
 }
+
+
+def final_rows_at(value):
+    """Right sources, but every final row's checkpoint replaced by ``value``."""
+    def my_ssm_sources(batch, rows):
+        checkpoint, final = ssm_sources()(batch, rows)
+        return torch.where(final, torch.full_like(checkpoint, value), checkpoint), final
+    return my_ssm_sources
+
+
+def final_when_aligned(batch, rows):                 # "final" misread as "A on a chunk boundary"
+    checkpoint, _ = ssm_sources()(batch, rows)
+    A = batch.track_lens_t[rows] - batch.prefix_lens_t[rows]
+    return checkpoint, A % 64 == 0
 
 
 def test_ssm_sources_accepts_the_right_answer():
     verdict = remote_judge(NB, 2, ssm_sources())
+    assert verdict.status == PASS, verdict.line()
+
+
+@pytest.mark.parametrize("row", [0, "last"])
+def test_ssm_sources_accepts_any_row_of_h_for_a_final_row(row):
+    """The final-row contract: a final row may name any row of h, the first or the last."""
+    def my_ssm_sources(batch, rows):
+        checkpoint, final = ssm_sources()(batch, rows)
+        E = batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]
+        pick = torch.zeros_like(checkpoint) if row == 0 else (((E + 63) // 64).sum() - 1).expand_as(checkpoint)
+        return torch.where(final, pick, checkpoint), final
+    verdict = remote_judge(NB, 2, my_ssm_sources)
     assert verdict.status == PASS, verdict.line()
 
 
@@ -203,6 +233,7 @@ def test_ssm_sources_rejects(mistake):
 def test_ssm_sources_messages():
     assert "expected h row 2" in remote_judge(NB, 2, ssm_sources(inclusive=True)).message
     assert "not a row of h" in remote_judge(NB, 2, ssm_sources(clamp=False)).message
+    assert "final-row contract" in remote_judge(NB, 2, final_rows_at(-1)).message
     assert "would-be host sync" in remote_judge(NB, 2, ssm_sources(bound="item")).message
 
 
@@ -286,3 +317,63 @@ def test_naive_track_messages():
     assert "conv pool" in remote_judge(NB, 3, make_track(window_shift=1)).message
     assert "not tracked" in remote_judge(NB, 3, make_track(all_rows=True)).message
     assert "ssm pool" in remote_judge(NB, 3, make_track(final_from_h=True)).message
+
+
+# --- exercise 4: predict the naive forward's syncs, then measure ---------------------------------
+
+def predict(per_forward=9, per_layer=3, untracked_forward=1, untracked_layer=2):
+    """A prediction ``per forward + per layer × L``; the defaults are the measured counts."""
+    def my_sync_prediction(n_gdn_layers, tracked):
+        if tracked:
+            return per_forward + per_layer * n_gdn_layers
+        return untracked_forward + untracked_layer * n_gdn_layers
+    return my_sync_prediction
+
+
+def predict_with_the_sniffer(n_gdn_layers, tracked):     # measuring instead of predicting: forbidden
+    from mamba_edu.profiling import count_syncs
+    from mamba_edu.serving import get_strategy
+    from mamba_edu.serving.tracking import ForwardMetadata
+    batch = nb06.toy_batch([0, 0, 64], [130, 40, 64]) if tracked else nb06.toy_batch([0, 0], [40, 10])
+    s, md = get_strategy("naive"), ForwardMetadata(batch, 4, chunk_meta=None)
+    with count_syncs() as syncs:
+        s.prepare(md)
+        for _ in range(n_gdn_layers):
+            s.ssm_indices(md, s.conv_indices(md))
+    return syncs.count
+
+
+def predict_with_the_oracle(n_gdn_layers, tracked):      # the check's own measurement: forbidden
+    return nb06.measured_syncs("naive", n_gdn_layers, tracked)
+
+
+WRONG_4 = {
+    "per layer only, nothing per forward (3L)": predict(per_forward=0),
+    "the per-forward 9 forgotten untracked too (3L / 2L)": predict(per_forward=0, untracked_forward=0),
+    "untracked like tracked (9 + 3L)": predict(untracked_forward=9, untracked_layer=3),
+    "untracked: no per-layer syncs (1)": predict(untracked_layer=0),
+    "untracked: the nonzero counted too (1 + 3L)": predict(untracked_layer=3),
+    "two per layer when tracked (9 + 2L)": predict(per_layer=2),
+    "the PR's 11, whatever L": lambda L, tracked: 11 if tracked else 2,
+    "six .cpu() forgotten (3 + 3L)": predict(per_forward=3),
+    "a float, not a count": lambda L, tracked: float(predict()(L, tracked)),
+    "measured with the sniffer (forbidden)": predict_with_the_sniffer,
+    "the check's oracle (forbidden)": predict_with_the_oracle,
+}
+
+
+def test_sync_prediction_accepts_the_measured_counts():
+    verdict = remote_judge(NB, 4, predict())
+    assert verdict.status == PASS, verdict.line()
+
+
+@pytest.mark.parametrize("mistake", list(WRONG_4))
+def test_sync_prediction_rejects(mistake):
+    verdict = remote_judge(NB, 4, WRONG_4[mistake])
+    assert verdict.status == FAIL, verdict.line()
+
+
+def test_sync_prediction_messages():
+    message = remote_judge(NB, 4, predict(per_layer=2)).message
+    assert "you predicted 11, the sniffer measures 12" in message and "tolerance 0" in message
+    assert "expected a whole number" in remote_judge(NB, 4, WRONG_4["a float, not a count"]).message

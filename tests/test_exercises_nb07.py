@@ -16,10 +16,72 @@ NB = nb07.NOTEBOOK
 SCRATCH_SLOT = 0
 
 
-# --- exercise 1: the precomputed indices, without a sync -----------------------------------------
+# --- exercise 1: what the PR can hoist -----------------------------------------------------------
 
-def indices(shift=0, inclusive=False, clamp="tensor", swap_slots=False):
-    """Exercise 1's five indices; each flag makes them wrong in one plausible way."""
+PER_LAYER = {"mixed_qkv[positions]", "ssm[working[rows]]", "h[checkpoint]", "h[checkpoint].abs().max().item()"}
+SYNCS = {"bool(mask.any())", "mask.nonzero()[:, 0]", "int(cu[-1])", "h[checkpoint].abs().max().item()"}
+
+
+def hoist(layer=PER_LAYER, syncs=SYNCS):
+    """An answer with these per-layer and these syncing expressions."""
+    def my_hoist(expression):
+        return ("layer" if expression in layer else "forward"), expression in syncs
+    return my_hoist
+
+
+def hoist_by_name(expression):                        # "mentions a layer tensor" -> per layer
+    names = ("mixed_qkv", "ssm", "h[", "h.")
+    return ("layer" if any(n in expression for n in names) else "forward"), expression in SYNCS
+
+
+def hoist_by_running(expression):                     # measuring with the sniffer: forbidden
+    from mamba_edu.profiling import count_syncs
+    with count_syncs() as s:
+        pass
+    return ("layer" if expression in PER_LAYER else "forward"), s.count > 0 or expression in SYNCS
+
+
+def hoist_by_the_oracle(expression):                  # the check's own measurement: forbidden
+    return nb07._measured_hoist(expression)
+
+
+WRONG_1 = {
+    "h.shape read as per layer (shapes are the same in every layer)": hoist_by_name,
+    "everything hoistable": hoist(layer=set()),
+    "a gather into a layer tensor hoisted (ssm[working[rows]])": hoist(layer=PER_LAYER - {"ssm[working[rows]]"}),
+    "a device bool counted as a sync (mask.any())": hoist(syncs=SYNCS | {"mask.any()"}),
+    "a three-argument where counted as a sync": hoist(syncs=SYNCS | {"torch.where(mask, slots, 0)"}),
+    "int(cu[-1]) taken as free": hoist(syncs=SYNCS - {"int(cu[-1])"}),
+    "the per-layer .item() taken as free": hoist(syncs=SYNCS - {"h[checkpoint].abs().max().item()"}),
+    "nothing syncs": hoist(syncs=set()),
+    "indices per layer (slots[rows] recomputed)": hoist(layer=PER_LAYER | {"slots[rows]"}),
+    "a bare place, no sync verdict": lambda expression: hoist()(expression)[0],
+    "places as booleans": lambda expression: (hoist()(expression)[0] == "forward", hoist()(expression)[1]),
+    "the sniffer asked (forbidden)": hoist_by_running,
+    "the check's oracle (forbidden)": hoist_by_the_oracle,
+}
+
+
+def test_hoist_accepts_the_right_answer():
+    verdict = remote_judge(NB, 1, hoist())
+    assert verdict.status == PASS, verdict.line()
+
+
+@pytest.mark.parametrize("mistake", list(WRONG_1))
+def test_hoist_rejects(mistake):
+    verdict = remote_judge(NB, 1, WRONG_1[mistake])
+    assert verdict.status == FAIL, verdict.line()
+
+
+def test_hoist_messages():
+    assert "h.shape[0] - 1 (you said 'layer': its result is the same" in remote_judge(NB, 1, hoist_by_name).message
+    assert "mask.any() (no would-be sync" in remote_judge(NB, 1, WRONG_1["a device bool counted as a sync (mask.any())"]).message
+
+
+# --- the index build that exercise 2 needs (notebook 06's exercises 1 and 2) -----------------------
+
+def indices(shift=0, inclusive=False, clamp="tensor", swap_slots=False, final_at=None):
+    """The five indices; each flag makes them wrong in one plausible way."""
     def my_precomputed_indices(batch, rows, conv_width):
         cu = batch.cu_seqlens
         E = cu[1:] - cu[:-1]
@@ -31,6 +93,8 @@ def indices(shift=0, inclusive=False, clamp="tensor", swap_slots=False):
             checkpoint = torch.minimum(checkpoint, chunks.sum() - 1)
         elif clamp == "item":
             checkpoint = checkpoint.clamp(max=chunks.sum().item() - 1)    # a sync
+        if final_at is not None:
+            checkpoint = torch.where(A == E[rows], torch.full_like(checkpoint, final_at), checkpoint)
         dst, working = batch.track_slots_t[rows], batch.working_slots_t[rows]
         if swap_slots:
             dst, working = working, dst
@@ -39,47 +103,13 @@ def indices(shift=0, inclusive=False, clamp="tensor", swap_slots=False):
     return my_precomputed_indices
 
 
-def indices_by_mask(batch, rows, conv_width):       # rows ignored, the mask applied: a sync
-    mask = batch.track_mask_t
-    return indices()(batch, torch.arange(len(mask))[mask], conv_width)
-
-
 def indices_through_numpy(batch, rows, conv_width):  # np.asarray(rows): a read of the device
     return indices()(batch, torch.as_tensor(np.asarray(rows)), conv_width)
 
 
-def indices_by_the_package(batch, rows, conv_width):
-    from mamba_edu.serving.tracking import sglang_track_metadata
-    t = sglang_track_metadata(batch, conv_width)
-    return t.dst, t.conv_positions, t.working, t.checkpoint, t.from_final
-
-
-WRONG_1 = {
-    "off by one: the conv window ends at A": indices(shift=1),
-    "off by one chunk: an inclusive running sum": indices(inclusive=True),
-    "no clamp: a final row names a row past h": indices(clamp="none"),
-    "syncing: the clamp's bound read with .item()": indices(clamp="item"),
-    "track and working slots swapped": indices(swap_slots=True),
-    "syncing: a boolean mask": indices_by_mask,
-    "syncing: np.asarray(tensor)": indices_through_numpy,
-    "the forbidden call: sglang_track_metadata": indices_by_the_package,
-}
-
-
-def test_indices_accepts_the_right_answer():
-    verdict = remote_judge(NB, 1, indices())
-    assert verdict.status == PASS, verdict.line()
-
-
-@pytest.mark.parametrize("mistake", list(WRONG_1))
-def test_indices_rejects(mistake):
-    verdict = remote_judge(NB, 1, WRONG_1[mistake])
-    assert verdict.status == FAIL, verdict.line()
-
-
 # --- exercise 2: your PrecomputedTracking.prepare in the engine ----------------------------------
 
-def my_precomputed_indices(batch, rows, conv_width):   # exercise 1's answer, as the notebook has it
+def my_precomputed_indices(batch, rows, conv_width):   # the index build, as the notebook's cell has it
     return indices()(batch, rows, conv_width)
 
 
@@ -138,11 +168,16 @@ WRONG_2 = {
     "syncing: np.asarray inside the index build": prepare(build=indices_through_numpy),
     "nothing returned: no snapshot copied": prepare_nothing,
     "the forbidden call: sglang_track_metadata": prepare_by_the_package,
+    "final-row contract: a final row's checkpoint past h (no clamp)": prepare(build=indices(clamp="none")),
+    "final-row contract: a final row's checkpoint -1": prepare(build=indices(final_at=-1)),
+    "track and working slots swapped": prepare(build=indices(swap_slots=True)),
+    "syncing: the clamp's bound read with .item()": prepare(build=indices(clamp="item")),
 }
 
 
 def test_prepare_accepts_the_right_answers():
-    for right in (prepare(), prepare(gate=False)):   # no gate: an empty nonzero is fine too
+    # no gate: an empty nonzero is fine too; a final row may name any row of h (the contract)
+    for right in (prepare(), prepare(gate=False), prepare(build=indices(final_at=0))):
         verdict = remote_judge(NB, 2, right)
         assert verdict.status == PASS, verdict.line()
 
@@ -157,6 +192,7 @@ def test_prepare_messages():
     assert "would-be host syncs" in remote_judge(NB, 2, prepare_like_sglang).message
     assert "tracked rows" in remote_judge(NB, 2, prepare(every_row=True)).message
     assert "pool differs" in remote_judge(NB, 2, prepare_nothing).message
+    assert "final-row contract" in remote_judge(NB, 2, prepare(build=indices(final_at=-1))).message
 
 
 # --- exercise 3: a masked copy without a sync -----------------------------------------------------
@@ -234,3 +270,40 @@ def test_masked_copy_rejects(mistake):
 def test_masked_copy_messages():
     assert "a slot no row names" in remote_judge(NB, 3, masked_copy_minus_one).message
     assert "np.asarray" in remote_judge(NB, 3, masked_copy_numpy).message
+
+
+# --- exercise 4: predict the precomputed forward's syncs, then measure ---------------------------
+
+def predict(tracked_count=11, untracked_count=2, per_layer=0):
+    def my_precomputed_sync_prediction(n_gdn_layers, tracked):
+        return (tracked_count if tracked else untracked_count) + per_layer * n_gdn_layers
+    return my_precomputed_sync_prediction
+
+
+WRONG_4 = {
+    "the PR's two only (2)": predict(tracked_count=2),
+    "SGLang's nine only (9)": predict(tracked_count=9),
+    "untracked like tracked (11)": predict(untracked_count=11),
+    "untracked: nothing asked (0)": predict(untracked_count=0),
+    "untracked: only the PR's gate (1)": predict(untracked_count=1),
+    "one sync per layer left (11 + L)": predict(per_layer=1),
+    "naive's counts (9 + 3L)": lambda L, tracked: 9 + 3 * L if tracked else 1 + 2 * L,
+    "True for a count of one": lambda L, tracked: 11 if tracked else True,
+    "the check's oracle (forbidden)": lambda L, tracked: measured_by_the_oracle(L, tracked),
+}
+
+
+def measured_by_the_oracle(L, tracked):
+    from mamba_edu.exercises.nb06 import measured_syncs
+    return measured_syncs("precomputed", L, tracked)
+
+
+def test_precomputed_prediction_accepts_the_measured_counts():
+    verdict = remote_judge(NB, 4, predict())
+    assert verdict.status == PASS, verdict.line()
+
+
+@pytest.mark.parametrize("mistake", list(WRONG_4))
+def test_precomputed_prediction_rejects(mistake):
+    verdict = remote_judge(NB, 4, WRONG_4[mistake])
+    assert verdict.status == FAIL, verdict.line()

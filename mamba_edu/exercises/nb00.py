@@ -1,6 +1,7 @@
 """Checks of notebook 00 (start here).
 
-1. ``my_would_sync`` — predict which torch expressions make the host wait for the GPU.
+1. ``my_would_sync`` — predict which torch expressions make the host wait for the GPU, and why:
+   a verdict and a reason code (:data:`REASONS`) per expression.
 2. ``my_tracked_rows`` — the rows a mask selects, padded to a fixed size, without a sync.
 """
 
@@ -40,6 +41,33 @@ def quiz_tensors() -> dict:
                 idx=torch.tensor([2, 0, 5]), counts=torch.tensor([1, 2, 3, 1, 2, 3]))
 
 
+#: The reason codes of exercise 1: what the host must know before Python can go on.
+REASONS = {
+    "value": "a value of the data, as a Python object (bool, int, float, list): it syncs",
+    "size": "the output's size, which depends on the data: it syncs",
+    "shapes": "nothing: the output's shape follows from the inputs' shapes, values stay on the device",
+    "argument": "nothing: the output's size is a Python number passed in the call",
+}
+
+#: The reason behind each quiz expression's verdict (the verdict itself comes from the sniffer).
+_REASON = {
+    "x.sum()": "shapes",
+    "x[idx]": "shapes",
+    "x[mask]": "size",
+    "mask.any()": "shapes",
+    "bool(mask.any())": "value",
+    "mask.nonzero()": "size",
+    "torch.where(mask, x, 0.0)": "shapes",
+    "torch.where(mask)": "size",
+    "x.max().item()": "value",
+    "x.clamp(max=x.max())": "shapes",
+    "x.tolist()": "value",
+    "x.repeat_interleave(counts)": "size",
+    "x.repeat_interleave(counts, output_size=12)": "argument",
+    "mask.cumsum(0) - 1": "shapes",
+}
+
+
 def _sniffed(expression: str) -> int:
     """How many would-be syncs :func:`mamba_edu.profiling.count_syncs` records for ``expression``."""
     with count_syncs() as syncs:
@@ -50,19 +78,31 @@ def _sniffed(expression: str) -> int:
 @exercise(NOTEBOOK, 1, "which expressions sync", "my_would_sync",
           forbidden=("mamba_edu.profiling.syncs",))
 def check_would_sync(fn) -> str:
-    """Ask ``fn`` about every quiz expression; the sniffer decides."""
+    """Ask ``fn`` about every quiz expression: ``(verdict, reason)``. The sniffer decides the
+    verdict; the reason must be the one code of :data:`REASONS` that explains it."""
     wrong = []
     for expression in SYNC_QUIZ:
         said = fn(expression)
-        if not isinstance(said, bool):
-            raise AssertionError(f"my_would_sync({expression!r}) returned {said!r}; expected True or False")
+        if not (isinstance(said, (tuple, list)) and len(said) == 2):
+            raise AssertionError(f"my_would_sync({expression!r}) returned {said!r}; expected a pair "
+                                 f"(True or False, a reason code: one of {', '.join(map(repr, REASONS))})")
+        verdict, reason = said
+        if not isinstance(verdict, bool):
+            raise AssertionError(f"my_would_sync({expression!r}) returned the verdict {verdict!r}; "
+                                 "expected True or False")
+        if reason not in REASONS:
+            raise AssertionError(f"my_would_sync({expression!r}) gave the reason {reason!r}; expected one "
+                                 f"of {', '.join(map(repr, REASONS))}")
         syncs = _sniffed(expression)
-        if said != (syncs > 0):
-            wrong.append(f"{expression} ({syncs} would-be sync{'s' * (syncs != 1)}, you said {said})")
+        if verdict != (syncs > 0):
+            wrong.append(f"{expression} ({syncs} would-be sync{'s' * (syncs != 1)}, you said {verdict})")
+        elif reason != _REASON[expression]:
+            wrong.append(f"{expression} (right verdict, but not because the host needs "
+                         f"{REASONS[reason].split(':')[0]})")
     if wrong:
         raise AssertionError(f"{len(wrong)} of {len(SYNC_QUIZ)} wrong: " + "; ".join(wrong))
-    return f"all {len(SYNC_QUIZ)} expressions classified as mamba_edu.profiling.count_syncs counts them"
-
+    return (f"all {len(SYNC_QUIZ)} expressions classified as mamba_edu.profiling.count_syncs counts "
+            "them, each for the right reason")
 
 
 @exercise(NOTEBOOK, 2, "tracked rows without a sync", "my_tracked_rows")

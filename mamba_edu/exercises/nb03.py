@@ -2,9 +2,10 @@
 
 1. ``my_l2norm_kernel`` — a ``@triton.jit`` kernel that L2-normalises the rows of a row-strided
    matrix (eps inside the square root). The check launches it itself.
-2. ``my_program_counts`` — how many programs each prefill kernel launches for a batch, checked
-   against the grids the package really launches (prepare, scan and output kernel for every
-   batch by default; a kernel that is not launched has no entry).
+2. ``my_program_counts`` — predict-then-measure: how many programs each prefill kernel launches
+   for a batch, written before the notebook shows the launchers and checked against the grids the
+   package really launches (:func:`launched_programs`; prepare, scan and output kernel for every
+   batch by default; a kernel that is not launched has no entry; tolerance 0).
 3. ``my_recurrent_kernel`` — a ``@triton.jit`` kernel, one program per (sequence, value head),
    that runs the gated delta rule token by token over a packed batch and writes o and the final
    state. The check launches it and compares with :func:`mamba_edu.gdn.recurrent_gated_delta_rule`.
@@ -143,6 +144,13 @@ def _expected_counts(lengths, H, HV, K, V) -> dict:
         counts[key] = counts.get(key, 0) + n
     counts["scan_steps"] = max(-(-n // 64) for n in lengths)
     return counts
+
+
+def launched_programs(lengths, H, HV, K, V) -> dict:
+    """The measurement behind exercise 2, for the notebook to print: the programs per kernel that
+    ``gdn_prefill`` launches for this batch (recorded, nothing run) and the longest chain."""
+    _require_triton(2)
+    return _expected_counts(list(lengths), H, HV, K, V)
 
 
 @exercise(NOTEBOOK, 2, "programs of the prefill kernels", "my_program_counts",

@@ -7,6 +7,13 @@
    six tensors to the host for them).
 3. ``my_naive_track`` — one GDN layer's two track copies (conv windows, SSM states) into the
    tracked rows' track slots, found on the device as SGLang did before the PR.
+4. ``my_sync_prediction`` — predict-then-measure: the tracking syncs of one naive prefill forward
+   for ``L`` GDN layers, tracked or not, written before the notebook measures them; the check
+   measures them with the sniffer and accepts no difference (a count: tolerance 0).
+
+:data:`FINAL_ROW_CONTRACT` is the one statement, shared with notebook 07, of what a tracked row
+whose snapshot is the final state gets as its checkpoint; :func:`check_sources_contract` enforces it
+in both notebooks' checks.
 
 Exercises 1 and 2 are the two halves of the index build that notebook 07's strategy uses.
 The helpers :func:`toy_batch`, :func:`random_tracked_batches` and :func:`strategy_syncs` are shared
@@ -120,12 +127,36 @@ def check_conv_positions(fn) -> str:
     return f"{n} batches × widths: the same windows as SGLang's, 0 syncs"
 
 
+#: Which tracked row is "final" and what its checkpoint may be: the same words in notebooks 06
+#: (exercise 2) and 07 (exercise 2), enforced by :func:`check_sources_contract`.
+FINAL_ROW_CONTRACT = (
+    "a tracked row is final when A = E: its snapshot is the final state in its working slot and "
+    "from_final is true; its checkpoint may be any row of h (0 <= checkpoint < the rows of h), since "
+    "the copy gathers h[checkpoint] for every row before torch.where keeps the final state. Every "
+    "other tracked row has from_final false and checkpoint = o_i + A_i / 64 exactly")
+
+
+def check_sources_contract(checkpoint, final, ref, rows, n_rows_h: int, what: str) -> None:
+    """Raise unless ``(checkpoint, final)`` keep :data:`FINAL_ROW_CONTRACT` against SGLang's
+    sources ``ref`` (a :class:`~mamba_edu.serving.tracking.TrackIndices`) for the tracked ``rows``."""
+    if not torch.equal(final, ref.from_final):
+        raise AssertionError(f"from_final = {final.tolist()}; expected {ref.from_final.tolist()} "
+                             f"(the final-row contract: a row is final exactly when A = E) {what}")
+    for j, (c, want, is_final) in enumerate(zip(checkpoint.tolist(), ref.checkpoint.tolist(), final.tolist())):
+        if is_final and not 0 <= c < n_rows_h:
+            raise AssertionError(f"tracked row {int(rows[j])} is final, but its checkpoint {c} is not a row "
+                                 f"of h (h has {n_rows_h} rows). The final-row contract: {FINAL_ROW_CONTRACT} {what}")
+        if not is_final and c != want:
+            off = " (one chunk late)" if c == want + 1 else " (one chunk early)" if c == want - 1 else ""
+            raise AssertionError(f"tracked row {int(rows[j])}: checkpoint {c}, expected h row {want}{off}: "
+                                 f"checkpoint = {checkpoint.tolist()}, expected {ref.checkpoint.tolist()} {what}")
+
+
 @exercise(NOTEBOOK, 2, "the SSM sources, without a sync", "my_ssm_sources",
           forbidden=("mamba_edu.serving.tracking", "mamba_edu.serving.backend", "mamba_edu.gdn.varlen"))
 def check_ssm_sources(fn) -> str:
-    """Random batches: ``fn(batch, rows) -> (checkpoint, from_final)`` with no sync; a checkpoint
-    row must equal SGLang's, a final-state row must name some row of ``h`` (the gather reads it
-    before ``torch.where`` picks the final state); the SSM copy with them must equal naive's."""
+    """Random batches: ``fn(batch, rows) -> (checkpoint, from_final)`` with no sync, keeping
+    :data:`FINAL_ROW_CONTRACT`; the SSM copy with them must equal naive's."""
     gen = torch.Generator().manual_seed(check_seed(61))
     n = 0
     for batch, rows, what in random_tracked_batches(7):
@@ -138,18 +169,7 @@ def check_ssm_sources(fn) -> str:
             raise AssertionError("return a tuple of 2 tensors: (checkpoint, from_final)")
         checkpoint = _tensor(got[0], "checkpoint", ref.checkpoint.shape, what).long()
         final = _tensor(got[1], "from_final", ref.from_final.shape, what).bool()
-        if not torch.equal(final, ref.from_final):
-            raise AssertionError(f"from_final = {final.tolist()}; expected {ref.from_final.tolist()} "
-                                 f"(the final state is the source exactly when A = E) {what}")
-        for j, (c, want, is_final) in enumerate(zip(checkpoint.tolist(), ref.checkpoint.tolist(), final.tolist())):
-            if is_final and not 0 <= c < n_rows_h:
-                raise AssertionError(f"tracked row {int(rows[j])} takes its final state, but its checkpoint "
-                                     f"{c} is not a row of h (h has {n_rows_h} rows, and the copy gathers "
-                                     f"h[checkpoint] for every row before choosing) {what}")
-            if not is_final and c != want:
-                off = " (one chunk late)" if c == want + 1 else " (one chunk early)" if c == want - 1 else ""
-                raise AssertionError(f"tracked row {int(rows[j])}: checkpoint {c}, expected h row {want}{off}: "
-                                     f"checkpoint = {checkpoint.tolist()}, expected {ref.checkpoint.tolist()} {what}")
+        check_sources_contract(checkpoint, final, ref, rows, n_rows_h, what)
         h = torch.randn(n_rows_h, 2, 3, 3, generator=gen)
         pool = torch.randn(1 + 2 * len(batch.extend_lens), 2, 3, 3, generator=gen)
         mine, theirs = pool.clone(), pool.clone()
@@ -219,3 +239,44 @@ def check_naive_track(fn) -> str:
                 raise AssertionError(f"{name} pool differs from the package in slots {wrong}{why} {what}")
         tracked_rows += sum(batch.track_mask)
     return f"{len(shapes)} batches, {tracked_rows} tracked rows: every conv and SSM slot equals the package's"
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 4: predict, then measure
+# ---------------------------------------------------------------------------------------------
+
+def _sync_batches() -> dict:
+    """A batch with tracked rows (at a checkpoint and at a final state, beside an untracked row)
+    and one with none, as :func:`toy_batch` builds them."""
+    return {True: toy_batch([0, 0, 64], [130, 40, 64]), False: toy_batch([0, 0], [40, 10])}
+
+
+def measured_syncs(strategy: str, n_layers: int, tracked: bool) -> int:
+    """The tracking syncs the sniffer counts for one prefill forward of ``strategy`` with
+    ``n_layers`` GDN layers, on a batch with (``tracked``) or without a tracked row."""
+    return strategy_syncs(_sync_batches()[tracked], strategy, n_layers).count
+
+
+def check_prediction(fn, strategy: str, layers=(1, 3, 36, 45)) -> str:
+    """Compare ``fn(L, tracked)`` with the sniffer's count for every ``L`` of ``layers``, tracked
+    and not: a count of syncs, so the tolerance is 0."""
+    for tracked in (True, False):
+        for L in layers:
+            said = fn(L, tracked)
+            if isinstance(said, bool) or not isinstance(said, int):
+                raise AssertionError(f"the prediction for L = {L}, tracked = {tracked} is {said!r}; "
+                                     "expected a whole number of syncs (an int)")
+            got = measured_syncs(strategy, L, tracked)
+            if said != got:
+                raise AssertionError(f"L = {L} GDN layers, {'a row tracked' if tracked else 'nothing tracked'}: "
+                                     f"you predicted {said}, the sniffer measures {got} ({strategy} strategy, "
+                                     "tolerance 0)")
+    return (f"your prediction equals the measured {strategy} sync counts for L = "
+            f"{', '.join(map(str, layers))}, tracked and untracked (tolerance 0)")
+
+
+@exercise(NOTEBOOK, 4, "predict the naive forward's syncs", "my_sync_prediction",
+          forbidden=("mamba_edu.profiling.syncs", "mamba_edu.serving.tracking", "mamba_edu.engine"))
+def check_sync_prediction(fn) -> str:
+    """``fn(L, tracked)`` must equal the naive strategy's measured syncs exactly."""
+    return check_prediction(fn, "naive")

@@ -1,14 +1,20 @@
 """Checks of notebook 07 (indices precomputed once per forward, SGLang after PR #20522).
 
-1. ``my_precomputed_indices`` — every index of the two track copies, for the tracked rows, from
-   the batch's device tensors, without a host sync.
+1. ``my_hoist`` — the PR's idea as a question: for each expression a GDN layer might evaluate,
+   is its result the same in every layer of a forward (computed once, before layer 1) or not,
+   and does it sync? Judged by construction: the expression runs on two layers of one forward
+   (same batch, different layer tensors) under the sniffer.
 2. ``my_prepare`` — ``PrecomputedTracking.prepare`` of your own: the PR's gate and tracked rows
-   (its two syncs, no more), then your sync-free index build; checked by the sniffer and by an
+   (its two syncs, no more), then a sync-free build of the five index tensors (notebook 06's
+   exercises 1 and 2, with notebook 06's final-row contract); checked by the sniffer and by an
    engine that runs with it and must end with every pool slot and logit equal to the package's
    ``precomputed`` engine.
 3. ``my_masked_copy`` — the per-layer copy of the tracked rows only, with the mask applied on the
    device (no ``if mask.any()``, no ``nonzero``, no boolean index): what makes notebook 08's
    forward sync-free.
+4. ``my_precomputed_sync_prediction`` — predict-then-measure: the tracking syncs of one
+   ``precomputed`` forward for ``L`` GDN layers, tracked or not, written before the notebook
+   measures them (a count: tolerance 0).
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ import random
 import torch
 
 from mamba_edu.exercises.core import check_seed, checker, exercise, observe
-from mamba_edu.exercises.nb06 import toy_batch
+from mamba_edu.exercises.nb06 import check_prediction, check_sources_contract, toy_batch
+from mamba_edu.profiling import count_syncs
 from mamba_edu.serving import SCRATCH_SLOT
 from mamba_edu.serving.tracking import TrackIndices, TrackingStrategy, sglang_track_metadata
 
@@ -28,38 +35,90 @@ check = checker(NOTEBOOK)
 _NAMES = ("dst", "conv_positions", "working", "checkpoint", "from_final")
 
 
-@exercise(NOTEBOOK, 1, "precomputed indices without a sync", "my_precomputed_indices",
-          forbidden=("mamba_edu.serving.tracking",))
-def check_precomputed_indices(fn) -> str:
-    """Random batches; ``rows`` found outside the sniffer; ``fn`` must not sync and must match
-    the indices the package builds (SGLang's per-forward metadata)."""
-    rng = random.Random(check_seed(7))
-    n = 0
-    for trial in range(25):
-        size = rng.randint(1, 5)
-        extend = [rng.choice([5, 63, 64, 65, 128, 150, 192]) for _ in range(size)]
-        prefix = [rng.choice([0, 64]) for _ in range(size)]
-        batch = toy_batch(prefix, extend, seed=trial)
-        rows = batch.track_mask_t.nonzero()[:, 0]
-        if rows.numel() == 0:
-            continue
-        ref = sglang_track_metadata(batch, 4)
-        seen = observe(fn, batch, rows, 4, fake=True)
-        got = seen.result
-        if seen.sync_count:
-            raise AssertionError(f"the index build made {seen.sync_count} would-be host syncs "
-                                 f"({', '.join(sorted(seen.by_op))}); only gathers and arithmetic are needed")
-        if not isinstance(got, (tuple, list)) or len(got) != 5:
-            raise AssertionError("return a tuple of 5 tensors: (dst, conv_positions, working, checkpoint, from_final)")
-        for name, g, w in zip(_NAMES, got, (ref.dst, ref.conv_positions, ref.working, ref.checkpoint,
-                                            ref.from_final)):
-            if not isinstance(g, torch.Tensor) or g.shape != w.shape or not torch.equal(g.to(w.dtype), w):
-                shown = g.tolist() if isinstance(g, torch.Tensor) else g
-                raise AssertionError(f"{name} = {shown}; expected {w.tolist()} "
-                                     f"(extend_lens {extend}, prefix_lens {prefix})")
-        n += 1
-    return f"{n} random batches match the package's indices, 0 syncs"
+#: The expressions of exercise 1. Names: the batch's device tensors ``mask`` (track_mask_t),
+#: ``cu`` (cu_seqlens), ``slots`` (track_slots_t), ``working`` (working_slots_t); the tracked rows
+#: ``rows`` and their ``positions`` (conv windows) and ``checkpoint`` (rows of h), found once; and
+#: one layer's tensors ``mixed_qkv [T, D]``, ``h [NT, HV, K, V]`` (its checkpoints), ``ssm``
+#: (its SSM pool), plus ``torch``.
+HOIST_QUIZ = (
+    "mask.any()",
+    "bool(mask.any())",
+    "mask.nonzero()[:, 0]",
+    "slots[rows]",
+    "cu[1:] - cu[:-1]",
+    "int(cu[-1])",
+    "mixed_qkv[positions]",
+    "ssm[working[rows]]",
+    "h[checkpoint]",
+    "h.shape[0] - 1",
+    "h[checkpoint].abs().max().item()",
+    "torch.where(mask, slots, 0)",
+)
 
+#: The codes of exercise 1's first answer.
+PLACES = ("forward", "layer")
+
+
+def _hoist_namespaces(seed: int) -> list[dict]:
+    """Two layers of one forward: the same batch and indices, different random layer tensors."""
+    batch = toy_batch([0, 0, 64], [130, 40, 64], seed=seed)
+    ref = sglang_track_metadata(batch, 4)
+    rows = batch.track_mask_t.nonzero()[:, 0]
+    T = int(batch.cu_seqlens[-1])
+    NT = sum((e + 63) // 64 for e in batch.extend_lens)
+    gen = torch.Generator().manual_seed(check_seed(seed))
+    shared = dict(torch=torch, mask=batch.track_mask_t, cu=batch.cu_seqlens, slots=batch.track_slots_t,
+                  working=batch.working_slots_t, rows=rows, positions=ref.conv_positions,
+                  checkpoint=ref.checkpoint)
+    return [dict(shared, mixed_qkv=torch.randn(T, 5, generator=gen), h=torch.randn(NT, 2, 3, 3, generator=gen),
+                 ssm=torch.randn(1 + 2 * len(batch.extend_lens), 2, 3, 3, generator=gen)) for _ in range(2)]
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and torch.equal(a, b)
+    return type(a) is type(b) and a == b
+
+
+def _measured_hoist(expression: str, seed: int = 70) -> tuple[str, bool]:
+    """Where the expression belongs (the same result in both layers: ``forward``) and whether the
+    sniffer counts a sync for it."""
+    results, syncs = [], 0
+    for namespace in _hoist_namespaces(seed):
+        with count_syncs() as seen:
+            results.append(eval(expression, namespace))  # noqa: S307 - this module's constants
+        syncs += seen.count
+    return ("forward" if _same(*results) else "layer"), syncs > 0
+
+
+@exercise(NOTEBOOK, 1, "what the PR can hoist", "my_hoist",
+          forbidden=("mamba_edu.serving.tracking", "mamba_edu.profiling.syncs"))
+def check_hoist(fn) -> str:
+    """Ask ``fn`` about every quiz expression: ``(place, syncs)``; both are measured here, by
+    running the expression on two layers of one forward under the sniffer."""
+    wrong = []
+    for expression in HOIST_QUIZ:
+        said = fn(expression)
+        if not (isinstance(said, (tuple, list)) and len(said) == 2):
+            raise AssertionError(f"my_hoist({expression!r}) returned {said!r}; expected a pair "
+                                 "(\"forward\" or \"layer\", True or False)")
+        place, syncs = said
+        if place not in PLACES:
+            raise AssertionError(f"my_hoist({expression!r}) gave the place {place!r}; expected \"forward\" "
+                                 "(the same in every layer: computed once) or \"layer\"")
+        if not isinstance(syncs, bool):
+            raise AssertionError(f"my_hoist({expression!r}) gave the sync verdict {syncs!r}; expected True or False")
+        want_place, want_syncs = _measured_hoist(expression)
+        if place != want_place:
+            wrong.append(f"{expression} (you said {place!r}: "
+                         + ("its result is the same in every layer of the forward)" if want_place == "forward"
+                            else "two layers of one forward give different results)"))
+        elif syncs != want_syncs:
+            wrong.append(f"{expression} ({'a' if want_syncs else 'no'} would-be sync, you said {syncs})")
+    if wrong:
+        raise AssertionError(f"{len(wrong)} of {len(HOIST_QUIZ)} wrong: " + "; ".join(wrong))
+    return (f"all {len(HOIST_QUIZ)} expressions placed and classified as two layers of one forward "
+            "and the sniffer show")
 
 
 class _LearnerPrecomputed(TrackingStrategy):
@@ -96,6 +155,11 @@ class _LearnerPrecomputed(TrackingStrategy):
         if n != tracked:
             raise AssertionError(f"{n} rows of indices for {tracked} tracked rows {what}: only the tracked "
                                  "rows are copied (untracked rows' track slots must stay as they are)")
+        if tracked:  # notebook 06's final-row contract, with notebook 06's words
+            ref = sglang_track_metadata(batch, md.conv_width)
+            n_rows_h = sum((e + 63) // 64 for e in batch.extend_lens)
+            rows = [i for i, m in enumerate(batch.track_mask) if m]
+            check_sources_contract(checkpoint.long(), final.bool(), ref, rows, n_rows_h, what)
         md.track = TrackIndices(dst.long(), conv.long(), working.long(), checkpoint.long(), final.bool())
 
 
@@ -184,3 +248,10 @@ def check_masked_copy(fn) -> str:
             raise AssertionError(f"slot {s}, {role}, is wrong {what}; only the scratch slot {SCRATCH_SLOT} "
                                  "may take the untracked rows' writes")
     return f"{len(cases)} random pools: tracked rows copied, every other slot but the scratch slot kept, 0 syncs"
+
+
+@exercise(NOTEBOOK, 4, "predict the precomputed forward's syncs", "my_precomputed_sync_prediction",
+          forbidden=("mamba_edu.profiling.syncs", "mamba_edu.serving.tracking", "mamba_edu.engine"))
+def check_precomputed_sync_prediction(fn) -> str:
+    """``fn(L, tracked)`` must equal the precomputed strategy's measured syncs exactly."""
+    return check_prediction(fn, "precomputed")

@@ -3,10 +3,15 @@
 Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`).
 """
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 import torch
 from exercise_judge import remote_judge
+from torch.linalg import solve_triangular as SOLVE_TRIANGULAR
+from torch.utils._python_dispatch import _disable_current_modes
 
 from mamba_edu.exercises import nb02
 from mamba_edu.exercises.core import FAIL, PASS
@@ -70,6 +75,46 @@ def library_solve(L):              # the forbidden call: torch.linalg
     return torch.linalg.solve_triangular(eye + L, eye, upper=False, unitriangular=True)
 
 
+def in_a_thread(solve):
+    """``solve`` run in a worker thread, where the op recorder of the judged call does not look."""
+    def answer(L):
+        with ThreadPoolExecutor(1) as workers:
+            return workers.submit(solve, L).result()
+    return answer
+
+
+def by_library(solve):
+    """T from ``solve(I + L, I)`` in float32, given back in L's dtype: right but for the call."""
+    def answer(L):
+        eye = torch.eye(L.shape[0])
+        return solve(eye + L.float(), eye).to(L.dtype)
+    return answer
+
+
+saved_solve = by_library(lambda A, eye: SOLVE_TRIANGULAR(A, eye, upper=False))  # a reference taken earlier
+aten_solve = by_library(lambda A, eye: torch.ops.aten.linalg_solve_triangular(A, eye, upper=False))
+method_inverse = by_library(lambda A, eye: A.inverse())
+
+
+def thread_swallowing(L):          # the thread's error swallowed: forward substitution if it failed
+    out = {}
+
+    def solve():
+        try:
+            out["T"] = torch.inverse(torch.eye(L.shape[0]) + L.float())
+        except RuntimeError:
+            pass
+    worker = threading.Thread(target=solve)
+    worker.start()
+    worker.join()
+    return out["T"].to(L.dtype) if "T" in out else forward_substitution(L)
+
+
+def modes_off(L):                  # torch's dispatch modes (the op recorder) switched off
+    with _disable_current_modes():
+        return saved_solve(L)
+
+
 WRONG_1 = {
     "I - L (first-order series)": lambda L: torch.eye(L.shape[0]) - L,
     "I - L + L² (second order)": lambda L: torch.eye(L.shape[0]) - L + L @ L,
@@ -83,6 +128,11 @@ WRONG_1 = {
     "the doubling product of the series (off on correlated keys)": doubling_product,
     "float32 hard-coded (a bf16 L gives a float32 T)": float32_hard_coded,
     "L overwritten with T (input mutation)": in_place,
+    "torch.linalg.solve_triangular in a worker thread": in_a_thread(saved_solve),
+    "torch.ops.aten.linalg_solve_triangular in a worker thread": in_a_thread(aten_solve),
+    "Tensor.inverse in a worker thread": in_a_thread(method_inverse),
+    "torch.inverse in a thread, its error swallowed": thread_swallowing,
+    "torch.linalg with torch's modes switched off": modes_off,
 }
 
 
@@ -102,6 +152,18 @@ def test_inverse_says_why():
     assert "correlated keys" in remote_judge(NB, 1, neumann_series).message
     assert "bfloat16" in remote_judge(NB, 1, float32_hard_coded).message
     assert "in place" in remote_judge(NB, 1, in_place).message
+    assert "torch.linalg (linalg_solve_triangular)" in remote_judge(NB, 1, in_a_thread(saved_solve)).message
+
+
+@pytest.mark.parametrize("answer", [inverse_right, in_a_thread(saved_solve)], ids=["right", "refused"])
+def test_inverse_puts_torch_linalg_back(answer):
+    """The ops are absent for the judged call only, whatever its verdict."""
+    remote_judge(NB, 1, answer)
+    L = torch.tril(torch.rand(4, 4), -1)
+    eye = torch.eye(4)
+    for solve in (lambda: SOLVE_TRIANGULAR(eye + L, eye, upper=False), lambda: (eye + L).inverse(),
+                  lambda: torch.linalg.inv(eye + L)):
+        torch.testing.assert_close((eye + L) @ solve(), eye)
 
 
 # --- exercise 2: the checkpoint row ---------------------------------------------------------------

@@ -13,11 +13,12 @@ from torch.utils._python_dispatch import _disable_current_modes
 from exercise_judge import remote_judge
 
 from mamba_edu.exercises import nb08
-from mamba_edu.exercises.core import FAIL, PASS
+from mamba_edu.exercises.core import FAIL, PASS, judge, lookup
 from mamba_edu.gdn import recurrent_gated_delta_rule
 
 NB = nb08.NOTEBOOK
 SCRATCH_SLOT = 0
+SCAN_CODE = recurrent_gated_delta_rule.__code__  # the check meters it for a call; put back after
 
 
 # --- exercise 1: the host plan of sync_free -------------------------------------------------------
@@ -258,6 +259,86 @@ def unfused_chunked(q, k, v, g, beta, pool, lengths, working, track_slots, track
         first += (L + 63) // 64
 
 
+def advance(q, k, v, g, beta, s, e, state):
+    """The state after tokens ``s:e`` from ``state`` (``state`` itself when there are none)."""
+    if e <= s:
+        return state
+    return recurrent_gated_delta_rule(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], initial_state=state[None],
+                                      use_qk_l2norm=True).final_state[0]
+
+
+def rescan(whole_batch=False, threaded=False):
+    """Right values, the tracked prefix scanned twice: each row (or the whole batch in one call
+    with ``cu_seqlens``) for its final state, then the prefix again for the tracked one."""
+    def scan(q, k, v, g, beta, pool, lengths, working, track_slots, track_chunks):
+        h0 = [pool[w].clone() for w in working]
+        starts = np.cumsum([0] + list(lengths)).tolist()
+        if whole_batch:
+            finals = recurrent_gated_delta_rule(q, k, v, g, beta, cu_seqlens=torch.tensor(starts),
+                                                initial_state=torch.stack(h0), use_qk_l2norm=True).final_state
+        else:
+            finals = [advance(q, k, v, g, beta, starts[n], starts[n + 1], h0[n]) for n in range(len(lengths))]
+        for n, L in enumerate(lengths):
+            if track_chunks[n] >= 0:
+                pool[track_slots[n]] = advance(q, k, v, g, beta, starts[n], starts[n] + min(64 * track_chunks[n], L),
+                                               h0[n])
+            pool[working[n]] = finals[n]
+    if not threaded:
+        return scan
+
+    def in_a_thread(*args):
+        with ThreadPoolExecutor(1) as workers:
+            return workers.submit(scan, *args).result()
+    return in_a_thread
+
+
+def chunk_again(q, k, v, g, beta, pool, lengths, working, track_slots, track_chunks):
+    """Chunk by chunk, but the tracked state recomputed from the chunk before it: one chunk more."""
+    start = 0
+    for n, L in enumerate(lengths):
+        state, n_chunks = pool[working[n]].clone(), (L + 63) // 64
+        bounds = [(start + 64 * c, min(start + 64 * (c + 1), start + L)) for c in range(n_chunks)]
+        before = state
+        for c, (s, e) in enumerate(bounds):
+            if c == track_chunks[n]:
+                pool[track_slots[n]] = advance(q, k, v, g, beta, *bounds[c - 1], before) if c else state
+            before, state = state, advance(q, k, v, g, beta, s, e, state)
+        if track_chunks[n] == n_chunks:
+            pool[track_slots[n]] = advance(q, k, v, g, beta, *bounds[-1], before)
+        pool[working[n]] = state
+        start += L
+
+
+def two_calls_per_row(q, k, v, g, beta, pool, lengths, working, track_slots, track_chunks):
+    """Right: one scan in two calls, up to the tracked chunk and on from there (fewer calls, each
+    token once)."""
+    start = 0
+    for n, L in enumerate(lengths):
+        cut = start + min(64 * max(track_chunks[n], 0), L)
+        state = advance(q, k, v, g, beta, start, cut, pool[working[n]].clone())
+        if track_chunks[n] >= 0:
+            pool[track_slots[n]] = state
+        pool[working[n]] = advance(q, k, v, g, beta, cut, start + L, state)
+        start += L
+
+
+def by_hand(q, k, v, g, beta, pool, lengths, working, track_slots, track_chunks):
+    """Right values from a recurrence written out, not the one the statement asks for."""
+    kn = torch.nn.functional.normalize(k, dim=-1, eps=1e-6).repeat_interleave(v.shape[1] // k.shape[1], 1)
+    start = 0
+    for n, L in enumerate(lengths):
+        S = pool[working[n]].clone()
+        for t in range(start, start + L + 1):
+            if t - start == 64 * track_chunks[n]:
+                pool[track_slots[n]] = S
+            if t == start + L:
+                break
+            S = S * g[t].exp()[:, None, None]
+            S = S + kn[t][:, :, None] * (beta[t][:, None] * (v[t] - torch.einsum("hkv,hk->hv", S, kn[t])))[:, None]
+        pool[working[n]] = S
+        start += L
+
+
 def fused_by_the_package(q, k, v, g, beta, pool, lengths, working, track_slots, track_chunks):
     from mamba_edu.kernels import build_chunk_meta, gdn_prefill
     gdn_prefill(q, k, v, g, beta, state_pool=pool, meta=build_chunk_meta(lengths, "cpu"),
@@ -275,11 +356,17 @@ WRONG_3 = {
     "unfused: the chunked form with checkpoints, then the copy": unfused_chunked,
     "the forbidden call: gdn_prefill": fused_by_the_package,
     "q and k normalised in place (input mutation)": fused_scan(normalise_in_place=True),
+    "the tracked prefix scanned twice": rescan(),
+    "the whole prompt scanned, then the tracked prefixes again": rescan(whole_batch=True),
+    "the tracked prefix scanned twice, in a worker thread": rescan(threaded=True),
+    "one chunk too many: the tracked state recomputed from the chunk before": chunk_again,
+    "the recurrence written out: nothing advanced by recurrent_gated_delta_rule": by_hand,
 }
 
 
-def test_fused_scan_accepts_the_right_answer():
-    verdict = remote_judge(NB, 3, fused_scan())
+@pytest.mark.parametrize("answer", [fused_scan(), two_calls_per_row], ids=["chunk by chunk", "two calls per row"])
+def test_fused_scan_accepts_the_right_answer(answer):
+    verdict = remote_judge(NB, 3, answer)
     assert verdict.status == PASS, verdict.line()
 
 
@@ -293,3 +380,16 @@ def test_fused_scan_messages():
     assert "track slot" in remote_judge(NB, 3, fused_scan(shift=-1)).message
     assert "scratch" in remote_judge(NB, 3, fused_scan(write_untracked=True)).message
     assert "checkpoint_offsets" in remote_judge(NB, 3, unfused_recurrent).message
+    assert "for a batch of 298 new tokens" in remote_judge(NB, 3, rescan(threaded=True)).message
+    assert "scanned 0 of the batch's 298 new tokens" in remote_judge(NB, 3, by_hand).message
+
+
+def test_fused_scan_is_metered_in_the_notebook_too_and_put_back():
+    """The check run in the notebook (no grader) counts the same tokens; after a judged call,
+    graded or not, the metered function is itself again."""
+    exercise = lookup(NB, 3)
+    assert "for a batch of 298 new tokens" in judge(exercise, rescan()).message
+    assert judge(exercise, fused_scan()).status == PASS
+    remote_judge(NB, 3, rescan(threaded=True))
+    assert recurrent_gated_delta_rule.__code__ is SCAN_CODE
+    assert not [name for name in recurrent_gated_delta_rule.__globals__ if name.startswith("__mamba_edu_meter")]

@@ -1,15 +1,19 @@
 """The grader's agent inside the learner's kernel (see :mod:`mamba_edu.exercises.remote`).
 
-This file is not imported by the kernel: the grader reads its source once, before any notebook
-runs, and sends it with every request, so patching the package inside the kernel does not change
-it. A request (a file the grader writes, ``torch.save``) names one of the notebook's functions and
-its inputs; :func:`serve` calls it under the instruments the grader asks for and writes a reply
+The grader does not use the kernel's copy of this file (a check the notebook runs itself borrows
+:func:`metering` from it): it reads its source once, before any notebook runs, and sends it with
+every request, so patching the package inside the kernel does not change it. A request (a file
+the grader writes, ``torch.save``) names one of the notebook's functions and its inputs;
+:func:`serve` calls it under the instruments the grader asks for and writes a reply
 (``torch.save``) that the grader reads with ``torch.load(weights_only=True)``: plain tensors,
 numbers, strings, lists, tuples and dicts only. The grader computes every reference and verdict
 in its own process; what comes back from here is the learner's answer and what was measured
-while it ran (would-be syncs, aten ops, calls of forbidden functions, Triton launches).
+while it ran (would-be syncs, aten ops, calls of forbidden functions, Triton launches, the
+tokens of metered scans). For the call, forbidden package functions and the aten ops of forbidden
+torch functions are absent in every thread.
 """
 
+import contextlib
 import hashlib
 import inspect
 import io
@@ -112,9 +116,117 @@ def _make_absent(functions: dict, codes: dict) -> list:
     return swapped
 
 
-def _restore(swapped: list) -> None:
-    for function, code in swapped:
+def _aten_ops(obj, dotted: str) -> dict:
+    """The aten ops behind a forbidden torch name (``op name → dotted``): a builtin such as
+    ``torch.inverse``, or every builtin of a module such as ``torch.linalg`` (its
+    ``solve_triangular`` is ``aten::linalg_solve_triangular``)."""
+    import torch
+
+    if dotted.split(".")[0] != "torch":
+        return {}
+    builtins = (types.BuiltinFunctionType, types.MethodDescriptorType)
+    members = list(vars(obj).values()) if isinstance(obj, types.ModuleType) else [obj]
+    return {f.__name__: dotted for f in members
+            if isinstance(f, builtins) and getattr(torch.ops.aten, f.__name__, None) is not None}
+
+
+def _make_ops_absent(ops: dict, seen: list):
+    """Register, over the CPU and CUDA kernels of every aten op of ``ops`` (op name → forbidden
+    dotted name), one that records the call in ``seen`` and raises. The dispatcher serves every
+    thread and every route (``torch.linalg``, a method, ``torch.ops.aten``, a reference taken
+    earlier), so the op is absent for the call; :func:`_restore` puts the kernels back. Returns
+    the registrations (``None`` without ops)."""
+    import warnings
+
+    import torch
+
+    if not ops:
+        return None
+
+    def absent(op: str):
+        def raiser(*args, **kwargs):
+            seen.append(f"{ops[op]} ({op})")
+            raise RuntimeError(f"{op} is not available in this exercise: write it yourself")
+        return raiser
+
+    library = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():  # "overriding a previously registered kernel": the point
+        warnings.simplefilter("ignore")
+        for op in ops:
+            for key in ("CPU", "CUDA"):
+                library.impl(op, absent(op), key)
+    return library
+
+
+#: The keyword argument through which a check asks for calls of package functions (dotted names)
+#: to be metered (:func:`meter`); the answer never sees it.
+METERED = "_mamba_edu_metered"
+
+#: The global through which a metered function's code reaches its counter; the template's one name.
+_METER_SLOT = "__mamba_edu_meter__"
+
+
+def _slot(function) -> str:
+    return f"{_METER_SLOT}{id(function)}"
+
+
+def _metered_template(*args, **kwargs):
+    return __mamba_edu_meter__(*args, **kwargs)  # noqa: F821 - set in the metered function's globals
+
+
+def _meter(functions: list, rows: list) -> list:
+    """Swap the code of every plain function of ``functions`` for one that appends the number of
+    rows of its first argument (the tokens of a packed ``[T, …]`` input) to ``rows``, then runs
+    the original: every call counts, whatever thread or name made it. Returns
+    ``[(function, original code)]`` for :func:`_restore`."""
+    swapped = []
+    for function in functions:
+        code = function.__code__
+        if code.co_freevars:
+            continue  # a closure's code cannot be swapped
+        original = types.FunctionType(code, function.__globals__, function.__name__,
+                                      function.__defaults__, function.__closure__)
+        original.__kwdefaults__ = function.__kwdefaults__
+        first = next(iter(inspect.signature(original).parameters))
+
+        def counted(*args, _original=original, _first=first, **kwargs):
+            x = args[0] if args else kwargs.get(_first)
+            rows.append(len(x) if hasattr(x, "__len__") else 0)
+            return _original(*args, **kwargs)
+
+        function.__globals__[_slot(function)] = counted
+        swapped.append((function, code))
+        function.__code__ = _metered_template.__code__.replace(
+            co_names=(_slot(function),), co_name=code.co_name, co_qualname=code.co_qualname,
+            co_filename=code.co_filename, co_firstlineno=code.co_firstlineno)
+    return swapped
+
+
+def meter(names) -> tuple[list, list]:
+    """``(swapped, rows)``: every function behind the dotted ``names`` metered (:func:`_meter`)
+    until ``_restore(swapped)``; ``rows`` fills with one entry per call."""
+    rows = []
+    return _meter([f for name in names for f in _functions(_resolve(name))], rows), rows
+
+
+@contextlib.contextmanager
+def metering(names):
+    """``with metering(names) as rows:`` :func:`meter` for the block."""
+    swapped, rows = meter(names)
+    try:
+        yield rows
+    finally:
+        _restore(swapped)
+
+
+def _restore(swapped: list, library=None) -> None:
+    """Put back the codes of :func:`_make_absent` and :func:`_meter`, and the kernels of
+    :func:`_make_ops_absent`."""
+    for function, code in reversed(swapped):  # last swapped first: a metered absent function too
         function.__code__ = code
+        function.__globals__.pop(_slot(function), None)
+    if library is not None:
+        library._destroy()
 
 
 def _cell_dir() -> str:
@@ -309,18 +421,19 @@ def _serve(request: dict, own_file: str) -> dict:
             self.ops.add(func.overloadpacket.__name__)
             return func(*args, **(kwargs or {}))
 
-    forbidden = {}
-    functions = {}
+    forbidden, functions, ops = {}, {}, {}
     for dotted in request["forbidden"]:
         try:
-            found = _functions(_resolve(dotted))
-            for f in found:
-                forbidden[f.__code__] = dotted
-            # A Triton kernel's function stays: its interpreter recompiles it from the source
-            functions.update((f, dotted) for f in found
-                             if getattr(f.__globals__.get(f.__name__), "fn", None) is not f)
+            obj = _resolve(dotted)
         except Exception:  # noqa: BLE001 - a name this version does not have cannot be called
-            pass
+            continue
+        found = _functions(obj)
+        for f in found:
+            forbidden[f.__code__] = dotted
+        # A Triton kernel's function stays: its interpreter recompiles it from the source
+        functions.update((f, dotted) for f in found
+                         if getattr(f.__globals__.get(f.__name__), "fn", None) is not f)
+        ops.update(_aten_ops(obj, dotted))
     # Triton's interpreter runs a recompiled copy of a @triton.jit function (same file and name)
     forbidden_by_name = {(code.co_filename, code.co_name): dotted for code, dotted in forbidden.items()
                          if not code.co_filename.startswith("<")}
@@ -357,7 +470,8 @@ def _serve(request: dict, own_file: str) -> dict:
         elif not path.startswith(roots):
             foreign.append(f"{code.co_name} from {filename}")
 
-    args, kwargs = request["args"], request["kwargs"]
+    args, kwargs = request["args"], dict(request["kwargs"])
+    metered = kwargs.pop(METERED, ())
     launches = []
     if description["kind"] == "triton":
         cls = type(fn)
@@ -371,9 +485,12 @@ def _serve(request: dict, own_file: str) -> dict:
         target = fn
     from mamba_edu.exercises.core import memory_of, rebound
     from mamba_edu.profiling.fake_device import would_be_sync
-    absent = _make_absent(functions, forbidden)  # for this call only: put back below, whatever happens
+    library = _make_ops_absent(ops, seen_forbidden)  # for this call only: put back below, whatever happens
+    absent = _make_absent(functions, forbidden)
     try:
         read = would_be_sync(target, args) if request.get("fake") is True else None
+        swapped, rows = meter(metered)  # after the data-less run: the judged call's rows only
+        absent += swapped
         before = memory_of(args)
         syncs, recorder = None, OpRecorder()
         previous = sys.getprofile()
@@ -397,6 +514,8 @@ def _serve(request: dict, own_file: str) -> dict:
         finally:
             if description["kind"] == "triton":
                 cls.run = original
+        if metered:  # the grader's channel carries the result only: the rows travel with it
+            result = {"result": result, "rows": rows}
         reply = {"result": _plain_copy(result), "syncs": [e.op for e in syncs.events], "data_read": read,
                  "ops": sorted(recorder.ops), "forbidden": sorted(set(seen_forbidden)),
                  "foreign": foreign[:5], "cell_code": cell_code, "launches": sum(launches),
@@ -406,4 +525,4 @@ def _serve(request: dict, own_file: str) -> dict:
             reply["refused"] = "the answer switched off the grader's call tracer (sys.setprofile)"
         return reply
     finally:
-        _restore(absent)
+        _restore(absent, library)

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from mamba_edu.exercises._harness import METERED, metering
+
 PASS, FAIL, NOT_DONE = "pass", "fail", "not done"
 
 
@@ -155,13 +157,16 @@ def grade_namespace(notebook: str, namespace: dict) -> list[Verdict]:
 @dataclass
 class Observed:
     """One call of a learner's function under the instruments: its ``result``, the would-be
-    syncs (``sync_ops``, one op name each), the aten ``ops`` it ran, and ``rebound``: the
-    positions of tensor arguments that came out on other memory than they went in with."""
+    syncs (``sync_ops``, one op name each), the aten ``ops`` it ran, ``rebound``: the
+    positions of tensor arguments that came out on other memory than they went in with, and
+    ``metered_rows``: per call of a metered package function (``observe(metered=…)``), the rows
+    of its first argument (the tokens it scanned, for a packed ``[T, …]`` input)."""
 
     result: object
     sync_ops: list
     ops: set
     rebound: list = field(default_factory=list)
+    metered_rows: list = field(default_factory=list)
 
     @property
     def sync_count(self) -> int:
@@ -172,22 +177,26 @@ class Observed:
         return Counter(self.sync_ops)
 
 
-def observe(fn, *args, fake: bool = False, writes: tuple[int, ...] = ()) -> Observed:
+def observe(fn, *args, fake: bool = False, writes: tuple[int, ...] = (), metered: tuple[str, ...] = ()) -> Observed:
     """Call ``fn(*args)`` under the sync sniffer (strict: a ``host_only`` block the answer opens
     does not hide its syncs) and the op recorder. With ``fake``, ``fn`` first runs on copies of
     its tensor arguments that have no data (:func:`mamba_edu.profiling.fake_device.data_read`):
     a read of device data there is a sync by construction, whatever op, thread or mode did it,
     and it joins ``sync_ops``. The tensors of every argument not in ``writes`` (positions the
     exercise asks to write in place) must come back unchanged: an answer that overwrites its
-    inputs fails, since the engine passes its own tensors. A function of the learner's kernel
+    inputs fails, since the engine passes its own tensors. Every call of the package functions
+    ``metered`` names (dotted), from any thread, is counted in ``metered_rows`` (the first run
+    only, not the data-less one). A function of the learner's kernel
     (what the grader passes) is measured there:
     :meth:`~mamba_edu.exercises.remote.RemoteFunction.observe`."""
     kept = {i: _tensors_of(a) for i, a in enumerate(args) if i not in writes}
     copies = {i: [t.clone() for t in ts] for i, ts in kept.items()}
     if hasattr(type(fn), "observe") and type(fn).__name__ == "RemoteFunction":
-        seen = fn.observe(*args, fake=fake)
+        seen = fn.observe(*args, fake=fake, **({METERED: metered} if metered else {}))
+        if metered:  # the harness sends the rows back with the result (see _harness._serve)
+            seen.result, seen.metered_rows = seen.result["result"], list(seen.result["rows"])
     else:
-        seen = _observe_here(fn, args, fake)
+        seen = _observe_here(fn, args, fake, metered)
     for i, ts in kept.items():
         if any(not _same(t, c) for t, c in zip(ts, copies[i])):
             raise AssertionError(f"the answer changed its argument {i + 1} in place; the checks pass "
@@ -211,17 +220,17 @@ def _same(a, b) -> bool:
         torch.equal(a, b) or (a.is_floating_point() and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)))
 
 
-def _observe_here(fn, args, fake: bool) -> Observed:
+def _observe_here(fn, args, fake: bool, metered: tuple[str, ...]) -> Observed:
     from mamba_edu.profiling.syncs import count_syncs
 
     from mamba_edu.profiling.fake_device import would_be_sync
     read = would_be_sync(fn, args) if fake else None
     recorder = OpRecorder()
     before = memory_of(args)
-    with count_syncs(strict=True) as syncs, recorder:
+    with metering(metered) as rows, count_syncs(strict=True) as syncs, recorder:
         result = fn(*args)
     return Observed(result, [e.op for e in syncs.events] + ([read] if read else []), recorder.ops,
-                    rebound(before, args))
+                    rebound(before, args), rows)
 
 
 def memory_of(args) -> list:

@@ -54,7 +54,8 @@ _INVERSE_CASES = ((1, 0.1, None, torch.float32, 1e-5), (7, 0.1, None, torch.floa
 
 
 @exercise(NOTEBOOK, 1, "the triangular inverse by hand", "my_unit_lower_inverse",
-          forbidden=("mamba_edu.gdn.chunked", "mamba_edu.kernels"))
+          forbidden=("mamba_edu.gdn.chunked", "mamba_edu.kernels", "torch.linalg", "torch.inverse",
+                     "torch.triangular_solve"))
 def check_unit_lower_inverse(fn) -> str:
     """Chunk-like ``L`` (C = 1, 7 and 64; slow and fast decay; correlated keys; a bf16 ``L``);
     compare with a triangular solve in float64."""
@@ -63,6 +64,7 @@ def check_unit_lower_inverse(fn) -> str:
         L = _chunk_L(gen, C, decay, spread, dtype)
         seen = observe(fn, L.clone())
         T = seen.result
+        # the grader makes these ops absent in every thread; a check run in the notebook finds them here
         solvers = {op for op in seen.ops if op.startswith("linalg_") or op in ("triangular_solve", "inverse")}
         if solvers:
             raise AssertionError(f"the answer calls {', '.join(sorted(solvers))}: do the forward "

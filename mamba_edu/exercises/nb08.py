@@ -8,7 +8,8 @@
    batches of different sizes, against ``sync_free``'s copies of each batch.
 3. ``my_fused_scan`` — a chunk-by-chunk state scan that writes each tracked state straight into
    its track slot when it passes it (what the ``fused`` kernel does), instead of returning ``h``;
-   asking for checkpoints (``output_checkpoints=True``: compute ``h``, then copy) is refused.
+   asking for checkpoints (``output_checkpoints=True``: compute ``h``, then copy) is refused, and
+   ``recurrent_gated_delta_rule`` is metered: it must scan each new token exactly once.
 """
 
 from __future__ import annotations
@@ -144,13 +145,31 @@ def check_fill_static(fn) -> str:
             "but the scratch slot equals sync_free's copies, 0 syncs")
 
 
+#: The scan exercise 3 advances with; every call is metered (the rows of its ``q``: its tokens).
+SCAN = "mamba_edu.gdn.recurrent.recurrent_gated_delta_rule"
+
+
+def _scanned_once(rows: list, T: int, what: str) -> None:
+    """The fused write's cost: the recurrence scans each of the batch's ``T`` new tokens once
+    (``rows``: the tokens of each of its calls); a tracked state is stored as the scan passes it."""
+    scanned = sum(rows)
+    if scanned > T:
+        raise AssertionError(f"recurrent_gated_delta_rule scanned {scanned} tokens in {len(rows)} calls for a "
+                             f"batch of {T} new tokens {what}: scanning a token again is the cost the fused "
+                             "write removes; store each tracked state as the one scan passes it")
+    if scanned < T:
+        raise AssertionError(f"recurrent_gated_delta_rule scanned {scanned} of the batch's {T} new tokens {what}: "
+                             "advance every chunk with it, as the statement asks (the check counts its tokens)")
+
+
 @exercise(NOTEBOOK, 3, "the fused tracking write", "my_fused_scan",
           forbidden=("mamba_edu.kernels", "mamba_edu.serving", "mamba_edu.gdn.chunked",
                      "mamba_edu.gdn.varlen.checkpoint_offsets"))
 def check_fused_scan(fn) -> str:
     """Packed batches with rows tracked at a checkpoint, at the final state, and untracked
     (chunk −1, destination the scratch slot); compare every pool slot with ``gdn_prefill``'s
-    in-kernel tracking (torch path), and require that nothing but None is returned."""
+    in-kernel tracking (torch path), require that nothing but None is returned, and that
+    ``recurrent_gated_delta_rule`` scanned each token once (every call counted, any thread)."""
     gen = torch.Generator().manual_seed(check_seed(12))
     H, HV, K, V = 1, 2, 8, 8
     cases = [([130, 40, 128], [1, 2, 3], [4, SCRATCH_SLOT, 5], [2, -1, 2]),   # h[2] of row 0; row 2 final
@@ -168,8 +187,9 @@ def check_fused_scan(fn) -> str:
                     track_slots=torch.tensor(track),
                     track_chunks=torch.tensor(chunks), backend="torch")
         got = pool.clone()
-        out = observe(fn, q, k, v, g, beta, got, list(lengths), list(working), list(track), list(chunks),
-                      writes=(5,)).result  # the pool, in place
+        seen = observe(fn, q, k, v, g, beta, got, list(lengths), list(working), list(track), list(chunks),
+                       writes=(5,), metered=(SCAN,))  # the pool, in place
+        out = seen.result
         if out is not None:
             raise AssertionError(f"returned {type(out).__name__}: the fused write returns nothing (no h)")
         what = f"(lengths {lengths}, working {working}, track_slots {track}, track_chunks {chunks})"
@@ -182,4 +202,5 @@ def check_fused_scan(fn) -> str:
                 compare(got[s], want[s], tol=1e-4, name=f"slot {s}", quiet=True)
             except AssertionError:
                 raise AssertionError(f"slot {s}, the {role}, differs from the fused kernel's {what}") from None
+        _scanned_once(seen.metered_rows, T, what)
     return "3 batches: every slot (working, track, scratch) equals gdn_prefill's fused tracking"

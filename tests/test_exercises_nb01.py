@@ -3,6 +3,9 @@
 Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`).
 """
 
+import math
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 from exercise_judge import remote_judge
@@ -27,7 +30,26 @@ def l2norm_right(x):
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
 
 
+def l2norm_in_place(x):
+    """Right values, but an fp32 input is scaled in place (x.float() is x itself then)."""
+    x = x.float()
+    return x.mul_(torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6))
+
+
+def l2norm_in_a_thread(x):
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(torch.nn.functional.normalize, x.float(), dim=-1).result()
+
+
+renamed_l2norm = l2norm  # the package's function under another name
+
+
 WRONG_1 = {
+    "scales an fp32 input in place": l2norm_in_place,
+    "computed in bf16, cast to fp32 at the end": lambda x: (x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)).float(),
+    "eps 1e-12 (F.normalize's), not 1e-6": lambda x: x.float() * torch.rsqrt((x.float() ** 2).sum(-1, keepdim=True) + 1e-12),
+    "F.normalize in a worker thread (forbidden)": l2norm_in_a_thread,
+    "the package's l2norm renamed (forbidden)": lambda x: renamed_l2norm(x),
     "eps outside the root": lambda x: x.float() / (x.float().norm(dim=-1, keepdim=True) + 1e-6),
     "no eps": lambda x: x.float() / x.float().norm(dim=-1, keepdim=True),
     "eps as a floor (max)": lambda x: x.float() / x.float().norm(dim=-1, keepdim=True).clamp(min=1e-6),
@@ -63,7 +85,23 @@ def softplus_without_threshold(A_log, a, b, dt_bias):       # inf above 88
     return -A_log.float().exp() * torch.log1p(x.exp()), torch.sigmoid(b.float())
 
 
+def gating_in_place(A_log, a, b, dt_bias):
+    """Right values, but the projection a is overwritten with a + dt_bias."""
+    x = a.add_(dt_bias)
+    return gating(A_log, x, b, torch.zeros_like(dt_bias))
+
+
+def gating_in_a_thread(A_log, a, b, dt_bias):
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(gdn_gating, A_log, a, b, dt_bias).result()
+
+
 WRONG_2 = {
+    "a + dt_bias written into a in place": gating_in_place,
+    "computed in bf16, returned as fp32": lambda A_log, a, b, dt_bias: tuple(
+        t.float() for t in gating(A_log.bfloat16(), a.bfloat16(), b.bfloat16(), dt_bias.bfloat16(), dtype=torch.bfloat16)),
+    "beta as sigmoid(-b)": lambda A_log, a, b, dt_bias: gating(A_log, a, b, dt_bias, beta_fn=lambda x: torch.sigmoid(-x)),
+    "the package's gdn_gating in a worker thread (forbidden)": gating_in_a_thread,
     "softplus without threshold": softplus_without_threshold,
     "threshold at 0": lambda A_log, a, b, dt_bias: gating(A_log, a, b, dt_bias, threshold=0.0),
     "g positive": lambda A_log, a, b, dt_bias: gating(A_log, a, b, dt_bias, sign=1.0),
@@ -142,7 +180,16 @@ def _wrong(**switch):
         q, k, v, g, beta, S0, value_head, scale, **switch)
 
 
+def recurrence_in_a_thread(q, k, v, g, beta, S0, value_head, scale):
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(recurrence_package, q, k, v, g, beta, S0, value_head, scale).result()
+
+
 WRONG_3 = {
+    "a head group of 2 hard-coded (i // 2)": _wrong(key_head=lambda i, H, HV: i // 2),
+    "the package's recurrence in a worker thread (forbidden)": recurrence_in_a_thread,
+    "the state kept in bf16": lambda q, k, v, g, beta, S0, value_head, scale: head_recurrence(
+        q.bfloat16(), k.bfloat16(), v.bfloat16(), g.bfloat16(), beta.bfloat16(), S0.bfloat16(), value_head, scale),
     "interleaved key heads (i % H)": _wrong(key_head=lambda i, H, HV: i % H),
     "key head i // H": _wrong(key_head=lambda i, H, HV: i // H),
     "read S before the decay": _wrong(order="correct, decay, write, read"),
@@ -168,3 +215,51 @@ def test_head_recurrence_says_why():
     assert "changed S0 in place" in remote_judge(NB, 3, WRONG_3["changes S0 in place"]).message
     assert "mamba_edu.gdn" in remote_judge(NB, 3, recurrence_package).message
     assert "float64" in remote_judge(NB, 3, WRONG_3["float64 results"]).message
+
+
+# --- exercise 4: predict the read-back after n writes ------------------------------------------------
+
+def readback_right(n, beta, g):
+    c = math.exp(g) * (1 - beta)          # what one token keeps of the old read-back
+    return beta * (1 - c ** n) / (1 - c) if c != 1 else beta * n
+
+
+def readback_simulated(n, beta, g):
+    """A scalar simulation of the read-back: as good as the closed form."""
+    r = 0.0
+    for _ in range(n):
+        r = math.exp(g) * r
+        r = r + beta * (1 - r)
+    return r
+
+
+def readback_decay_last(n, beta, g):
+    """The four steps in another order: correct and write first, decay after."""
+    r = 0.0
+    for _ in range(n):
+        r = math.exp(g) * (r + beta * (1 - r))
+    return r
+
+
+WRONG_4 = {
+    "decay ignored: 1 - (1 - beta)^n": lambda n, beta, g: 1 - (1 - beta) ** n,
+    "linear attention: n writes add up to n·beta": lambda n, beta, g: n * beta,
+    "the error, not the read-back: (1 - beta)^n": lambda n, beta, g: (1 - beta) ** n,
+    "always v (the delta rule corrects fully)": lambda n, beta, g: 1.0,
+    "one write too many (n + 1)": lambda n, beta, g: readback_right(n + 1, beta, g),
+    "decay after the write, not before": readback_decay_last,
+    "decay without the (1 - beta) factor: c = e^g": lambda n, beta, g: beta * (1 - math.exp(g) ** n) / (1 - math.exp(g))
+    if g else beta * n,
+    "the limit beta / (1 - e^g (1 - beta)), as if n were infinite": lambda n, beta, g: beta / (1 - math.exp(g) * (1 - beta)),
+    "a tensor, not a number": lambda n, beta, g: torch.tensor(readback_right(n, beta, g)),
+    "e^g read as g": lambda n, beta, g: beta * (1 - (g * (1 - beta)) ** n) / (1 - g * (1 - beta)),
+}
+
+
+@pytest.mark.parametrize("mistake", sorted(WRONG_4))
+def test_readback_rejects(mistake):
+    _judged(4, readback_right, WRONG_4[mistake])
+
+
+def test_readback_accepts_a_simulation():
+    assert remote_judge(NB, 4, readback_simulated).status == PASS

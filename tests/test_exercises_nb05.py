@@ -5,8 +5,13 @@ harness's forbidden-call tracer, sniffer and refusals, then the check), so a wro
 here is rejected by ``python -m mamba_edu grade`` for the same reason.
 """
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from exercise_judge import remote_judge
+
+from mamba_edu.serving import plan_tracking
+from mamba_edu.serving.prefix_cache import RadixCache
 
 from mamba_edu.exercises import nb05
 from mamba_edu.exercises.core import FAIL, PASS
@@ -32,7 +37,37 @@ def plan_by_the_package(P, E, Cc):
     return p.tracked, p.aligned, p.from_final, p.checkpoint
 
 
+def plan_in_a_thread(P, E, Cc):
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(plan_by_the_package, P, E, Cc).result()
+
+
+renamed_plan = plan_tracking  # the package's function under another name
+
+
+def plan_renamed(P, E, Cc):
+    p = renamed_plan(P, E, Cc, 1)
+    return p.tracked, p.aligned, p.from_final, p.checkpoint
+
+
+def plan_with(**change):
+    """The right plan with one field replaced by a function of (P, E, Cc, right plan)."""
+    def my_plan(P, E, Cc):
+        got = list(plan()(P, E, Cc))
+        for i, name in enumerate(("tracked", "A", "from_final", "checkpoint")):
+            if name in change:
+                got[i] = change[name](P, E, Cc, got)
+        return tuple(got)
+    return my_plan
+
+
 WRONG_1 = {
+    "A as a float (E / Cc floored in float)": plan_with(A=lambda P, E, Cc, p: float(p[1])),
+    "A aligned on P + E, not on E": plan_with(A=lambda P, E, Cc, p: ((P + E) // Cc) * Cc - P if p[0] else 0),
+    "from_final when E is a multiple of 64": plan_with(from_final=lambda P, E, Cc, p: p[0] and E % 64 == 0),
+    "checkpoint (A - 1) // 64": plan_with(checkpoint=lambda P, E, Cc, p: (p[1] - 1) // 64 if p[1] else 0),
+    "the forbidden call in a worker thread": plan_in_a_thread,
+    "the forbidden call renamed": plan_renamed,
     "E > Cc: a request of exactly Cc tokens is tracked": plan(strict=True),
     "checkpoint ceil(E/64): the last chunk, not A's": plan(checkpoint_up=True),
     "P + A where A is asked for": plan(absolute=True),
@@ -91,7 +126,54 @@ def match_by_the_package(root, tokens, max_length):
     return m.length, m.slot
 
 
+def match_stops_at_a_path_node(root, tokens, max_length):
+    """Ends the walk at the first node without a snapshot instead of walking through it."""
+    limit, node, depth, best = min(max_length, len(tokens)), root, 0, (0, None)
+    while depth < limit:
+        child = node.children.get(tokens[depth])
+        if child is None or depth + len(child.tokens) > limit or tuple(tokens[depth:depth + len(child.tokens)]) != child.tokens:
+            break
+        node, depth = child, depth + len(child.tokens)
+        if child.slot is None:
+            break
+        best = (depth, child.slot)
+    return best
+
+
+def match_list_against_tuple(root, tokens, max_length):
+    """Compares a list slice with the edge's tuple: never equal, so every prompt misses."""
+    limit, node, depth, best = min(max_length, len(tokens)), root, 0, (0, None)
+    while depth < limit:
+        child = node.children.get(tokens[depth])
+        if child is None or depth + len(child.tokens) > limit or tokens[depth:depth + len(child.tokens)] != child.tokens:
+            break
+        node, depth = child, depth + len(child.tokens)
+        if child.slot is not None:
+            best = (depth, child.slot)
+    return best
+
+
+def match_in_a_thread(root, tokens, max_length):
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(match_by_the_package, root, tokens, max_length).result()
+
+
+renamed_match = RadixCache.match
+
+
+def match_renamed(root, tokens, max_length):
+    cache = RadixCache.__new__(RadixCache)
+    cache.root = root
+    m = renamed_match(cache, tokens, max_length=max_length, touch=False)
+    return m.length, m.slot
+
+
 WRONG_2 = {
+    "the walk ends at the first node without a snapshot": match_stops_at_a_path_node,
+    "a list slice compared with the edge's tuple": match_list_against_tuple,
+    "max_length ignored in favour of len(prompt) - 1": lambda root, tokens, max_length: match()(root, tokens, len(tokens) - 1),
+    "the forbidden call in a worker thread": match_in_a_thread,
+    "the forbidden call renamed": match_renamed,
     "a node without a snapshot taken as a hit": match(need_snapshot=False),
     "max_length ignored": match(respect_limit=False),
     "the first snapshot on the path, not the deepest": match(deepest=False),
@@ -114,3 +196,42 @@ def test_match_rejects(mistake):
 
 def test_match_refuses_the_package_lookup():
     assert "RadixCache.match" in remote_judge(NB, 2, match_by_the_package).message
+
+
+# --- exercise 3: predict a prefix hit's length ----------------------------------------------------
+
+def hit(first, second, Cc):
+    A = (first // Cc) * Cc if first >= Cc else 0      # the one snapshot the first request leaves
+    return A if 0 < A <= second - 1 else 0             # at least one token is computed
+
+
+WRONG_3 = {
+    "a KV-cache hit: min(first, second - 1)": lambda first, second, Cc: min(first, second - 1),
+    "a snapshot at every multiple of Cc": lambda first, second, Cc: (min(first, second - 1) // Cc) * Cc,
+    "the whole second prompt may hit (limit second, not second - 1)":
+        lambda first, second, Cc: ((first // Cc) * Cc if first >= Cc else 0) if (first // Cc) * Cc <= second else 0,
+    "the snapshot's length whatever the second prompt": lambda first, second, Cc: (first // Cc) * Cc,
+    "snapshots at multiples of 64, the kernel chunk": lambda first, second, Cc: hit(first, second, 64),
+    "tracked only when first > Cc": lambda first, second, Cc: hit(first, second, Cc) if first > Cc else 0,
+    "the tokens computed, not the hit": lambda first, second, Cc: second - hit(first, second, Cc),
+    "the first request's length rounded up to Cc": lambda first, second, Cc: min(-(-first // Cc) * Cc, (second - 1) // Cc * Cc),
+    "a float": lambda first, second, Cc: float(hit(first, second, Cc)),
+    "the prefix computed with the package's plan (forbidden)":
+        lambda first, second, Cc: hit_by_the_plan(first, second, Cc),
+}
+
+
+def hit_by_the_plan(first, second, Cc):
+    p = plan_tracking(0, first, Cc, 1)
+    return p.track_len if p.tracked and p.track_len < second else 0
+
+
+def test_hit_prediction_accepts_the_right_answer():
+    verdict = remote_judge(NB, 3, hit)
+    assert verdict.status == PASS, verdict.line()
+
+
+@pytest.mark.parametrize("mistake", list(WRONG_3))
+def test_hit_prediction_rejects(mistake):
+    verdict = remote_judge(NB, 3, WRONG_3[mistake])
+    assert verdict.status == FAIL, verdict.line()

@@ -4,8 +4,12 @@ Every answer is judged through the grader's own path (:func:`exercise_judge.remo
 harness refuses the forbidden calls (the package's own bubble analysis) as in ``mamba_edu grade``.
 """
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from exercise_judge import remote_judge
+
+from mamba_edu.profiling.bubbles import analyze_trace, find_gaps
 
 from mamba_edu.exercises.core import FAIL, PASS
 from mamba_edu.exercises.nb09 import NOTEBOOK
@@ -49,7 +53,43 @@ def lane_by_the_package(intervals, start, end, threshold):
     return busy, find_gaps(busy, start, end, threshold)
 
 
+def lane_sorted_by_end(intervals, start, end, threshold):
+    """Merges the intervals in the order of their ends: a nested short kernel comes first."""
+    busy = []
+    for s, e in sorted(((max(s, start), min(e, end)) for s, e in intervals), key=lambda iv: iv[1]):
+        if s > e:
+            continue
+        if busy and s <= busy[-1][1]:
+            busy[-1] = (busy[-1][0], max(busy[-1][1], e))
+        else:
+            busy.append((s, e))
+    edges = [start] + [t for iv in busy for t in iv] + [end]
+    return busy, [(a, b) for a, b in zip(edges[0::2], edges[1::2]) if b - a >= threshold and b > a]
+
+
+def lane_inside_only(intervals, start, end, threshold):
+    """Keeps only the intervals wholly inside the window instead of clipping them."""
+    return lane()([(s, e) for s, e in intervals if start <= s and e <= end], start, end, threshold)
+
+
+def lane_in_a_thread(intervals, start, end, threshold):
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(lane_by_the_package, intervals, start, end, threshold).result()
+
+
+gaps_of = find_gaps  # the package's function under another name
+
+
+def lane_renamed(intervals, start, end, threshold):
+    busy = merged([(max(s, start), min(e, end)) for s, e in intervals if min(e, end) >= max(s, start)])
+    return busy, gaps_of(busy, start, end, threshold)
+
+
 WRONG_1 = {
+    "intervals merged in the order of their ends": lane_sorted_by_end,
+    "intervals that cross the window's edge dropped, not clipped": lane_inside_only,
+    "the forbidden calls in a worker thread": lane_in_a_thread,
+    "find_gaps renamed": lane_renamed,
     "durations summed without the union": lane(union=False),
     "busy time outside the forward's window": lane(clip=False),
     "a gap exactly at the threshold dropped": lane(keep=lambda d, th: d > th),
@@ -110,7 +150,13 @@ def syncs_by_the_package(trace, range_name="prefill_forward"):
     return a.n_syncs, a.n_dtoh
 
 
+def syncs_in_a_thread(trace, range_name="prefill_forward"):
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(syncs_by_the_package, trace, range_name).result()
+
+
 WRONG_2 = {
+    "the forbidden call in a worker thread": syncs_in_a_thread,
     "the caller's synchronize after the forward counted": syncs(all_waits=True),
     "every cudaMemcpyAsync counted as a wait": syncs(async_copies=True),
     "copies launched after the forward counted": syncs(all_dtoh=True),
@@ -181,7 +227,22 @@ def worst_wait_by_the_package(trace, t0, t1):
     return best
 
 
+analyze = analyze_trace  # the package's function under another name
+
+
+def worst_wait_renamed(trace, t0, t1):
+    a = analyze(trace, "prefill_forward")
+    best = (None, 0.0)
+    for s in a.syncs:
+        if s.kind == "wait" and t0 <= s.start < t1:
+            idle = next((b[0] - s.end for b in a.gpu_busy if b[0] > s.end), 0.0)
+            if idle > best[1]:
+                best = (s.op, idle)
+    return best
+
+
 WRONG_3 = {
+    "analyze_trace renamed": worst_wait_renamed,
     "the longest wait, not the costliest": worst_wait(longest=True),
     "the wait's own duration as the GPU's idle": worst_wait(own_duration=True),
     "the CUDA call (cudaStreamSynchronize) named, not the op": worst_wait(runtime_name=True),
@@ -214,3 +275,34 @@ def test_worst_wait_rejects(mistake):
 def test_worst_wait_messages():
     assert "aten::nonzero" in remote_judge(NB, 3, worst_wait(longest=True)).message
     assert "mamba_edu.profiling.bubbles" in remote_judge(NB, 3, worst_wait_by_the_package).message
+
+
+# --- exercise 4: predict the waits in a stretch of layers --------------------------------------------
+
+def stretch_waits(strategy, n):
+    return 3 * n if strategy == "naive" else 0    # any + nonzero + any in every GDN layer
+
+
+WRONG_4 = {
+    "two waits per GDN layer (the two any())": lambda strategy, n: 2 * n if strategy == "naive" else 0,
+    "one wait per GDN layer": lambda strategy, n: n if strategy == "naive" else 0,
+    "the per-forward waits counted in the stretch": lambda strategy, n: 9 + 3 * n if strategy == "naive" else 0,
+    "a fencepost: n + 1 layers": lambda strategy, n: 3 * (n + 1) if strategy == "naive" else 0,
+    "precomputed still waits in every layer": lambda strategy, n: 3 * n if strategy in ("naive", "precomputed") else 0,
+    "precomputed's once-per-forward waits put in the stretch": lambda strategy, n: {"naive": 3 * n, "precomputed": 11}.get(strategy, 0),
+    "sync_free's tracking counted as one wait per layer": lambda strategy, n: {"naive": 3 * n, "sync_free": n}.get(strategy, 0),
+    "the same count whatever the strategy": lambda strategy, n: 3 * n,
+    "a float": lambda strategy, n: float(stretch_waits(strategy, n)),
+    "the waits of the forward, not the stretch": lambda strategy, n: {"naive": 117, "precomputed": 11}.get(strategy, 0),
+}
+
+
+def test_stretch_waits_accepts_the_right_answer():
+    verdict = remote_judge(NB, 4, stretch_waits)
+    assert verdict.status == PASS, verdict.line()
+
+
+@pytest.mark.parametrize("mistake", list(WRONG_4))
+def test_stretch_waits_rejects(mistake):
+    verdict = remote_judge(NB, 4, WRONG_4[mistake])
+    assert verdict.status == FAIL, verdict.line()

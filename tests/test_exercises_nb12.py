@@ -7,6 +7,7 @@ harness refuses the forbidden calls as in ``mamba_edu grade``.
 """
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import matplotlib
@@ -16,7 +17,8 @@ from exercise_judge import remote_judge
 import mamba_edu
 from mamba_edu.exercises import core, nb12
 from mamba_edu.exercises.core import FAIL, PASS
-from mamba_edu.kernels.metadata import EMPTY_CHUNK
+from mamba_edu.kernels.metadata import EMPTY_CHUNK, chunk_table
+from mamba_edu.profiling.bubbles import merge_intervals
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -69,7 +71,37 @@ def plan_by_the_package(lengths, working_slots, max_tokens, max_requests):
     return padded, list(working_slots) + [-1] * (bucket.rows - len(lengths)), list(zip(flat[0::2], flat[1::2]))
 
 
+def plan_in_a_thread(lengths, working_slots, max_tokens, max_requests):
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(plan_by_the_package, lengths, working_slots, max_tokens, max_requests).result()
+
+
+table_of = chunk_table  # the package's function under another name
+
+
+def plan_renamed(lengths, working_slots, max_tokens, max_requests):
+    rows = max_requests + 1
+    padded = list(lengths) + [max_tokens - sum(lengths)] + [0] * (rows - len(lengths) - 1)
+    flat = table_of(padded, max_tokens // 64 + rows)
+    return padded, list(working_slots) + [-1] * (rows - len(lengths)), list(zip(flat[0::2], flat[1::2]))
+
+
+def plan_dummy_last(lengths, working_slots, max_tokens, max_requests):
+    """The zero-length rows first, the dummy row with the padding at the very end."""
+    padded, slots, _ = fixed_plan()(lengths, working_slots, max_tokens, max_requests)
+    n = len(lengths)
+    padded = padded[:n] + padded[n + 1:] + padded[n:n + 1]
+    chunk_rows = [(i, c) for i, L in enumerate(padded) for c in range((L + 63) // 64)]
+    size = max_tokens // 64 + max_requests + 1
+    return padded, slots, chunk_rows + [(max_requests, EMPTY_CHUNK)] * (size - len(chunk_rows))
+
+
 WRONG_1 = {
+    "capacity max_tokens // 64 + max_requests (the dummy row forgotten)": lambda *a: (
+        lambda p: (p[0], p[1], p[2][:-1]))(fixed_plan()(*a)),
+    "the dummy row after the zero-length rows": plan_dummy_last,
+    "the forbidden calls in a worker thread": plan_in_a_thread,
+    "chunk_table renamed": plan_renamed,
     "capacity ceil(max_tokens / 64)": fixed_plan(capacity="ceil"),
     "padding rows in slot 0 instead of -1": fixed_plan(pad_slot=0),
     "the padding tokens spread over the zero-length rows": fixed_plan(spread=True),
@@ -170,7 +202,28 @@ def idle_by_the_package(events):
     return (max(e for _, e in gpu) - min(s for s, _ in gpu) - busy) / (pieces - 1)
 
 
+def idle_in_a_thread(events):
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(idle_by_the_package, events).result()
+
+
+union_of = merge_intervals  # the package's function under another name
+
+
+def idle_renamed(events):
+    gpu = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X" and e.get("cat") in GPU]
+    busy = sum(e - s for s, e in union_of(gpu))
+    pieces = sum(1 for e in events if e.get("ph") == "X" and e.get("name") == "cudaGraphLaunch")
+    return (max(e for _, e in gpu) - min(s for s, _ in gpu) - busy) / (pieces - 1)
+
+
 WRONG_2 = {
+    "milliseconds, not µs": lambda events: idle()(events) / 1e3,
+    "breaks counted as every launch (cudaLaunchKernel too)": lambda events: idle()(events) * (
+        sum(e.get("name") == "cudaGraphLaunch" for e in events) - 1) / (
+        sum(e.get("name") in ("cudaGraphLaunch", "cudaLaunchKernel") for e in events) - 1),
+    "the forbidden call in a worker thread": idle_in_a_thread,
+    "merge_intervals renamed": idle_renamed,
     "the span from the trace's first event (the profiler's start)": idle(span="start"),
     "the span to the trace's last event (a host call)": idle(span="end"),
     "the span over every event": idle(span="all"),
@@ -204,6 +257,50 @@ def test_idle_per_break_messages():
     assert "copies" in remote_judge(NB, 2, idle(cats=("kernel",))).message
     assert "gpu_user_annotation" in remote_judge(NB, 2, idle(lane=True)).message
     assert "mamba_edu.profiling.bubbles" in remote_judge(NB, 2, idle_by_the_package).message
+
+
+# --- exercise 3: predict the pieces and breaks of a forward --------------------------------------------
+
+def cut(n_layers, attn_every, mode):
+    attention = n_layers // attn_every if attn_every else 0
+    breaks = {"breakable": n_layers, "gdn_inside": attention, "graph": 0}[mode]
+    return breaks + 1, breaks
+
+
+def cut_with(**change):
+    def my_cut_prediction(n_layers, attn_every, mode):
+        pieces, breaks = cut(n_layers, attn_every, mode)
+        return change.get("result", lambda p, b, n, a, m: (p, b))(pieces, breaks, n_layers, attn_every, mode)
+    return my_cut_prediction
+
+
+WRONG_3 = {
+    "the eager LM-head tail counted as a piece": cut_with(result=lambda p, b, n, a, m: (p + 1, b)),
+    "as many pieces as breaks": cut_with(result=lambda p, b, n, a, m: (b, b) if b else (1, 0)),
+    "gdn_inside breaks at the GDN layers instead": cut_with(
+        result=lambda p, b, n, a, m: (n - (n // a if a else 0) + 1, n - (n // a if a else 0)) if m == "gdn_inside" else (p, b)),
+    "attention layers counted as n_layers / attn_every + 1": cut_with(
+        result=lambda p, b, n, a, m: (n // a + 2, n // a + 1) if m == "gdn_inside" and a else (p, b)),
+    "attn_every = 0 read as attention everywhere": cut_with(
+        result=lambda p, b, n, a, m: (n + 1, n) if m == "gdn_inside" and a == 0 else (p, b)),
+    "graph mode: no piece at all": cut_with(result=lambda p, b, n, a, m: (0, 0) if m == "graph" else (p, b)),
+    "breakable: one break per GDN layer only": cut_with(
+        result=lambda p, b, n, a, m: (n - (n // a if a else 0) + 1, n - (n // a if a else 0)) if m == "breakable" else (p, b)),
+    "(breaks, pieces) in the other order": cut_with(result=lambda p, b, n, a, m: (b, p)),
+    "floats": cut_with(result=lambda p, b, n, a, m: (float(p), float(b))),
+    "the pieces alone": cut_with(result=lambda p, b, n, a, m: p),
+}
+
+
+def test_cut_prediction_accepts_the_right_answer():
+    verdict = remote_judge(NB, 3, cut)
+    assert verdict.status == PASS, verdict.line()
+
+
+@pytest.mark.parametrize("mistake", list(WRONG_3))
+def test_cut_prediction_rejects(mistake):
+    verdict = remote_judge(NB, 3, WRONG_3[mistake])
+    assert verdict.status == FAIL, verdict.line()
 
 
 def test_synthetic_traces_hold_the_traps():

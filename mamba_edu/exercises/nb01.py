@@ -4,9 +4,16 @@
 2. ``my_gating`` — the decay ``g`` and write strength ``beta`` from the projections.
 3. ``my_head_recurrence`` — the gated delta rule of one value head over a prompt, from scratch,
    reading its key head under grouped heads (GQA).
+4. ``my_readback`` — predict-then-measure: write the same unit key and value ``n`` times into an
+   empty memory with write strength ``beta`` and log-decay ``g``; what multiple of ``v`` does reading
+   the key return? The check measures it with the package's recurrence (tolerance 1e-4).
+
+Exercises 1 and 2 require every input they passed to come back unchanged, exercise 3 its ``S0``.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -33,11 +40,11 @@ def check_l2norm(fn) -> str:
     gen = torch.Generator().manual_seed(check_seed(11))
     x = torch.randn(7, 3, 16, generator=gen)
     x[0, 0] = 1e-4 * x[0, 0]  # Σx² ≈ 1e-7 < eps: eps outside the root would give a different row
-    y = fn(x.clone())
+    y = observe(fn, x.clone()).result  # observe: the input must come back unchanged
     _fp32(y, "the result")
     compare(y, l2norm(x), tol=1e-6, name="exercise 1 l2norm", quiet=True)
     xb = torch.randn(5, 12, generator=gen).bfloat16()
-    yb = fn(xb.clone())
+    yb = observe(fn, xb.clone()).result
     _fp32(yb, "the result for a bf16 input")
     compare(yb, l2norm(xb), tol=1e-6, name="exercise 1 l2norm of a bf16 input", quiet=True)
     return "rows match mamba_edu.gdn.l2norm, tiny rows and a bf16 input included"
@@ -97,3 +104,44 @@ def check_head_recurrence(fn) -> str:
                 raise AssertionError(f"{where}: the answer changed S0 in place; leave the state it "
                                      "was given as it was")
     return "outputs and final state of every value head match recurrent_gated_delta_rule"
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 4: predict, then measure
+# ---------------------------------------------------------------------------------------------
+
+#: The (n, beta, g) of exercise 4's check: one write and many, beta = 1 and not, with and without decay.
+READBACK_CASES = ((1, 0.5, 0.0), (3, 0.5, 0.0), (10, 0.9, 0.0), (2, 1.0, -1.0), (1, 0.8, -2.0),
+                  (4, 0.5, -0.5), (64, 0.3, -0.1), (200, 0.25, -0.05), (5, 1.0, 0.0), (6, 0.1, -3.0))
+
+
+def measured_readback(n: int, beta: float, g: float, K: int = 8, V: int = 4) -> float:
+    """Write the same unit key ``k`` and value ``v`` ``n`` times into an empty memory with the
+    package's recurrence (write strength ``beta``, log-decay ``g``), read ``S^T k``: the multiple
+    of ``v`` it returns (its projection on ``v`` over ``|v|²``)."""
+    gen = torch.Generator().manual_seed(7)
+    k = l2norm(torch.randn(K, generator=gen))
+    v = torch.randn(V, generator=gen)
+    out = recurrent_gated_delta_rule(k.expand(n, 1, K), k.expand(n, 1, K), v.expand(n, 1, V),
+                                     torch.full((n, 1), float(g)), torch.full((n, 1), float(beta)),
+                                     scale=1.0, initial_state=torch.zeros(1, 1, K, V))
+    read = out.final_state[0, 0].T @ k
+    return float(read @ v / (v @ v))
+
+
+@exercise(NOTEBOOK, 4, "predict the read-back after n writes", "my_readback",
+          forbidden=("mamba_edu.gdn", "mamba_edu.kernels"))
+def check_readback(fn) -> str:
+    """``fn(n, beta, g)`` must equal the measured read-back within 1e-4 for every case of
+    :data:`READBACK_CASES`."""
+    for n, beta, g in READBACK_CASES:
+        said = fn(n, beta, g)
+        if isinstance(said, bool) or not isinstance(said, int | float):
+            raise AssertionError(f"the prediction for n = {n}, beta = {beta}, g = {g} is {said!r:.60}; "
+                                 "expected a plain number (an int or a float, not a tensor)")
+        got = measured_readback(n, beta, g)
+        if not math.isfinite(said) or abs(said - got) > 1e-4:
+            raise AssertionError(f"n = {n} writes, beta = {beta}, g = {g}: you predicted that reading k returns "
+                                 f"{said:.6g} · v, the recurrence measures {got:.6g} · v (tolerance 1e-4)")
+    return (f"your prediction equals the measured read-back for {len(READBACK_CASES)} (n, beta, g), "
+            "within 1e-4")

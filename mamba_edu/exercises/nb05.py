@@ -4,6 +4,10 @@
    snapshot is the final state, and which checkpoint ``h[c]`` it is otherwise.
 2. ``my_match`` — how far a prefix hit can go: walk the radix tree along a prompt and return the
    deepest usable snapshot, as :meth:`mamba_edu.serving.RadixCache.match` does.
+3. ``my_hit_prediction`` — predict-then-measure: an engine with cache chunk ``Cc`` prefills the
+   first ``first`` tokens of a prompt and releases the request; a second request brings the first
+   ``second`` tokens of the same prompt. How many of them come from the cache? The check measures
+   it on a small engine (a count of tokens: tolerance 0).
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import random
 
 from mamba_edu.exercises.core import check_seed, checker, exercise
 from mamba_edu.serving import RadixCache, StatePool, plan_tracking
+
+_MODEL = None
 
 NOTEBOOK = "05_state_pool_and_prefix_cache"
 check = checker(NOTEBOOK)
@@ -86,3 +92,54 @@ def check_match(fn) -> str:
             n += 1
         cache.evict(cache.evictable_slots())  # the cache owns its snapshots: it gives them back
     return f"{n} prompts on 40 random caches match RadixCache.match"
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 3: predict, then measure
+# ---------------------------------------------------------------------------------------------
+
+#: (first, second, Cc) of exercise 3's check: a hit, a prompt one token short of its snapshot, an
+#: untracked first request, a longer first request and a shorter second one, other cache chunks.
+HIT_CASES = ((130, 200, 64), (128, 128, 64), (128, 129, 64), (63, 200, 64), (64, 100, 64),
+             (300, 200, 128), (300, 500, 128), (200, 150, 64), (256, 257, 256), (255, 400, 128),
+             (500, 400, 64), (190, 191, 64))
+
+
+def _small_model():
+    global _MODEL
+    if _MODEL is None:
+        from mamba_edu.model import build_model
+        _MODEL = build_model("tiny", device="cpu", hidden=32, vocab=64, mlp_width=32, gdn_key_heads=1,
+                             gdn_value_heads=1, gdn_key_dim=16, gdn_value_dim=16, attn_heads=1,
+                             attn_kv_heads=1, attn_head_dim=16)
+    return _MODEL
+
+
+def measured_hit(first: int, second: int, cache_chunk: int) -> int:
+    """Prefill the first ``first`` tokens of a prompt on a fresh engine with ``cache_chunk``, release
+    it, prefill the first ``second`` tokens: the tokens the second request took from the cache."""
+    import torch
+
+    from mamba_edu.engine import Engine, Request
+    prompt = torch.randint(0, 64, (max(first, second),), generator=torch.Generator().manual_seed(5)).tolist()
+    engine = Engine(_small_model(), strategy="sync_free", max_requests=1, cache_chunk=cache_chunk)
+    engine.prefill([Request("first", prompt[:first])])
+    engine.release(["first"])
+    return int(engine.prefill([Request("second", prompt[:second])]).prefix_lens[0])
+
+
+@exercise(NOTEBOOK, 3, "predict a prefix hit's length", "my_hit_prediction",
+          forbidden=("mamba_edu.serving", "mamba_edu.engine"))
+def check_hit_prediction(fn) -> str:
+    """``fn(first, second, Cc)`` must equal the measured hit exactly, for every case of :data:`HIT_CASES`."""
+    for first, second, cc in HIT_CASES:
+        said = fn(first, second, cc)
+        if isinstance(said, bool) or not isinstance(said, int):
+            raise AssertionError(f"the prediction for first = {first}, second = {second}, Cc = {cc} is "
+                                 f"{said!r:.60}; expected a whole number of tokens (an int)")
+        got = measured_hit(first, second, cc)
+        if said != got:
+            raise AssertionError(f"first request {first} tokens, second {second} tokens of the same prompt, "
+                                 f"Cc = {cc}: you predicted a hit of {said} tokens, the engine takes {got} from "
+                                 "the cache (tolerance 0)")
+    return f"your prediction equals the measured hit for {len(HIT_CASES)} (first, second, Cc) (tolerance 0)"

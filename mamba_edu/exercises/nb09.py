@@ -7,7 +7,11 @@
 3. ``my_worst_wait`` — read a zoomed stretch of a forward (two GDN layers): which host wait left
    the GPU idle longest after it returned (the CPU op that waited) and for how long.
 
-All are compared with :mod:`mamba_edu.profiling.bubbles`, on hand-made inputs with the traps
+4. ``my_stretch_waits`` — predict-then-measure: how many host waits a stretch of ``n`` GDN
+   layers in the middle of a recorded forward holds, per strategy; the check counts them in the
+   H200 traces, on stretches it picks (a count: tolerance 0).
+
+Exercises 1–3 are compared with :mod:`mamba_edu.profiling.bubbles`, on hand-made inputs with the traps
 (overlapping streams, a gap exactly at the threshold, intervals outside the window, a sync after
 the forward, another host thread) and, when the repository's ``data/`` is there, on the traces
 recorded on the H200 (exercise 3: on stretches the check picks, not the one the notebook prints).
@@ -15,6 +19,7 @@ recorded on the H200 (exercise 3: on stretches the check picks, not the one the 
 
 from __future__ import annotations
 
+import functools
 import random
 
 from mamba_edu._runtime import data_dir
@@ -382,3 +387,58 @@ def check_worst_wait(fn) -> str:
         used += 1
     where = f" and {used} stretches of H200 traces" if used else ""
     return f"the costliest wait and the GPU idle after it match the bubble analysis on a hand-made forward{where}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 4: predict, then measure
+# ---------------------------------------------------------------------------------------------
+
+#: The strategies and stretch lengths (in GDN layers) exercise 4's check measures.
+STRETCH_STRATEGIES = ("naive", "precomputed", "sync_free", "fused")
+STRETCH_LAYERS = (1, 2, 5, 12)
+
+
+@functools.lru_cache(maxsize=8)
+def _gdn_starts_and_waits(case: str, strategy: str) -> tuple[list[float], list[float]]:
+    """The start of every GDN layer's range and of every host wait of the forward in ``case/strategy``."""
+    path = _trace(case, strategy)
+    if path is None:
+        raise AssertionError(f"the H200 trace {case}/{strategy} is not there (data/runs): this prediction is "
+                             "measured on the recorded traces, which an installed wheel does not have")
+    loaded = load_trace(path)
+    events = trace_events(loaded)
+    fwd = forward_range(events, "prefill_forward")
+    gdn = [e.start for e in events if e.cat == "user_annotation" and e.name.endswith(".gdn")
+           and fwd.start <= e.start < fwd.end]
+    return gdn, [s.start for s in analyze_trace(loaded, "prefill_forward").syncs if s.kind == "wait"]
+
+
+def measured_stretch_waits(case: str, strategy: str, first: int, n: int) -> int:
+    """Host waits of the forward's thread that start in ``[start of GDN layer first, start of GDN
+    layer first + n)`` of the H200 trace ``case/strategy``."""
+    gdn, waits = _gdn_starts_and_waits(case, strategy)
+    return sum(gdn[first] <= t < gdn[first + n] for t in waits)
+
+
+@exercise(NOTEBOOK, 4, "predict the waits in a stretch of layers", "my_stretch_waits",
+          forbidden=("mamba_edu.profiling", "mamba_edu.benchmarks"))
+def check_stretch_waits(fn) -> str:
+    """``fn(strategy, n)`` must equal the waits counted in stretches of ``n`` GDN layers of both
+    H200 cases (starting layers drawn per grading run), exactly."""
+    rng = random.Random(check_seed(4))
+    for strategy in STRETCH_STRATEGIES:
+        for n in STRETCH_LAYERS:
+            said = fn(strategy, n)
+            if isinstance(said, bool) or not isinstance(said, int):
+                raise AssertionError(f"the prediction for {strategy}, {n} GDN layers is {said!r:.60}; expected "
+                                     "a whole number of waits (an int)")
+            for case, n_gdn in (("gpu_bound_8x1024", 36), ("launch_bound_1x512", 45)):
+                first = rng.randrange(0, n_gdn - n)
+                got = measured_stretch_waits(case, strategy, first, n)
+                if said != got:
+                    raise AssertionError(
+                        f"{strategy}, {n} GDN layer{'s' * (n != 1)} (H200 trace {case}, from GDN layer {first} to "
+                        f"the start of GDN layer {first + n}): you predicted {said} host waits, the trace holds "
+                        f"{got} (tolerance 0)")
+    return (f"your prediction equals the host waits counted in stretches of {', '.join(map(str, STRETCH_LAYERS))} "
+            f"GDN layers of both H200 cases, for {', '.join(STRETCH_STRATEGIES)} (tolerance 0)")

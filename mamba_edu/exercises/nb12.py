@@ -10,6 +10,9 @@
    the span from the first to the last of them, breaks = graph launches − 1; on synthetic traces
    built here, with the profiler's own start delay, overlapping and nested kernels, the forward's
    GPU range annotation, events in no particular order.
+3. ``my_cut_prediction`` — predict-then-measure: the pieces and breaks of one captured forward
+   for a model of ``n_layers`` layers (full attention every ``attn_every``-th, 0 for none) in each
+   capture mode; the check measures them with the engine's own cut (counts: tolerance 0).
 """
 
 from __future__ import annotations
@@ -303,3 +306,61 @@ def check_idle_per_break(fn) -> str:
                 + (f": {why}" if why else ""))
     return (f"{len(sizes)} traces of 2 to 14 pieces: idle per break = (span − union of GPU intervals) / "
             "(graph launches − 1)")
+
+
+# --- exercise 3: predict, then measure the cut ------------------------------------------------------
+
+#: (n_layers, attn_every) of exercise 3's check: the tiny model, Qwen3.5's and Qwen3-Next's depths,
+#: a last layer that is GDN, no attention at all, attention only, attention every other layer.
+CUT_LAYOUTS = ((4, 4), (60, 4), (48, 4), (7, 4), (6, 0), (5, 1), (9, 2), (1, 0))
+CUT_MODES = ("breakable", "gdn_inside", "graph")
+
+
+def measured_cut(n_layers: int, attn_every: int, mode: str) -> tuple[int, int]:
+    """``(pieces, breaks)`` of one forward of a narrow model of that layout, captured in ``mode``
+    with ``graphs=False`` and cut as :func:`~mamba_edu.serving.breakable.run_in_pieces` cuts it
+    (``graph``: one piece)."""
+    from mamba_edu.engine import Engine, Request
+    from mamba_edu.model import build_model
+    from mamba_edu.serving.breakable import Pieces, run_in_pieces
+    model = build_model("tiny", device="cpu", n_layers=n_layers, attn_every=attn_every, hidden=32, vocab=64,
+                        mlp_width=32, gdn_key_heads=1, gdn_value_heads=1, gdn_key_dim=16, gdn_value_dim=16,
+                        attn_heads=1, attn_kv_heads=1, attn_head_dim=16)
+    bucket = Bucket(64, 1)
+    engine = Engine(model, strategy="sync_free", max_requests=1)
+    captured = engine.capture_prefill(bucket, mode, graphs=False)
+    batch = engine.prepare_prefill([Request("r", list(range(1, 21)))])
+    try:
+        captured.static.fill(batch.forward_batch)
+        engine.backend.init_forward_metadata(captured.static.batch)
+        pieces = Pieces()
+        if mode == "graph":
+            pieces.begin_piece()
+            model(captured.static.batch, engine.backend)
+            pieces.end_piece()
+        else:
+            run_in_pieces(model, captured.static.batch, engine.backend, pieces, break_gdn=mode == "breakable")
+    finally:
+        engine.abort_prefill(batch)
+    return pieces.n_pieces, len(pieces.breaks)
+
+
+@exercise(NOTEBOOK, 3, "predict the pieces and breaks of a forward", "my_cut_prediction",
+          forbidden=("mamba_edu.serving", "mamba_edu.engine", "mamba_edu.model"))
+def check_cut_prediction(fn) -> str:
+    """``fn(n_layers, attn_every, mode) -> (pieces, breaks)`` must equal the measured cut exactly."""
+    for n_layers, attn_every in CUT_LAYOUTS:
+        for mode in CUT_MODES:
+            said = fn(n_layers, attn_every, mode)
+            if not (isinstance(said, tuple | list) and len(said) == 2
+                    and all(isinstance(x, int) and not isinstance(x, bool) for x in said)):
+                raise AssertionError(f"the prediction for n_layers = {n_layers}, attn_every = {attn_every}, "
+                                     f"mode {mode!r} is {said!r:.60}; expected a tuple of two ints (pieces, breaks)")
+            got = measured_cut(n_layers, attn_every, mode)
+            if tuple(said) != got:
+                layout = f"attention every {attn_every}" if attn_every else "no attention (attn_every = 0)"
+                raise AssertionError(f"{n_layers} layers, {layout}, mode "
+                                     f"{mode!r}: you predicted (pieces, breaks) = {tuple(said)}, the cut measures "
+                                     f"{got} (tolerance 0)")
+    return (f"your prediction equals the measured (pieces, breaks) for {len(CUT_LAYOUTS)} layouts × "
+            f"{len(CUT_MODES)} modes (tolerance 0)")

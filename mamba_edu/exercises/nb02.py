@@ -92,12 +92,21 @@ def packed_checkpoints(lengths: list[int], H: int, HV: int, K: int, V: int, *, s
     return (q, k, v, g, beta), cu, ckpts
 
 
+def _token_counts(length: int, gen: torch.Generator) -> list[int]:
+    """The prefixes of a sequence worth asking about: 0, 1, its length, each side of every chunk
+    boundary, and three drawn at random (each question is a round trip to the learner's kernel)."""
+    edges = {c + d for c in range(64, length + 1, 64) for d in (-1, 0, 1)}
+    drawn = torch.randint(0, length + 1, (3,), generator=gen).tolist()
+    return sorted(t for t in edges | {0, 1, length, *drawn} if 0 <= t <= length)
+
+
 @exercise(NOTEBOOK, 2, "find a checkpoint row", "my_checkpoint_row",
           forbidden=("mamba_edu.gdn.varlen.checkpoint_offsets", "mamba_edu.kernels"))
 def check_checkpoint_row(fn) -> str:
-    """Ask ``fn`` for every (sequence, token count) of packed batches. The checkpoint tensor of a
-    real run decides: every row named must hold the recurrence's state after that many tokens,
-    and ``None`` is right exactly where no row holds it. Sequences whose length is a multiple of
+    """Ask ``fn`` for (sequence, token count) pairs of packed batches: every chunk boundary and its
+    neighbours, the ends, and a few drawn at random. The checkpoint tensor of a real run decides:
+    every row named must hold the recurrence's state after that many tokens, and ``None`` is
+    right exactly where no row holds it. Sequences whose length is a multiple of
     64 come before others (where ``L // 64 + 1`` rows per sequence shifts every later row), and
     a row must be a Python ``int``."""
     for seed, lengths in enumerate(([70, 5, 130, 64], [64, 128, 3, 65, 1])):
@@ -106,9 +115,10 @@ def check_checkpoint_row(fn) -> str:
         offsets = checkpoint_offsets(lengths)
         held = {(n, 64 * j): offsets[n] + j for n in range(len(lengths))
                 for j in range(offsets[n + 1] - offsets[n])}
+        gen = torch.Generator().manual_seed(check_seed(20 + seed))
         for n, length in enumerate(lengths):
             start = int(cu[n])
-            for tokens in range(length + 1):
+            for tokens in _token_counts(length, gen):
                 row, expected = fn(lengths, n, tokens), held.get((n, tokens))
                 if row is not None and type(row) is not int:
                     raise AssertionError(f"my_checkpoint_row({lengths}, n={n}, tokens={tokens}) returned "
@@ -121,7 +131,7 @@ def check_checkpoint_row(fn) -> str:
                     state = recurrent_gated_delta_rule(q[sl], k[sl], v[sl], g[sl], beta[sl],
                                                        use_qk_l2norm=True).final_state[0]
                     compare(ckpts[row], state, name=f"checkpoint row {row}")
-    return "the right row (or None) for every prefix of two packed batches"
+    return "the right row (or None) at every chunk edge, both ends and random prefixes of two packed batches"
 
 
 @exercise(NOTEBOOK, 3, "one chunk of the chunked pass", "my_chunk",

@@ -12,8 +12,8 @@ row entry saying why instead of a time):
 - ``flashqla``: ``flash_qla.chunk_gated_delta_rule`` called directly (TileLang);
 - ``flashinfer``: ``flashinfer.gdn_prefill.chunk_gated_delta_rule`` (CuTe DSL on SM90).
 
-Each arm of each shape runs in a process of its own (``--in-process`` runs them all in this
-one): no arm can reach another's memory, and a CUDA error costs that arm only.
+Each arm of each shape runs in a process of its own: no arm can reach another's memory, and a
+CUDA error costs that arm only (``scripts/probe_shared_arms.py`` shows what sharing one did).
 
 One instrument for every arm: a CUDA graph that holds one call on each of ``ROTATE`` input
 copies (so that L2 does not flatter anyone), replayed back to back between two CUDA events;
@@ -338,25 +338,6 @@ def time_rounds(row: dict, timers: dict, rounds: int) -> None:
     row.update(summarize(row["arms"]))
 
 
-def bench_case(preset: str, lengths: list[int], arms: list[str], rounds: int,
-               table: dict | None = None) -> dict:
-    """One shape, every arm in ``arms`` (built by ``table``, default :data:`ARMS`), all in this
-    process (``--in-process``): the arms share one CUDA context and can reach each other's
-    memory (see :func:`isolated_case`)."""
-    table = ARMS if table is None else table
-    case = _Case(preset, lengths)
-    row, ref, graphs = _row(preset, lengths), case.reference(), {}
-    for name in arms:
-        row["arms"][name], graph = _build_arm(name, case, ref, table)
-        if graph is not None:
-            graphs[name] = graph
-    time_rounds(row, {n: (lambda g=g: (g.ms_per_call(), sm_clock_mhz()))
-                      for n, g in graphs.items()}, rounds)
-    del graphs
-    torch.cuda.empty_cache()
-    return row
-
-
 PROTOCOL = "@@arm "  # the prefix of a worker's protocol lines (libraries print on stdout too)
 
 
@@ -455,9 +436,6 @@ def main(argv=None, extra_arms: dict | None = None,
                         help="where the nvidia-smi clock log of this run is kept (recorded as is)")
     parser.add_argument("--budget-s", type=float, default=1e9,
                         help="start no new case after this many seconds")
-    parser.add_argument("--in-process", action="store_true",
-                        help="run every arm in this process (default: each arm of each shape in "
-                             "a process of its own)")
     parser.add_argument("--serve-arm", default=None, help=argparse.SUPPRESS)  # a Worker's child
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -478,7 +456,7 @@ def main(argv=None, extra_arms: dict | None = None,
         timespec="seconds"), device=torch.cuda.get_device_name(), torch=versions["torch"],
         triton=versions["triton"], clock_log=args.clock_log, versions=versions,
         rounds=args.rounds, rotate=ROTATE, instrument="CUDA graph replay between CUDA events",
-        agree=AGREE, arms_in="one process" if args.in_process else "a process per arm"), rows=[])
+        agree=AGREE, arms_in="a process per arm"), rows=[])
     start = time.monotonic()
     for preset, lengths in CASES:
         name = case_name(preset, lengths)
@@ -487,8 +465,7 @@ def main(argv=None, extra_arms: dict | None = None,
         if time.monotonic() - start > args.budget_s:
             result["rows"].append(dict(case=name, skipped="time budget"))
             continue
-        row = (bench_case(preset, lengths, arms, args.rounds, table) if args.in_process
-               else isolated_case(module, preset, lengths, arms, args.rounds))
+        row = isolated_case(module, preset, lengths, arms, args.rounds)
         row["seconds"] = round(time.monotonic() - start, 1)
         result["rows"].append(row)
         print(json.dumps({k: row.get(k) for k in ("case", "ratio_best", "fastest_reference", "error")}

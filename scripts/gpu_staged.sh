@@ -36,7 +36,8 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu
 SMI=$!
 case $STEP in
 1)  TAIL=20 step breakdown 500 python3 -m mamba_edu.benchmarks.breakdown --out $S \
-        --arms "${ARMS:-ours,flashqla}" --timeout-s 200 ;;
+        --arms "${ARMS:-ours,flashqla}" --timeout-s 200 \
+        --clock-log benchmarks/breakdown_clocks.csv ;;
 2)  step pytest_gpu 260 python3 -m pytest tests -m gpu -q -p no:cacheprovider -o addopts="" -rfE
     step replay 120 python3 -m mamba_edu.benchmarks.replay --out $S/replay.json
     step kernels 150 python3 -m mamba_edu.benchmarks.kernels --out $S/kernels --quick --no-fla \
@@ -46,7 +47,7 @@ case $STEP in
         --clock-log benchmarks/references_staged_clocks.csv
     left=$(( ${BUDGET_S:-560} - SECONDS ))
     [ $left -gt 60 ] && TAIL=20 step breakdown_fi $left python3 -m mamba_edu.benchmarks.breakdown \
-        --out $S --arms flashinfer --timeout-s 120 ;;
+        --out $S --arms flashinfer --timeout-s 120 --clock-log benchmarks/breakdown_fi_clocks.csv ;;
 esac
 kill $SMI
 rm -f $S/*.ncu-rep

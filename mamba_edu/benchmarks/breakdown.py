@@ -259,6 +259,8 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", default="qwen3-next 1x8192,qwen3-next 1x32768,"
                         "qwen3-next 8x1024,qwen3-next 8x4096")
     parser.add_argument("--timeout-s", type=int, default=240, help="per process")
+    parser.add_argument("--clock-log", default=None,
+                        help="where the nvidia-smi clock log of this run is kept (recorded as is)")
     parser.add_argument("--replay", default=None, help=argparse.SUPPRESS)        # child
     parser.add_argument("--counted-call", default=None, help=argparse.SUPPRESS)  # child under ncu
     args = parser.parse_args(argv)
@@ -274,7 +276,10 @@ def main(argv=None) -> int:
     query = subprocess.run(["ncu", "--query-metrics"], capture_output=True, text=True)
     available = parse_query_metrics(query.stdout) if query.returncode == 0 else None
     metrics = metric_names(available)
+    from datetime import datetime, timezone
     result = dict(meta=dict(commit=commit_hash(), device=torch.cuda.get_device_name(),
+                            date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                            torch=torch.__version__, clock_log=args.clock_log,
                             versions=package_versions(), replays=REPLAYS, metrics=metrics,
                             sm_count=torch.cuda.get_device_properties(0).multi_processor_count),
                   rows=[])

@@ -32,6 +32,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 REPLAYS = 20
+MODULE = "mamba_edu.benchmarks.breakdown"  # children run it with -m (this file is __main__ there)
 # Nsight Compute metrics (base name, roll-up); those the chip does not list are left out.
 NCU_METRICS = [
     ("gpu__time_duration", "sum"), ("dram__bytes_read", "sum"), ("dram__bytes_write", "sum"),
@@ -229,7 +230,7 @@ def _ncu(arm: str, case_name: str, out: Path, metrics: list[str], timeout: int) 
     report = out / f"ncu_{tag}"
     command = ["ncu", "--profile-from-start", "off", "--clock-control", "none",
                "--target-processes", "all", "--metrics", ",".join(metrics), "-f", "-o", str(report),
-               sys.executable, "-m", __name__, "--counted-call", arm, "--cases", case_name]
+               sys.executable, "-m", MODULE, "--counted-call", arm, "--cases", case_name]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     (out / f"ncu_{tag}.log").write_text(done.stdout[-20000:] + done.stderr[-20000:])
     if done.returncode != 0:
@@ -243,7 +244,7 @@ def _ncu(arm: str, case_name: str, out: Path, metrics: list[str], timeout: int) 
 
 
 def _replay_subprocess(arm: str, case_name: str, timeout: int) -> dict:
-    done = subprocess.run([sys.executable, "-m", __name__, "--replay", arm, "--cases", case_name],
+    done = subprocess.run([sys.executable, "-m", MODULE, "--replay", arm, "--cases", case_name],
                           capture_output=True, text=True, timeout=timeout)
     for line in done.stdout.splitlines():
         if line.startswith("@@replay "):

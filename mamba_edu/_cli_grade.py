@@ -38,7 +38,7 @@ from pathlib import Path
 
 from mamba_edu._cli import (HelpFormatter, cpu_seconds, memory_gib, positive_int, prog_name, timeout_seconds,
                             write_refusal)
-from mamba_edu.exercises.containment import GIB, KernelLimits
+from mamba_edu.exercises.containment import GIB, JudgeLimits
 
 GRADE_NEEDS = ("nbformat", "nbclient", "ipykernel")  # the extra "grade": pip install 'mamba_edu[grade]'
 
@@ -62,10 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sandbox", action="store_true",
                         help="run each kernel in bubblewrap: file system read-only but for the "
                              "notebook's copy, no network, private /tmp and process tree")
-    parser.add_argument("--max-memory", type=memory_gib, default=KernelLimits.memory / GIB, metavar="GIB",
+    parser.add_argument("--max-memory", type=memory_gib, default=JudgeLimits.memory / GIB, metavar="GIB",
                         help="address space one notebook's kernel may use, GiB (not set where a GPU is "
                              "visible: CUDA reserves far more than it uses)")
-    parser.add_argument("--max-cpu", type=cpu_seconds, default=KernelLimits.cpu_seconds, metavar="SECONDS",
+    parser.add_argument("--max-cpu", type=cpu_seconds, default=JudgeLimits.cpu_seconds, metavar="SECONDS",
                         help="CPU time one notebook's kernel may use over the whole notebook, all "
                              "threads together")
     parser.add_argument("--jobs", type=positive_int, default=1,
@@ -118,11 +118,11 @@ def csv_refusal(path: Path) -> str | None:
     return write_refusal(path.parent)
 
 
-def kernel_limits(args) -> KernelLimits | None:
+def judge_limits(args) -> JudgeLimits | None:
     """The kernels' limits from ``--max-memory`` and ``--max-cpu``; None when both are the
     defaults (the grading library's own)."""
-    limits = KernelLimits(memory=int(args.max_memory * GIB), cpu_seconds=args.max_cpu)
-    return None if limits == KernelLimits() else limits
+    limits = JudgeLimits(memory=int(args.max_memory * GIB), cpu_seconds=args.max_cpu)
+    return None if limits == JudgeLimits() else limits
 
 
 def main(argv=None) -> int:
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
         with lock:  # students graded in threads: one whole line at a time
             print(line, file=sys.stderr, flush=True)
 
-    args.limits = kernel_limits(args)
+    args.limits = judge_limits(args)
     try:
         reports = (grade_class if class_mode else grade_folder)(args, progress)
     except classroom.NothingToGrade as err:

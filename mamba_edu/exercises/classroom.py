@@ -12,7 +12,7 @@ The conventions instructors know from nbgrader and otter-grader:
 - one CSV row per (student, exercise) for the grade book, one feedback file per student.
 
 Each notebook is still graded by :func:`~mamba_edu.exercises.grader.grade_paths`, in its own
-worker process; ``jobs`` students are graded at a time, each in a thread of this process.
+judge process; ``jobs`` students are graded at a time, each in a thread of this process.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def grade_student(student: str, path: Path, timeout: int, sandbox: bool = False,
     """Grade the notebooks at ``path`` (a folder or one notebook) as ``student``'s, calling
     ``progress(line)`` as each notebook starts and ends. ``fixed_denominator``: every course
     notebook is reported, those not submitted as missing; else only what was submitted.
-    ``limits``: each kernel's (None: :class:`JudgeLimits`' defaults)."""
+    ``limits``: each judge's (None: :class:`JudgeLimits`' defaults)."""
     gradable, wrong = submitted(path)
     for result in wrong:
         progress(f"[{student}] {result.file}: {result.reason}")
@@ -187,7 +187,7 @@ def students_in(class_dir: Path) -> tuple[list[Path], list[StudentReport]]:
 
 def grade_class(class_dir: Path, timeout: int, sandbox: bool = False, jobs: int = 1,
                 progress=_silent, limits: JudgeLimits | None = None) -> list[StudentReport]:
-    """Grade every student of ``class_dir``, ``jobs`` at a time, sorted by student id, each kernel
+    """Grade every student of ``class_dir``, ``jobs`` at a time, sorted by student id, each judge
     under ``limits`` (None: the defaults). Raises :class:`NothingToGrade` when it holds no
     student folder."""
     if type(jobs) is not int or jobs < 1:

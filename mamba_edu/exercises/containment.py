@@ -1,18 +1,12 @@
 """What keeps one notebook's judge from outliving its grading or reaching beyond it (Linux).
 
-* :func:`become_subreaper` — ``PR_SET_CHILD_SUBREAPER``: the orphans among this process's
-  descendants (also those that called ``setsid`` or double-forked) come back to it, so
-  :func:`kill_descendants` finds and kills them all.
-* :func:`not_dumpable` — ``PR_SET_DUMPABLE = 0``: another process of the same user can no longer
-  open ``/proc/<pid>/fd/*`` (write into this process's output) or read its memory. Root still can.
-* :func:`read_regular` — read a file a learner controls: no link followed, no blocking open, a
-  regular file only, capped, read once.
-* :class:`JudgeLimits` and :func:`launch` — the judge starts under a small launcher (this file run
-  as a script, standard library only) that puts it in a PID namespace of its own where one can
-  be had, sets its resource limits, and reports why it ended (:func:`death_cause`).
-
-Each is a no-op where the system has no such call (not Linux): the container recipe in
-``docs/teaching.md`` is then the boundary.
+The grader is a child subreaper (:func:`become_subreaper`: the orphans of its descendants come
+back to it, also after ``setsid``) so that :func:`kill_descendants` reaches them all, and not
+dumpable (:func:`not_dumpable`: another process of its user cannot write into its output or read
+its memory). Each judge starts under :func:`launch`, a small launcher (this file run as a script)
+that gives it a PID namespace of its own where one can be had and :class:`JudgeLimits`, then
+reports why it ended (:func:`death_cause`). Each is a no-op where the system has no such call (not
+Linux): the container recipe in ``docs/teaching.md`` is then the boundary.
 """
 
 from __future__ import annotations
@@ -46,7 +40,7 @@ def _prctl(option: int, value: int) -> bool:
 
 
 def become_subreaper() -> bool:
-    """Adopt this process's orphaned descendants (see the module docstring)."""
+    """Adopt this process's orphaned descendants."""
     return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
@@ -92,9 +86,8 @@ def kill_descendants(deadline_s: float = 10.0, keep=frozenset()) -> int:
 
 
 def read_regular(path, max_bytes: int = MAX_READ_BYTES) -> bytes:
-    """The bytes of ``path``, a regular file of at most ``max_bytes``. A symbolic link, a named
-    pipe, a device or a folder is refused at the open (:func:`mamba_edu.profiling.trace_files.
-    open_regular`), before a byte is read; ``ValueError`` when it is too large."""
+    """The bytes of ``path``, a regular file of at most ``max_bytes`` (else ``ValueError``), read
+    once. A link, a pipe, a device or a folder is refused at the open, before a byte is read."""
     from mamba_edu.profiling.trace_files import open_regular
 
     with os.fdopen(open_regular(path, "a notebook", follow_links=False), "rb") as f:

@@ -72,13 +72,7 @@ def _refusal(path: Path) -> tuple[str | None, bytes]:
 
 def code_cells(raw: bytes) -> list[str]:
     """The sources of a notebook's code cells, from its validated bytes."""
-    data = json.loads(raw)
-    cells = []
-    for cell in data["cells"]:
-        if cell.get("cell_type") == "code":
-            source = cell.get("source", "")
-            cells.append("".join(source) if isinstance(source, list) else str(source))
-    return cells
+    return ["".join(cell.get("source", "")) for cell in json.loads(raw)["cells"] if cell.get("cell_type") == "code"]
 
 
 def throwaway_copy(notebook: Path, raw: bytes, workdir: Path) -> Path:
@@ -87,13 +81,8 @@ def throwaway_copy(notebook: Path, raw: bytes, workdir: Path) -> Path:
     folder = workdir / "folder"
 
     def ignore(directory, names):
-        skip = set()
-        for name in names:
-            p = Path(directory) / name
-            if p.is_symlink() or not (p.is_file() or p.is_dir()) or name.endswith(".ipynb") \
-                    or name in ("__pycache__", ".git", ".venv", ".ipynb_checkpoints"):
-                skip.add(name)
-        return skip
+        return {name for name in names if name.endswith(".ipynb") or name in ("__pycache__", ".git", ".venv")
+                or (p := Path(directory, name)).is_symlink() or not (p.is_file() or p.is_dir())}
 
     shutil.copytree(notebook.parent, folder, ignore=ignore, symlinks=True)
     (folder / notebook.name).write_bytes(raw)
@@ -107,9 +96,8 @@ def bwrap_prefix(workdir: Path, package_root: Path) -> list[str]:
             "--bind", str(workdir), str(workdir), "--unshare-net", "--unshare-pid", "--unshare-ipc",
             "--unshare-uts", "--die-with-parent", "--new-session"]
     # read-only too, wherever they live (under /tmp, a clone or a venv): Python, the package
-    for path in (Path(sys.prefix), package_root, REPO_DIR, (REPO_DIR / "data").resolve()):
-        if path.is_dir():
-            args += ["--ro-bind", str(path), str(path)]
+    for path in sorted({p.resolve() for p in (Path(sys.prefix), package_root, REPO_DIR, REPO_DIR / "data")}):
+        args += ["--ro-bind", str(path), str(path)]
     if (REPO_DIR / "notebooks" / "solutions").is_dir():
         args += ["--tmpfs", str(REPO_DIR / "notebooks" / "solutions")]
     return args

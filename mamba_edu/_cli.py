@@ -101,7 +101,7 @@ non_negative_int = _number(int, 0, False, "a whole number")
 positive_float = _number(float, 0, True, "a number")
 seed_int = _number(int, 0, False, "a whole number", most=2**63 - 1)  # what torch's generators take
 timeout_seconds = _number(int, 1, False, "a whole number of seconds", most=86_400)
-# a kernel that imports torch needs about 2.8 GiB of address space (KernelLimits): less cannot start one
+# a judge that imports torch needs about 2.8 GiB of address space (JudgeLimits): less cannot start one
 memory_gib = _number(float, 4, False, "a number of GiB", most=4096)
 cpu_seconds = _number(int, 10, False, "a whole number of seconds", most=7 * 86_400)
 

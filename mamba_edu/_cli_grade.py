@@ -5,12 +5,13 @@ folder: a folder with no .ipynb directly inside but sub-folders, one per student
 the student's id (submissions/alice/, submissions/bob/, ...; hidden folders are ignored, a
 symbolic link is refused with a line naming it).
 
-Each notebook runs top to bottom in its own kernel, in a throwaway copy of its folder (a failing
-cell does not stop it); then the grader calls the notebook's functions from its own process, with
-inputs it makes, and judges what they return: nothing the notebook prints or patches reaches a
-verdict. A symbolic link, a folder or a file that is not a JSON notebook is refused with a line
-naming it; a dead kernel, a timeout, exit() or KeyboardInterrupt gives that notebook 0 with the
-reason, and grading goes on. A notebook whose name is not one of the course's is not graded and
+Each notebook runs top to bottom in a judge process of its own, in a throwaway copy of its folder
+(a failing cell does not stop it); then the judge runs the checks on the notebook's functions, on
+inputs drawn from a seed fresh for this run, with the functions each exercise forbids made absent.
+Nothing the notebook prints reaches the report, and no notebook can change another's grade. A
+symbolic link, a folder or a file that is not a JSON notebook is refused with a line naming it; a
+dead judge, a timeout, exit() or KeyboardInterrupt gives that notebook 0 with the reason, and
+grading goes on. A notebook whose name is not one of the course's is not graded and
 is reported with the closest course name (rename it to grade it).
 
 Scores: one point per exercise. A class folder is scored over the whole course (a fixed
@@ -38,9 +39,9 @@ from pathlib import Path
 
 from mamba_edu._cli import (HelpFormatter, cpu_seconds, memory_gib, positive_int, prog_name, timeout_seconds,
                             write_refusal)
-from mamba_edu.exercises.containment import GIB, KernelLimits
+from mamba_edu.exercises.containment import GIB, JudgeLimits
 
-GRADE_NEEDS = ("nbformat", "nbclient", "ipykernel")  # the extra "grade": pip install 'mamba_edu[grade]'
+GRADE_NEEDS = ("nbformat", "IPython")  # the extra "grade": pip install 'mamba_edu[grade]'
 
 
 def missing_modules() -> list[str]:
@@ -55,22 +56,21 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a notebook (.ipynb), a folder of notebooks, or a class folder (one "
                              "sub-folder per student)")
     parser.add_argument("--timeout", type=timeout_seconds, default=900,
-                        help="seconds one cell, or one call of a learner's function, may run "
-                             "(at most a day)")
+                        help="seconds one cell, or one exercise's check, may run (at most a day)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON report (per student, notebook and exercise) instead of lines")
     parser.add_argument("--sandbox", action="store_true",
-                        help="run each kernel in bubblewrap: file system read-only but for the "
+                        help="run each judge in bubblewrap: file system read-only but for the "
                              "notebook's copy, no network, private /tmp and process tree")
-    parser.add_argument("--max-memory", type=memory_gib, default=KernelLimits.memory / GIB, metavar="GIB",
-                        help="address space one notebook's kernel may use, GiB (not set where a GPU is "
+    parser.add_argument("--max-memory", type=memory_gib, default=JudgeLimits.memory / GIB, metavar="GIB",
+                        help="address space one notebook's judge may use, GiB (not set where a GPU is "
                              "visible: CUDA reserves far more than it uses)")
-    parser.add_argument("--max-cpu", type=cpu_seconds, default=KernelLimits.cpu_seconds, metavar="SECONDS",
-                        help="CPU time one notebook's kernel may use over the whole notebook, all "
-                             "threads together")
+    parser.add_argument("--max-cpu", type=cpu_seconds, default=JudgeLimits.cpu_seconds, metavar="SECONDS",
+                        help="CPU time one notebook's judge may use (the notebook and its checks), "
+                             "all threads together")
     parser.add_argument("--jobs", type=positive_int, default=1,
                         help="students graded at a time (a class folder); each notebook runs in "
-                             "its own worker process")
+                             "its own judge process")
     parser.add_argument("--csv", type=Path, metavar="FILE",
                         help="also write one row per (student, exercise): student, notebook, "
                              "exercise, title, status, points, max_points, message")
@@ -118,11 +118,11 @@ def csv_refusal(path: Path) -> str | None:
     return write_refusal(path.parent)
 
 
-def kernel_limits(args) -> KernelLimits | None:
-    """The kernels' limits from ``--max-memory`` and ``--max-cpu``; None when both are the
+def judge_limits(args) -> JudgeLimits | None:
+    """The judges' limits from ``--max-memory`` and ``--max-cpu``; None when both are the
     defaults (the grading library's own)."""
-    limits = KernelLimits(memory=int(args.max_memory * GIB), cpu_seconds=args.max_cpu)
-    return None if limits == KernelLimits() else limits
+    limits = JudgeLimits(memory=int(args.max_memory * GIB), cpu_seconds=args.max_cpu)
+    return None if limits == JudgeLimits() else limits
 
 
 def main(argv=None) -> int:
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
         with lock:  # students graded in threads: one whole line at a time
             print(line, file=sys.stderr, flush=True)
 
-    args.limits = kernel_limits(args)
+    args.limits = judge_limits(args)
     try:
         reports = (grade_class if class_mode else grade_folder)(args, progress)
     except classroom.NothingToGrade as err:

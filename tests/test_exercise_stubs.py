@@ -4,7 +4,7 @@ Notebook 03's stubs are Triton kernels with the exercise's signature: its own te
 """
 
 import pytest
-from exercise_judge import remote_judge
+from exercise_judge import judge_answer
 
 import mamba_edu.exercises  # noqa: F401 - importing the checks fills the registry
 from mamba_edu.exercises.core import NOT_DONE, REGISTRY
@@ -24,4 +24,4 @@ def test_the_registry_is_filled():
 
 @pytest.mark.parametrize("notebook,number", PYTHON_EXERCISES)
 def test_stub_is_not_done(notebook, number):
-    assert remote_judge(notebook, number, stub).status == NOT_DONE
+    assert judge_answer(notebook, number, stub).status == NOT_DONE

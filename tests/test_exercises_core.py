@@ -69,11 +69,14 @@ def test_checker_prints_one_line_and_names_missing_exercises(capsys):
         check(99, _stub)
 
 
-def test_grade_namespace_reports_missing_functions():
-    verdicts = core.grade_namespace("01_gated_deltanet_recurrence", {"my_l2norm": _stub})
-    others = len(core.REGISTRY["01_gated_deltanet_recurrence"]) - 1
-    assert [v.status for v in verdicts] == [core.NOT_DONE] + [core.FAIL] * others
-    assert "my_gating is not defined" in verdicts[1].message
+def test_the_judge_names_missing_functions_and_the_first_failing_cell():
+    from mamba_edu.exercises.judge import judge_exercise
+
+    exercises = core.REGISTRY["01_gated_deltanet_recurrence"]
+    assert judge_exercise(exercises[1], {"my_l2norm": _stub}).status == core.NOT_DONE
+    missing = judge_exercise(exercises[2], {}, "; cell 3: NameError: name 'x' is not defined")
+    assert missing.status == core.FAIL and missing.message == (
+        "my_gating is not defined (did its cell run?); cell 3: NameError: name 'x' is not defined")
 
 
 # --- the stub generator -----------------------------------------------------------------------

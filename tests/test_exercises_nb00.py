@@ -1,12 +1,12 @@
 """Notebook 00's checks: the right answers pass, plausible wrong ones fail (stubs: test_exercise_stubs.py).
 
-Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`: the
-harness that refuses forbidden calls and counts syncs, then the check).
+Every answer is judged through the grader's own path (:func:`exercise_judge.judge_answer`: the
+judge that makes forbidden functions absent, then the check).
 """
 
 import pytest
 import torch
-from exercise_judge import remote_judge
+from exercise_judge import judge_answer
 
 from mamba_edu.exercises import nb00
 from mamba_edu.exercises.core import FAIL, PASS
@@ -112,24 +112,24 @@ WRONG_1 = {
 
 
 def test_sync_quiz_accepts_the_right_answer():
-    assert remote_judge(NB, 1, would_sync_right).status == PASS
+    assert judge_answer(NB, 1, would_sync_right).status == PASS
 
 
 @pytest.mark.parametrize("mistake", sorted(WRONG_1))
 def test_sync_quiz_rejects(mistake):
-    verdict = remote_judge(NB, 1, WRONG_1[mistake])
+    verdict = judge_answer(NB, 1, WRONG_1[mistake])
     assert verdict.status == FAIL, verdict
 
 
 def test_sync_quiz_says_why():
-    assert "mask.any()" in remote_judge(NB, 1, every_mask_reduction_syncs).message
-    assert "x.repeat_interleave(counts) (1 would-be sync" in remote_judge(NB, 1, WRONG_1["repeat_interleave is free"]).message
-    assert "mamba_edu.profiling.syncs" in remote_judge(NB, 1, asks_the_sniffer).message
-    assert "mamba_edu.exercises.nb00" in remote_judge(NB, 1, asks_the_private_oracle).message
-    assert "expected True or False" in remote_judge(NB, 1, answers_an_int).message
-    assert "expected a pair" in remote_judge(NB, 1, bare_verdict).message
-    assert "x.tolist() (right verdict, but not because" in remote_judge(NB, 1, tolist_is_a_size).message
-    assert "expected one of" in remote_judge(NB, 1, free_text_reason).message
+    assert "mask.any()" in judge_answer(NB, 1, every_mask_reduction_syncs).message
+    assert "x.repeat_interleave(counts) (1 would-be sync" in judge_answer(NB, 1, WRONG_1["repeat_interleave is free"]).message
+    assert "mamba_edu.profiling.syncs" in judge_answer(NB, 1, asks_the_sniffer).message
+    assert "mamba_edu.exercises.nb00" in judge_answer(NB, 1, asks_the_private_oracle).message
+    assert "expected True or False" in judge_answer(NB, 1, answers_an_int).message
+    assert "expected a pair" in judge_answer(NB, 1, bare_verdict).message
+    assert "x.tolist() (right verdict, but not because" in judge_answer(NB, 1, tolist_is_a_size).message
+    assert "expected one of" in judge_answer(NB, 1, free_text_reason).message
 
 
 # --- exercise 2: the tracked rows without a sync ------------------------------------------------
@@ -191,17 +191,17 @@ WRONG_2 = {
 
 @pytest.mark.parametrize("right", [tracked_rows_right, rows_by_sort])
 def test_tracked_rows_accepts(right):
-    verdict = remote_judge(NB, 2, right)
+    verdict = judge_answer(NB, 2, right)
     assert verdict.status == PASS, verdict
 
 
 @pytest.mark.parametrize("mistake", sorted(WRONG_2))
 def test_tracked_rows_rejects(mistake):
-    verdict = remote_judge(NB, 2, WRONG_2[mistake])
+    verdict = judge_answer(NB, 2, WRONG_2[mistake])
     assert verdict.status == FAIL, verdict
 
 
 def test_tracked_rows_says_why():
-    assert "nonzero" in remote_judge(NB, 2, padded_nonzero).message
-    assert "would-be sync" in remote_judge(NB, 2, count_on_host).message
-    assert "int64" in remote_judge(NB, 2, WRONG_2["int32 rows"]).message
+    assert "nonzero" in judge_answer(NB, 2, padded_nonzero).message
+    assert "would-be sync" in judge_answer(NB, 2, count_on_host).message
+    assert "int64" in judge_answer(NB, 2, WRONG_2["int32 rows"]).message

@@ -1,6 +1,6 @@
 """Notebook 01's checks: the right answers pass, plausible wrong ones fail (stubs: test_exercise_stubs.py).
 
-Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`).
+Every answer is judged through the grader's own path (:func:`exercise_judge.judge_answer`).
 """
 
 import math
@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from exercise_judge import remote_judge
+from exercise_judge import judge_answer
 
 from mamba_edu.exercises.core import FAIL, PASS
 from mamba_edu.gdn import gdn_gating, l2norm, recurrent_gated_delta_rule
@@ -17,8 +17,8 @@ NB = "01_gated_deltanet_recurrence"
 
 
 def _judged(number, right, wrong):
-    assert remote_judge(NB, number, right).status == PASS
-    verdict = remote_judge(NB, number, wrong)
+    assert judge_answer(NB, number, right).status == PASS
+    verdict = judge_answer(NB, number, wrong)
     assert verdict.status == FAIL, verdict
     return verdict
 
@@ -122,8 +122,8 @@ def test_gating_rejects(mistake):
 
 
 def test_gating_says_why():
-    assert "softplus" in remote_judge(NB, 2, WRONG_2["torch's softplus (forbidden)"]).message
-    assert "mamba_edu.gdn.gating" in remote_judge(NB, 2, WRONG_2["the package's gdn_gating (forbidden)"]).message
+    assert "softplus" in judge_answer(NB, 2, WRONG_2["torch's softplus (forbidden)"]).message
+    assert "mamba_edu.gdn.gating" in judge_answer(NB, 2, WRONG_2["the package's gdn_gating (forbidden)"]).message
 
 
 # --- exercise 3: one value head's recurrence --------------------------------------------------
@@ -212,9 +212,9 @@ def test_head_recurrence_rejects(mistake):
 
 
 def test_head_recurrence_says_why():
-    assert "changed S0 in place" in remote_judge(NB, 3, WRONG_3["changes S0 in place"]).message
-    assert "mamba_edu.gdn" in remote_judge(NB, 3, recurrence_package).message
-    assert "float64" in remote_judge(NB, 3, WRONG_3["float64 results"]).message
+    assert "changed S0 in place" in judge_answer(NB, 3, WRONG_3["changes S0 in place"]).message
+    assert "mamba_edu.gdn" in judge_answer(NB, 3, recurrence_package).message
+    assert "float64" in judge_answer(NB, 3, WRONG_3["float64 results"]).message
 
 
 # --- exercise 4: predict the read-back after n writes ------------------------------------------------
@@ -262,4 +262,4 @@ def test_readback_rejects(mistake):
 
 
 def test_readback_accepts_a_simulation():
-    assert remote_judge(NB, 4, readback_simulated).status == PASS
+    assert judge_answer(NB, 4, readback_simulated).status == PASS

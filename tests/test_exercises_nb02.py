@@ -1,6 +1,6 @@
 """Notebook 02's checks: the right answers pass, plausible wrong ones fail (stubs: test_exercise_stubs.py).
 
-Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`).
+Every answer is judged through the grader's own path (:func:`exercise_judge.judge_answer`).
 """
 
 import threading
@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import torch
-from exercise_judge import remote_judge
+from exercise_judge import judge_answer
 from torch.linalg import solve_triangular as SOLVE_TRIANGULAR
 from torch.utils._python_dispatch import _disable_current_modes
 
@@ -137,28 +137,28 @@ WRONG_1 = {
 
 
 def test_inverse_accepts_the_right_answer():
-    assert remote_judge(NB, 1, inverse_right).status == PASS
+    assert judge_answer(NB, 1, inverse_right).status == PASS
 
 
 @pytest.mark.parametrize("mistake", sorted(WRONG_1))
 def test_inverse_rejects(mistake):
-    verdict = remote_judge(NB, 1, WRONG_1[mistake])
+    verdict = judge_answer(NB, 1, WRONG_1[mistake])
     assert verdict.status == FAIL, verdict
 
 
 def test_inverse_says_why():
-    assert "C=7" in remote_judge(NB, 1, WRONG_1["I - L (first-order series)"]).message
-    assert "linalg_solve_triangular" in remote_judge(NB, 1, library_solve).message
-    assert "correlated keys" in remote_judge(NB, 1, neumann_series).message
-    assert "bfloat16" in remote_judge(NB, 1, float32_hard_coded).message
-    assert "in place" in remote_judge(NB, 1, in_place).message
-    assert "torch.linalg (linalg_solve_triangular)" in remote_judge(NB, 1, in_a_thread(saved_solve)).message
+    assert "C=7" in judge_answer(NB, 1, WRONG_1["I - L (first-order series)"]).message
+    assert "linalg_solve_triangular" in judge_answer(NB, 1, library_solve).message
+    assert "correlated keys" in judge_answer(NB, 1, neumann_series).message
+    assert "bfloat16" in judge_answer(NB, 1, float32_hard_coded).message
+    assert "in place" in judge_answer(NB, 1, in_place).message
+    assert "torch.linalg (linalg_solve_triangular)" in judge_answer(NB, 1, in_a_thread(saved_solve)).message
 
 
 @pytest.mark.parametrize("answer", [inverse_right, in_a_thread(saved_solve)], ids=["right", "refused"])
 def test_inverse_puts_torch_linalg_back(answer):
     """The ops are absent for the judged call only, whatever its verdict."""
-    remote_judge(NB, 1, answer)
+    judge_answer(NB, 1, answer)
     L = torch.tril(torch.rand(4, 4), -1)
     eye = torch.eye(4)
     for solve in (lambda: SOLVE_TRIANGULAR(eye + L, eye, upper=False), lambda: (eye + L).inverse(),
@@ -202,19 +202,19 @@ WRONG_2 = {
 
 
 def test_checkpoint_row_accepts_the_right_answer():
-    assert remote_judge(NB, 2, checkpoint_row_right).status == PASS
+    assert judge_answer(NB, 2, checkpoint_row_right).status == PASS
 
 
 @pytest.mark.parametrize("mistake", sorted(WRONG_2))
 def test_checkpoint_row_rejects(mistake):
-    verdict = remote_judge(NB, 2, WRONG_2[mistake])
+    verdict = judge_answer(NB, 2, WRONG_2[mistake])
     assert verdict.status == FAIL, verdict
 
 
 def test_checkpoint_row_says_why():
-    assert "expected None" in remote_judge(NB, 2, WRONG_2["the final state as a row"]).message
-    assert "checkpoint_offsets" in remote_judge(NB, 2, WRONG_2["checkpoint_offsets (forbidden)"]).message
-    assert "expected an int" in remote_judge(NB, 2, WRONG_2["a float row"]).message
+    assert "expected None" in judge_answer(NB, 2, WRONG_2["the final state as a row"]).message
+    assert "checkpoint_offsets" in judge_answer(NB, 2, WRONG_2["checkpoint_offsets (forbidden)"]).message
+    assert "expected an int" in judge_answer(NB, 2, WRONG_2["a float row"]).message
 
 
 # --- exercise 3: one chunk ----------------------------------------------------------------------------
@@ -269,7 +269,7 @@ def chunk_with_package_factors(q, k, v, g, beta, S0, scale):
 
 def test_chunk_helper_is_right():
     """The wrong answers below differ from a right one by one switch each."""
-    assert remote_judge(NB, 3, chunk_right).status == PASS
+    assert judge_answer(NB, 3, chunk_right).status == PASS
 
 
 def _chunk(**switch):
@@ -292,5 +292,5 @@ WRONG_3 = {
 
 @pytest.mark.parametrize("mistake", sorted(WRONG_3))
 def test_chunk_rejects(mistake):
-    verdict = remote_judge(NB, 3, WRONG_3[mistake])
+    verdict = judge_answer(NB, 3, WRONG_3[mistake])
     assert verdict.status == FAIL, verdict

@@ -1,15 +1,14 @@
 """Notebook 03's checks: the right answers pass, plausible wrong ones fail, a stub is "not done".
 
-Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`: the
-harness requires a real ``@triton.jit`` kernel, launched, and refuses calls of the package's
-kernel helpers). The kernels run in Triton's interpreter on a CPU.
+Every answer is judged through the grader's own path (:func:`exercise_judge.judge_answer`: the
+check requires a real ``@triton.jit`` kernel, written in the notebook, and launches it). The kernels run in Triton's interpreter on a CPU.
 """
 
 import pytest
 import torch
 import triton
 import triton.language as tl
-from exercise_judge import remote_judge
+from exercise_judge import judge_answer
 
 from mamba_edu.exercises.core import FAIL, NOT_DONE, PASS
 from mamba_edu.exercises.nb03 import NOTEBOOK as NB
@@ -21,7 +20,7 @@ def _stub(*args, **kwargs):
 
 
 def _rejected(number, wrong, phrase=None):
-    verdict = remote_judge(NB, number, wrong)
+    verdict = judge_answer(NB, number, wrong)
     assert verdict.status == FAIL, verdict
     if phrase:
         assert phrase in verdict.message, verdict.message
@@ -128,8 +127,8 @@ def l2norm_in_torch(x_ptr, y_ptr, n_rows, stride_x, D, BD, ROWS):
 
 
 def test_l2norm_kernel():
-    assert remote_judge(NB, 1, _stub_l2norm_kernel).status == NOT_DONE
-    assert remote_judge(NB, 1, l2norm_right).status == PASS
+    assert judge_answer(NB, 1, _stub_l2norm_kernel).status == NOT_DONE
+    assert judge_answer(NB, 1, l2norm_right).status == PASS
 
 
 @pytest.mark.parametrize("wrong,phrase", [
@@ -196,8 +195,8 @@ def measured_by_the_notebook(lengths, H, HV, K, V):  # the measuring cell's func
 
 
 def test_program_counts_accepts_the_right_answer():
-    assert remote_judge(NB, 2, _stub).status == NOT_DONE
-    assert remote_judge(NB, 2, counts_right).status == PASS
+    assert judge_answer(NB, 2, _stub).status == NOT_DONE
+    assert judge_answer(NB, 2, counts_right).status == PASS
 
 
 @pytest.mark.parametrize("mistake", sorted(WRONG_2))
@@ -320,8 +319,8 @@ def recurrent_in_torch(q, k, v, g, beta, o, h0, ht, cu, scale, H, HV, K, V):
 
 
 def test_recurrent_kernel():
-    assert remote_judge(NB, 3, _stub_recurrent_kernel).status == NOT_DONE
-    assert remote_judge(NB, 3, recurrent_right).status == PASS
+    assert judge_answer(NB, 3, _stub_recurrent_kernel).status == NOT_DONE
+    assert judge_answer(NB, 3, recurrent_right).status == PASS
 
 
 @pytest.mark.parametrize("wrong,phrase", [
@@ -477,8 +476,8 @@ def chunk_step_in_torch(k, w, u, gamma, n, h, v_new, h_next, C, K, V):
 
 
 def test_chunk_step_kernel():
-    assert remote_judge(NB, 4, _stub_chunk_step_kernel).status == NOT_DONE
-    verdict = remote_judge(NB, 4, chunk_step_right)
+    assert judge_answer(NB, 4, _stub_chunk_step_kernel).status == NOT_DONE
+    verdict = judge_answer(NB, 4, chunk_step_right)
     assert verdict.status == PASS, verdict
 
 

@@ -1,13 +1,13 @@
 """Notebook 04's checks: the right answers pass, plausible wrong ones fail (stubs: test_exercise_stubs.py).
 
-Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`).
+Every answer is judged through the grader's own path (:func:`exercise_judge.judge_answer`).
 """
 
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from exercise_judge import remote_judge
+from exercise_judge import judge_answer
 
 from mamba_edu.exercises import nb04
 from mamba_edu.exercises.core import FAIL, PASS
@@ -18,7 +18,7 @@ NB = nb04.NOTEBOOK
 
 
 def _rejected(number, wrong, phrase=None):
-    verdict = remote_judge(NB, number, wrong)
+    verdict = judge_answer(NB, number, wrong)
     assert verdict.status == FAIL, verdict
     if phrase:
         assert phrase in verdict.message, verdict.message
@@ -89,7 +89,7 @@ WRONG_1 = {
 
 
 def test_chunk_meta_accepts_the_right_answer():
-    assert remote_judge(NB, 1, meta_right).status == PASS
+    assert judge_answer(NB, 1, meta_right).status == PASS
 
 
 @pytest.mark.parametrize("mistake", sorted(WRONG_1))
@@ -192,7 +192,7 @@ WRONG_2 = {
 
 @pytest.mark.parametrize("right", [conv_states_right, conv_states_loop])
 def test_conv_states_accepts(right):
-    verdict = remote_judge(NB, 2, right)
+    verdict = judge_answer(NB, 2, right)
     assert verdict.status == PASS, verdict
 
 

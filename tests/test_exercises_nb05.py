@@ -1,14 +1,14 @@
 """Notebook 05's checks reject plausible wrong answers (stubs: test_exercise_stubs.py).
 
-Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`: the
-harness's forbidden-call tracer, sniffer and refusals, then the check), so a wrong answer rejected
+Every answer is judged through the grader's own path (:func:`exercise_judge.judge_answer`: the
+judge that makes forbidden functions absent, then the check), so a wrong answer rejected
 here is rejected by ``python -m mamba_edu grade`` for the same reason.
 """
 
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from exercise_judge import remote_judge
+from exercise_judge import judge_answer
 
 from mamba_edu.serving import plan_tracking
 from mamba_edu.serving.prefix_cache import RadixCache
@@ -80,19 +80,19 @@ WRONG_1 = {
 
 
 def test_plan_accepts_the_right_answer():
-    verdict = remote_judge(NB, 1, plan())
+    verdict = judge_answer(NB, 1, plan())
     assert verdict.status == PASS, verdict.line()
 
 
 @pytest.mark.parametrize("mistake", list(WRONG_1))
 def test_plan_rejects(mistake):
-    verdict = remote_judge(NB, 1, WRONG_1[mistake])
+    verdict = judge_answer(NB, 1, WRONG_1[mistake])
     assert verdict.status == FAIL, verdict.line()
 
 
 def test_plan_messages_name_the_mistake():
-    assert "E=64, Cc=64" in remote_judge(NB, 1, plan(strict=True)).message
-    assert "plan_tracking" in remote_judge(NB, 1, plan_by_the_package).message
+    assert "E=64, Cc=64" in judge_answer(NB, 1, plan(strict=True)).message
+    assert "plan_tracking" in judge_answer(NB, 1, plan_by_the_package).message
 
 
 # --- exercise 2: how far a prefix hit can go -------------------------------------------------
@@ -184,18 +184,18 @@ WRONG_2 = {
 
 
 def test_match_accepts_the_right_answer():
-    verdict = remote_judge(NB, 2, match())
+    verdict = judge_answer(NB, 2, match())
     assert verdict.status == PASS, verdict.line()
 
 
 @pytest.mark.parametrize("mistake", list(WRONG_2))
 def test_match_rejects(mistake):
-    verdict = remote_judge(NB, 2, WRONG_2[mistake])
+    verdict = judge_answer(NB, 2, WRONG_2[mistake])
     assert verdict.status == FAIL, verdict.line()
 
 
 def test_match_refuses_the_package_lookup():
-    assert "RadixCache.match" in remote_judge(NB, 2, match_by_the_package).message
+    assert "RadixCache.match" in judge_answer(NB, 2, match_by_the_package).message
 
 
 # --- exercise 3: predict a prefix hit's length ----------------------------------------------------
@@ -227,11 +227,11 @@ def hit_by_the_plan(first, second, Cc):
 
 
 def test_hit_prediction_accepts_the_right_answer():
-    verdict = remote_judge(NB, 3, hit)
+    verdict = judge_answer(NB, 3, hit)
     assert verdict.status == PASS, verdict.line()
 
 
 @pytest.mark.parametrize("mistake", list(WRONG_3))
 def test_hit_prediction_rejects(mistake):
-    verdict = remote_judge(NB, 3, WRONG_3[mistake])
+    verdict = judge_answer(NB, 3, WRONG_3[mistake])
     assert verdict.status == FAIL, verdict.line()

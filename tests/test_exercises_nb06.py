@@ -1,7 +1,7 @@
 """Notebook 06's checks reject plausible wrong answers (stubs: test_exercise_stubs.py).
 
-Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`), so the
-sniffer sees its syncs and the harness refuses its forbidden calls as in ``mamba_edu grade``.
+Every answer is judged through the grader's own path (:func:`exercise_judge.judge_answer`), so the
+sniffer sees its syncs and the judge makes its forbidden functions absent as in ``mamba_edu grade``.
 """
 
 from concurrent.futures import ThreadPoolExecutor
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
-from exercise_judge import remote_judge
+from exercise_judge import judge_answer
 
 from mamba_edu.exercises import nb06
 from mamba_edu.exercises.core import FAIL, PASS
@@ -98,20 +98,20 @@ WRONG_1 = {
 
 
 def test_conv_positions_accepts_the_right_answer():
-    verdict = remote_judge(NB, 1, conv_positions())
+    verdict = judge_answer(NB, 1, conv_positions())
     assert verdict.status == PASS, verdict.line()
 
 
 @pytest.mark.parametrize("mistake", list(WRONG_1))
 def test_conv_positions_rejects(mistake):
-    verdict = remote_judge(NB, 1, WRONG_1[mistake])
+    verdict = judge_answer(NB, 1, WRONG_1[mistake])
     assert verdict.status == FAIL, verdict.line()
 
 
 def test_conv_positions_messages():
-    assert "would-be host sync" in remote_judge(NB, 1, conv_clamped).message
-    assert "np.asarray" in remote_judge(NB, 1, conv_through_numpy).message
-    assert "mamba_edu.serving.tracking" in remote_judge(NB, 1, conv_by_the_package).message
+    assert "would-be host sync" in judge_answer(NB, 1, conv_clamped).message
+    assert "np.asarray" in judge_answer(NB, 1, conv_through_numpy).message
+    assert "mamba_edu.serving.tracking" in judge_answer(NB, 1, conv_by_the_package).message
 
 
 # --- exercise 2: the SSM sources, without a sync ----------------------------------------------
@@ -208,7 +208,7 @@ def final_when_aligned(batch, rows):                 # "final" misread as "A on 
 
 
 def test_ssm_sources_accepts_the_right_answer():
-    verdict = remote_judge(NB, 2, ssm_sources())
+    verdict = judge_answer(NB, 2, ssm_sources())
     assert verdict.status == PASS, verdict.line()
 
 
@@ -220,21 +220,21 @@ def test_ssm_sources_accepts_any_row_of_h_for_a_final_row(row):
         E = batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]
         pick = torch.zeros_like(checkpoint) if row == 0 else (((E + 63) // 64).sum() - 1).expand_as(checkpoint)
         return torch.where(final, pick, checkpoint), final
-    verdict = remote_judge(NB, 2, my_ssm_sources)
+    verdict = judge_answer(NB, 2, my_ssm_sources)
     assert verdict.status == PASS, verdict.line()
 
 
 @pytest.mark.parametrize("mistake", list(WRONG_2))
 def test_ssm_sources_rejects(mistake):
-    verdict = remote_judge(NB, 2, WRONG_2[mistake])
+    verdict = judge_answer(NB, 2, WRONG_2[mistake])
     assert verdict.status == FAIL, verdict.line()
 
 
 def test_ssm_sources_messages():
-    assert "expected h row 2" in remote_judge(NB, 2, ssm_sources(inclusive=True)).message
-    assert "not a row of h" in remote_judge(NB, 2, ssm_sources(clamp=False)).message
-    assert "final-row contract" in remote_judge(NB, 2, final_rows_at(-1)).message
-    assert "would-be host sync" in remote_judge(NB, 2, ssm_sources(bound="item")).message
+    assert "expected h row 2" in judge_answer(NB, 2, ssm_sources(inclusive=True)).message
+    assert "not a row of h" in judge_answer(NB, 2, ssm_sources(clamp=False)).message
+    assert "final-row contract" in judge_answer(NB, 2, final_rows_at(-1)).message
+    assert "would-be host sync" in judge_answer(NB, 2, ssm_sources(bound="item")).message
 
 
 # --- exercise 3: the naive per-layer track write ------------------------------------------------
@@ -303,20 +303,20 @@ WRONG_3 = {
 
 
 def test_naive_track_accepts_the_right_answer():
-    verdict = remote_judge(NB, 3, make_track())
+    verdict = judge_answer(NB, 3, make_track())
     assert verdict.status == PASS, verdict.line()
 
 
 @pytest.mark.parametrize("mistake", list(WRONG_3))
 def test_naive_track_rejects(mistake):
-    verdict = remote_judge(NB, 3, WRONG_3[mistake])
+    verdict = judge_answer(NB, 3, WRONG_3[mistake])
     assert verdict.status == FAIL, verdict.line()
 
 
 def test_naive_track_messages():
-    assert "conv pool" in remote_judge(NB, 3, make_track(window_shift=1)).message
-    assert "not tracked" in remote_judge(NB, 3, make_track(all_rows=True)).message
-    assert "ssm pool" in remote_judge(NB, 3, make_track(final_from_h=True)).message
+    assert "conv pool" in judge_answer(NB, 3, make_track(window_shift=1)).message
+    assert "not tracked" in judge_answer(NB, 3, make_track(all_rows=True)).message
+    assert "ssm pool" in judge_answer(NB, 3, make_track(final_from_h=True)).message
 
 
 # --- exercise 4: predict the naive forward's syncs, then measure ---------------------------------
@@ -363,17 +363,17 @@ WRONG_4 = {
 
 
 def test_sync_prediction_accepts_the_measured_counts():
-    verdict = remote_judge(NB, 4, predict())
+    verdict = judge_answer(NB, 4, predict())
     assert verdict.status == PASS, verdict.line()
 
 
 @pytest.mark.parametrize("mistake", list(WRONG_4))
 def test_sync_prediction_rejects(mistake):
-    verdict = remote_judge(NB, 4, WRONG_4[mistake])
+    verdict = judge_answer(NB, 4, WRONG_4[mistake])
     assert verdict.status == FAIL, verdict.line()
 
 
 def test_sync_prediction_messages():
-    message = remote_judge(NB, 4, predict(per_layer=2)).message
+    message = judge_answer(NB, 4, predict(per_layer=2)).message
     assert "you predicted 11, the sniffer measures 12" in message and "tolerance 0" in message
-    assert "expected a whole number" in remote_judge(NB, 4, WRONG_4["a float, not a count"]).message
+    assert "expected a whole number" in judge_answer(NB, 4, WRONG_4["a float, not a count"]).message

@@ -1,13 +1,13 @@
 """Notebook 07's checks reject plausible wrong answers (stubs: test_exercise_stubs.py).
 
-Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`), so the
-sniffer sees its syncs and the harness refuses its forbidden calls as in ``mamba_edu grade``.
+Every answer is judged through the grader's own path (:func:`exercise_judge.judge_answer`), so the
+sniffer sees its syncs and the judge makes its forbidden functions absent as in ``mamba_edu grade``.
 """
 
 import numpy as np
 import pytest
 import torch
-from exercise_judge import remote_judge
+from exercise_judge import judge_answer
 
 from mamba_edu.exercises import nb07
 from mamba_edu.exercises.core import FAIL, PASS
@@ -63,19 +63,19 @@ WRONG_1 = {
 
 
 def test_hoist_accepts_the_right_answer():
-    verdict = remote_judge(NB, 1, hoist())
+    verdict = judge_answer(NB, 1, hoist())
     assert verdict.status == PASS, verdict.line()
 
 
 @pytest.mark.parametrize("mistake", list(WRONG_1))
 def test_hoist_rejects(mistake):
-    verdict = remote_judge(NB, 1, WRONG_1[mistake])
+    verdict = judge_answer(NB, 1, WRONG_1[mistake])
     assert verdict.status == FAIL, verdict.line()
 
 
 def test_hoist_messages():
-    assert "h.shape[0] - 1 (you said 'layer': its result is the same" in remote_judge(NB, 1, hoist_by_name).message
-    assert "mask.any() (no would-be sync" in remote_judge(NB, 1, WRONG_1["a device bool counted as a sync (mask.any())"]).message
+    assert "h.shape[0] - 1 (you said 'layer': its result is the same" in judge_answer(NB, 1, hoist_by_name).message
+    assert "mask.any() (no would-be sync" in judge_answer(NB, 1, WRONG_1["a device bool counted as a sync (mask.any())"]).message
 
 
 # --- the index build that exercise 2 needs (notebook 06's exercises 1 and 2) -----------------------
@@ -178,21 +178,21 @@ WRONG_2 = {
 def test_prepare_accepts_the_right_answers():
     # no gate: an empty nonzero is fine too; a final row may name any row of h (the contract)
     for right in (prepare(), prepare(gate=False), prepare(build=indices(final_at=0))):
-        verdict = remote_judge(NB, 2, right)
+        verdict = judge_answer(NB, 2, right)
         assert verdict.status == PASS, verdict.line()
 
 
 @pytest.mark.parametrize("mistake", list(WRONG_2))
 def test_prepare_rejects(mistake):
-    verdict = remote_judge(NB, 2, WRONG_2[mistake])
+    verdict = judge_answer(NB, 2, WRONG_2[mistake])
     assert verdict.status == FAIL, verdict.line()
 
 
 def test_prepare_messages():
-    assert "would-be host syncs" in remote_judge(NB, 2, prepare_like_sglang).message
-    assert "tracked rows" in remote_judge(NB, 2, prepare(every_row=True)).message
-    assert "pool differs" in remote_judge(NB, 2, prepare_nothing).message
-    assert "final-row contract" in remote_judge(NB, 2, prepare(build=indices(final_at=-1))).message
+    assert "would-be host syncs" in judge_answer(NB, 2, prepare_like_sglang).message
+    assert "tracked rows" in judge_answer(NB, 2, prepare(every_row=True)).message
+    assert "pool differs" in judge_answer(NB, 2, prepare_nothing).message
+    assert "final-row contract" in judge_answer(NB, 2, prepare(build=indices(final_at=-1))).message
 
 
 # --- exercise 3: a masked copy without a sync -----------------------------------------------------
@@ -257,19 +257,19 @@ WRONG_3 = {
 
 @pytest.mark.parametrize("right", [masked_copy_scratch, masked_copy_blend])
 def test_masked_copy_accepts_the_right_answers(right):
-    verdict = remote_judge(NB, 3, right)
+    verdict = judge_answer(NB, 3, right)
     assert verdict.status == PASS, verdict.line()
 
 
 @pytest.mark.parametrize("mistake", list(WRONG_3))
 def test_masked_copy_rejects(mistake):
-    verdict = remote_judge(NB, 3, WRONG_3[mistake])
+    verdict = judge_answer(NB, 3, WRONG_3[mistake])
     assert verdict.status == FAIL, verdict.line()
 
 
 def test_masked_copy_messages():
-    assert "a slot no row names" in remote_judge(NB, 3, masked_copy_minus_one).message
-    assert "np.asarray" in remote_judge(NB, 3, masked_copy_numpy).message
+    assert "a slot no row names" in judge_answer(NB, 3, masked_copy_minus_one).message
+    assert "np.asarray" in judge_answer(NB, 3, masked_copy_numpy).message
 
 
 # --- exercise 4: predict the precomputed forward's syncs, then measure ---------------------------
@@ -299,11 +299,11 @@ def measured_by_the_oracle(L, tracked):
 
 
 def test_precomputed_prediction_accepts_the_measured_counts():
-    verdict = remote_judge(NB, 4, predict())
+    verdict = judge_answer(NB, 4, predict())
     assert verdict.status == PASS, verdict.line()
 
 
 @pytest.mark.parametrize("mistake", list(WRONG_4))
 def test_precomputed_prediction_rejects(mistake):
-    verdict = remote_judge(NB, 4, WRONG_4[mistake])
+    verdict = judge_answer(NB, 4, WRONG_4[mistake])
     assert verdict.status == FAIL, verdict.line()

@@ -1,7 +1,7 @@
 """Notebook 08's checks reject plausible wrong answers (stubs: test_exercise_stubs.py).
 
-Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`), so the
-sniffer sees its syncs and the harness refuses its forbidden calls as in ``mamba_edu grade``.
+Every answer is judged through the grader's own path (:func:`exercise_judge.judge_answer`), so the
+sniffer sees its syncs and the judge makes its forbidden functions absent as in ``mamba_edu grade``.
 """
 
 from concurrent.futures import ThreadPoolExecutor
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
-from exercise_judge import remote_judge
+from exercise_judge import judge_answer
 
 from mamba_edu.exercises import nb08
 from mamba_edu.exercises.core import FAIL, PASS, judge, lookup
@@ -88,19 +88,19 @@ WRONG_1 = {
 
 
 def test_host_plan_accepts_the_right_answer():
-    verdict = remote_judge(NB, 1, host_plan())
+    verdict = judge_answer(NB, 1, host_plan())
     assert verdict.status == PASS, verdict.line()
 
 
 @pytest.mark.parametrize("mistake", list(WRONG_1))
 def test_host_plan_rejects(mistake):
-    verdict = remote_judge(NB, 1, WRONG_1[mistake])
+    verdict = judge_answer(NB, 1, WRONG_1[mistake])
     assert verdict.status == FAIL, verdict.line()
 
 
 def test_host_plan_messages():
-    assert "scratch" in remote_judge(NB, 1, host_plan(masked=True)).message
-    assert "sync" in remote_judge(NB, 1, host_plan(from_device="tolist")).message
+    assert "scratch" in judge_answer(NB, 1, host_plan(masked=True)).message
+    assert "sync" in judge_answer(NB, 1, host_plan(from_device="tolist")).message
 
 
 # --- exercise 2: capture-ready copies in fixed buffers ---------------------------------------------
@@ -179,20 +179,20 @@ WRONG_2 = {
 
 
 def test_fill_static_accepts_the_right_answer():
-    verdict = remote_judge(NB, 2, fill())
+    verdict = judge_answer(NB, 2, fill())
     assert verdict.status == PASS, verdict.line()
 
 
 @pytest.mark.parametrize("mistake", list(WRONG_2))
 def test_fill_static_rejects(mistake):
-    verdict = remote_judge(NB, 2, WRONG_2[mistake])
+    verdict = judge_answer(NB, 2, WRONG_2[mistake])
     assert verdict.status == FAIL, verdict.line()
 
 
 def test_fill_static_messages():
-    assert "rows past the batch" in remote_judge(NB, 2, fill(pad=None)).message
-    assert "never rebind them" in remote_judge(NB, 2, fill(swap="set_")).message
-    assert "cannot be captured" in remote_judge(NB, 2, fill_compacted).message
+    assert "rows past the batch" in judge_answer(NB, 2, fill(pad=None)).message
+    assert "never rebind them" in judge_answer(NB, 2, fill(swap="set_")).message
+    assert "cannot be captured" in judge_answer(NB, 2, fill_compacted).message
 
 
 # --- exercise 3: the fused tracking write -------------------------------------------------------------
@@ -366,22 +366,22 @@ WRONG_3 = {
 
 @pytest.mark.parametrize("answer", [fused_scan(), two_calls_per_row], ids=["chunk by chunk", "two calls per row"])
 def test_fused_scan_accepts_the_right_answer(answer):
-    verdict = remote_judge(NB, 3, answer)
+    verdict = judge_answer(NB, 3, answer)
     assert verdict.status == PASS, verdict.line()
 
 
 @pytest.mark.parametrize("mistake", list(WRONG_3))
 def test_fused_scan_rejects(mistake):
-    verdict = remote_judge(NB, 3, WRONG_3[mistake])
+    verdict = judge_answer(NB, 3, WRONG_3[mistake])
     assert verdict.status == FAIL, verdict.line()
 
 
 def test_fused_scan_messages():
-    assert "track slot" in remote_judge(NB, 3, fused_scan(shift=-1)).message
-    assert "scratch" in remote_judge(NB, 3, fused_scan(write_untracked=True)).message
-    assert "checkpoint_offsets" in remote_judge(NB, 3, unfused_recurrent).message
-    assert "for a batch of 298 new tokens" in remote_judge(NB, 3, rescan(threaded=True)).message
-    assert "scanned 0 of the batch's 298 new tokens" in remote_judge(NB, 3, by_hand).message
+    assert "track slot" in judge_answer(NB, 3, fused_scan(shift=-1)).message
+    assert "scratch" in judge_answer(NB, 3, fused_scan(write_untracked=True)).message
+    assert "checkpoint_offsets" in judge_answer(NB, 3, unfused_recurrent).message
+    assert "for a batch of 298 new tokens" in judge_answer(NB, 3, rescan(threaded=True)).message
+    assert "scanned 0 of the batch's 298 new tokens" in judge_answer(NB, 3, by_hand).message
 
 
 def test_fused_scan_is_metered_in_the_notebook_too_and_put_back():
@@ -390,6 +390,6 @@ def test_fused_scan_is_metered_in_the_notebook_too_and_put_back():
     exercise = lookup(NB, 3)
     assert "for a batch of 298 new tokens" in judge(exercise, rescan()).message
     assert judge(exercise, fused_scan()).status == PASS
-    remote_judge(NB, 3, rescan(threaded=True))
+    judge_answer(NB, 3, rescan(threaded=True))
     assert recurrent_gated_delta_rule.__code__ is SCAN_CODE
     assert not [name for name in recurrent_gated_delta_rule.__globals__ if name.startswith("__mamba_edu_meter")]

@@ -1,13 +1,13 @@
 """Notebook 09's checks reject plausible wrong answers (stubs: test_exercise_stubs.py).
 
-Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`), so the
-harness refuses the forbidden calls (the package's own bubble analysis) as in ``mamba_edu grade``.
+Every answer is judged through the grader's own path (:func:`exercise_judge.judge_answer`), so the
+judge makes the forbidden functions absent (the package's own bubble analysis) as in ``mamba_edu grade``.
 """
 
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from exercise_judge import remote_judge
+from exercise_judge import judge_answer
 
 from mamba_edu.profiling.bubbles import analyze_trace, find_gaps
 
@@ -102,19 +102,19 @@ WRONG_1 = {
 
 
 def test_gpu_lane_accepts_the_right_answer():
-    verdict = remote_judge(NB, 1, lane())
+    verdict = judge_answer(NB, 1, lane())
     assert verdict.status == PASS, verdict.line()
 
 
 @pytest.mark.parametrize("mistake", list(WRONG_1))
 def test_gpu_lane_rejects(mistake):
-    verdict = remote_judge(NB, 1, WRONG_1[mistake])
+    verdict = judge_answer(NB, 1, WRONG_1[mistake])
     assert verdict.status == FAIL, verdict.line()
 
 
 def test_gpu_lane_messages():
-    assert "union" in remote_judge(NB, 1, lane(union=False)).message
-    assert "kernels outside the window" in remote_judge(NB, 1, lane(drop_empty=False)).message
+    assert "union" in judge_answer(NB, 1, lane(union=False)).message
+    assert "kernels outside the window" in judge_answer(NB, 1, lane(drop_empty=False)).message
 
 
 # --- exercise 2: a forward's syncs in a trace ------------------------------------------------------
@@ -172,13 +172,13 @@ WRONG_2 = {
 
 
 def test_trace_syncs_accepts_the_right_answer():
-    verdict = remote_judge(NB, 2, syncs())
+    verdict = judge_answer(NB, 2, syncs())
     assert verdict.status == PASS, verdict.line()
 
 
 @pytest.mark.parametrize("mistake", list(WRONG_2))
 def test_trace_syncs_rejects(mistake):
-    verdict = remote_judge(NB, 2, WRONG_2[mistake])
+    verdict = judge_answer(NB, 2, WRONG_2[mistake])
     assert verdict.status == FAIL, verdict.line()
 
 
@@ -262,19 +262,19 @@ WRONG_3 = {
 
 
 def test_worst_wait_accepts_the_right_answer():
-    verdict = remote_judge(NB, 3, worst_wait())
+    verdict = judge_answer(NB, 3, worst_wait())
     assert verdict.status == PASS, verdict.line()
 
 
 @pytest.mark.parametrize("mistake", list(WRONG_3))
 def test_worst_wait_rejects(mistake):
-    verdict = remote_judge(NB, 3, WRONG_3[mistake])
+    verdict = judge_answer(NB, 3, WRONG_3[mistake])
     assert verdict.status == FAIL, verdict.line()
 
 
 def test_worst_wait_messages():
-    assert "aten::nonzero" in remote_judge(NB, 3, worst_wait(longest=True)).message
-    assert "mamba_edu.profiling.bubbles" in remote_judge(NB, 3, worst_wait_by_the_package).message
+    assert "aten::nonzero" in judge_answer(NB, 3, worst_wait(longest=True)).message
+    assert "mamba_edu.profiling.bubbles" in judge_answer(NB, 3, worst_wait_by_the_package).message
 
 
 # --- exercise 4: predict the waits in a stretch of layers --------------------------------------------
@@ -298,11 +298,11 @@ WRONG_4 = {
 
 
 def test_stretch_waits_accepts_the_right_answer():
-    verdict = remote_judge(NB, 4, stretch_waits)
+    verdict = judge_answer(NB, 4, stretch_waits)
     assert verdict.status == PASS, verdict.line()
 
 
 @pytest.mark.parametrize("mistake", list(WRONG_4))
 def test_stretch_waits_rejects(mistake):
-    verdict = remote_judge(NB, 4, WRONG_4[mistake])
+    verdict = judge_answer(NB, 4, WRONG_4[mistake])
     assert verdict.status == FAIL, verdict.line()

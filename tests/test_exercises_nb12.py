@@ -2,8 +2,8 @@
 reference is what a bucket uploads, and the notebook's GPU section reads
 ``data/bench/buckets/results.json`` or says in one line that it is not recorded yet.
 
-Every answer is judged through the grader's own path (:func:`exercise_judge.remote_judge`), so the
-harness refuses the forbidden calls as in ``mamba_edu grade``.
+Every answer is judged through the grader's own path (:func:`exercise_judge.judge_answer`), so the
+judge makes the forbidden functions absent as in ``mamba_edu grade``.
 """
 
 import json
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import matplotlib
 import pytest
-from exercise_judge import remote_judge
+from exercise_judge import judge_answer
 
 import mamba_edu
 from mamba_edu.exercises import core, nb12
@@ -115,25 +115,25 @@ WRONG_1 = {
 
 
 def test_fixed_plan_accepts_the_right_answer():
-    verdict = remote_judge(NB, 1, fixed_plan())
+    verdict = judge_answer(NB, 1, fixed_plan())
     assert verdict.status == PASS, verdict.line()
 
 
 @pytest.mark.parametrize("mistake", list(WRONG_1))
 def test_fixed_plan_rejects(mistake):
-    verdict = remote_judge(NB, 1, WRONG_1[mistake])
+    verdict = judge_answer(NB, 1, WRONG_1[mistake])
     assert verdict.status == FAIL, verdict.line()
 
 
 def test_fixed_plan_messages():
-    assert "ceil(max_tokens/64)" in remote_judge(NB, 1, fixed_plan(capacity="ceil")).message
-    assert "−1 makes the kernels start it from zeros" in remote_judge(NB, 1, fixed_plan(pad_slot=0)).message
-    assert "one dummy row" in remote_judge(NB, 1, fixed_plan(spread=True)).message
-    assert "recompute" in remote_judge(NB, 1, fixed_plan(unused="chunk 0")).message
-    assert "rows of 0 tokens have none" in remote_judge(NB, 1, fixed_plan(zero_row_chunk=True)).message
-    assert "pairs" in remote_judge(NB, 1, fixed_plan(flat=True)).message
-    assert "max_requests + 1" in remote_judge(NB, 1, plan_without_dummy).message
-    assert "mamba_edu.serving.bucket" in remote_judge(NB, 1, plan_by_the_package).message  # its first forbidden call
+    assert "ceil(max_tokens/64)" in judge_answer(NB, 1, fixed_plan(capacity="ceil")).message
+    assert "−1 makes the kernels start it from zeros" in judge_answer(NB, 1, fixed_plan(pad_slot=0)).message
+    assert "one dummy row" in judge_answer(NB, 1, fixed_plan(spread=True)).message
+    assert "recompute" in judge_answer(NB, 1, fixed_plan(unused="chunk 0")).message
+    assert "rows of 0 tokens have none" in judge_answer(NB, 1, fixed_plan(zero_row_chunk=True)).message
+    assert "pairs" in judge_answer(NB, 1, fixed_plan(flat=True)).message
+    assert "max_requests + 1" in judge_answer(NB, 1, plan_without_dummy).message
+    assert "mamba_edu.serving.bucket" in judge_answer(NB, 1, plan_by_the_package).message  # its first forbidden call
 
 
 @pytest.mark.parametrize("bucket_size, lengths", [((256, 3), [65, 65, 65]), ((256, 3), [150, 40]),
@@ -238,25 +238,25 @@ WRONG_2 = {
 
 
 def test_idle_per_break_accepts_the_right_answer():
-    verdict = remote_judge(NB, 2, idle())
+    verdict = judge_answer(NB, 2, idle())
     assert verdict.status == PASS, verdict.line()
 
 
 @pytest.mark.parametrize("mistake", list(WRONG_2))
 def test_idle_per_break_rejects(mistake):
-    verdict = remote_judge(NB, 2, WRONG_2[mistake])
+    verdict = judge_answer(NB, 2, WRONG_2[mistake])
     assert verdict.status == FAIL, verdict.line()
 
 
 def test_idle_per_break_messages():
-    assert "profiler's own start" in remote_judge(NB, 2, idle(span="start")).message
-    assert "last GPU event" in remote_judge(NB, 2, idle(span="end")).message
-    assert "count once" in remote_judge(NB, 2, idle(union="sum")).message
-    assert "running maximum" in remote_judge(NB, 2, idle(union="gaps")).message
-    assert "P − 1" in remote_judge(NB, 2, idle(per="pieces")).message
-    assert "copies" in remote_judge(NB, 2, idle(cats=("kernel",))).message
-    assert "gpu_user_annotation" in remote_judge(NB, 2, idle(lane=True)).message
-    assert "mamba_edu.profiling.bubbles" in remote_judge(NB, 2, idle_by_the_package).message
+    assert "profiler's own start" in judge_answer(NB, 2, idle(span="start")).message
+    assert "last GPU event" in judge_answer(NB, 2, idle(span="end")).message
+    assert "count once" in judge_answer(NB, 2, idle(union="sum")).message
+    assert "running maximum" in judge_answer(NB, 2, idle(union="gaps")).message
+    assert "P − 1" in judge_answer(NB, 2, idle(per="pieces")).message
+    assert "copies" in judge_answer(NB, 2, idle(cats=("kernel",))).message
+    assert "gpu_user_annotation" in judge_answer(NB, 2, idle(lane=True)).message
+    assert "mamba_edu.profiling.bubbles" in judge_answer(NB, 2, idle_by_the_package).message
 
 
 # --- exercise 3: predict the pieces and breaks of a forward --------------------------------------------
@@ -293,13 +293,13 @@ WRONG_3 = {
 
 
 def test_cut_prediction_accepts_the_right_answer():
-    verdict = remote_judge(NB, 3, cut)
+    verdict = judge_answer(NB, 3, cut)
     assert verdict.status == PASS, verdict.line()
 
 
 @pytest.mark.parametrize("mistake", list(WRONG_3))
 def test_cut_prediction_rejects(mistake):
-    verdict = remote_judge(NB, 3, WRONG_3[mistake])
+    verdict = judge_answer(NB, 3, WRONG_3[mistake])
     assert verdict.status == FAIL, verdict.line()
 
 
@@ -328,7 +328,7 @@ def test_the_checks_module_is_forbidden():
     def asks_the_reference(lengths, working_slots, max_tokens, max_requests):
         from mamba_edu.exercises.nb12 import fixed_plan as reference
         return reference(lengths, working_slots, max_tokens, max_requests)
-    assert "mamba_edu.exercises.nb12" in remote_judge(NB, 1, asks_the_reference).message
+    assert "mamba_edu.exercises.nb12" in judge_answer(NB, 1, asks_the_reference).message
 
 
 # --- the notebook's GPU section ----------------------------------------------------------------------

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 import torch
-from exercise_judge import remote_judge
+from exercise_judge import judge_answer
 
 from mamba_edu.exercises import nb06
 from mamba_edu.exercises.core import FAIL, PASS
@@ -119,7 +119,7 @@ def windows(read=None):
 
 
 def test_the_right_answer_passes_the_fake_device_check():
-    verdict = remote_judge(nb06.NOTEBOOK, 1, windows())
+    verdict = judge_answer(nb06.NOTEBOOK, 1, windows())
     assert verdict.status == PASS, verdict.line()
 
 
@@ -127,7 +127,7 @@ def test_the_right_answer_passes_the_fake_device_check():
                                   "with torch's modes switched off", "the error caught",
                                   "copy_ into a new tensor, then read", "bincount"])
 def test_a_hidden_read_fails_the_check(name):
-    verdict = remote_judge(nb06.NOTEBOOK, 1, windows(HIDDEN_READS[name]))
+    verdict = judge_answer(nb06.NOTEBOOK, 1, windows(HIDDEN_READS[name]))
     assert verdict.status == FAIL and "read of device data" in verdict.message, verdict.line()
 
 
@@ -162,7 +162,7 @@ def rows_into_the_mask(mask, size):
     ("02_chunked_prefill", 1, inverse_in_place),
     ("00_start_here", 2, rows_into_the_mask)])
 def test_an_answer_that_overwrites_its_input_fails(notebook, number, answer):
-    verdict = remote_judge(notebook, number, answer)
+    verdict = judge_answer(notebook, number, answer)
     assert verdict.status == FAIL and "in place" in verdict.message, verdict.line()
 
 
@@ -179,13 +179,13 @@ def test_check_seeds_are_fixed_in_a_notebook_and_fresh_per_grading_run(monkeypat
     assert len(seen) == 3 and 60 not in seen
 
 
-def test_the_kernel_environment_is_an_allow_list(monkeypatch):
+def test_the_judge_environment_is_an_allow_list(monkeypatch, tmp_path):
     from mamba_edu.exercises.core import SEED_VARIABLE
-    from mamba_edu.exercises.remote import kernel_environment
+    from mamba_edu.exercises.grader import judge_environment
     monkeypatch.setenv("GITHUB_TOKEN", "ghp_secret")
     monkeypatch.setenv(SEED_VARIABLE, "12345")
     monkeypatch.setenv("PATH", "/usr/bin")
-    env = kernel_environment()
+    env = judge_environment(tmp_path / "package", tmp_path / "private")
     assert env["PATH"] == "/usr/bin" and "GITHUB_TOKEN" not in env and SEED_VARIABLE not in env
 
 
@@ -210,6 +210,6 @@ def windows_from_a_thread(batch, rows, conv_width):
 
 @pytest.mark.parametrize("answer", [windows_from_a_saved_reference, windows_from_a_thread])
 def test_a_forbidden_function_is_absent_however_it_is_reached(answer):
-    verdict = remote_judge(nb06.NOTEBOOK, 1, answer)
+    verdict = judge_answer(nb06.NOTEBOOK, 1, answer)
     assert verdict.status == FAIL, verdict.line()
     assert _tracking.sglang_track_metadata is _SAVED and _SAVED(BATCH, 4) is not None  # put back after

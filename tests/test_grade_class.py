@@ -17,7 +17,7 @@ import pytest
 from mamba_edu import _cli_grade
 from mamba_edu.exercises import classroom
 from mamba_edu.exercises.core import FAIL, NOT_DONE, PASS, REGISTRY
-from mamba_edu.exercises.grader import ExerciseResult, NotebookResult
+from mamba_edu.exercises.core import ExerciseResult, NotebookResult
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"

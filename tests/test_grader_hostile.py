@@ -3,7 +3,9 @@ that notebook alone. The notebooks are in tests/hostile_notebooks/<cheat>/<stem>
 
 The cheats that cannot touch one another are graded in one class-mode run (issue 37: one student
 per cheat, two at a time) and each test reads its student's part of the report; what needs a
-folder, a package or a process of its own is graded in a run of its own."""
+folder, a package or a process of its own is graded in a run of its own. A notebook written to
+fake its results inside its own judge process (patching the checks, reading their frames) is not
+stopped, and docs/teaching.md says so (:func:`test_the_docs_say_what_is_not_guaranteed`)."""
 
 import json
 import os
@@ -44,19 +46,13 @@ def _bwrap_works() -> bool:
                           capture_output=True).returncode == 0
 
 
-# --- the grader is not a boundary (it is now) -----------------------------------------------
+# --- answers that are not the learner's own, and printed verdicts ----------------------------
 
 CHEATS = {
     # cheat folder: a phrase one of its verdicts must carry (None: the stubs stay "not done")
-    "patch_grade_namespace": None,
     "pre_run_cell_fake_marker": None,
-    "wrap_json_dumps": None,
-    "package_answers": "the package's own mamba_edu.gdn.gating.l2norm",
-    "tensor_subclass": "expected plain torch.Tensor",
-    "frame_reading": "relative error",
-    "exec_solutions": "not defined in a cell of the notebook",
-    "exec_solutions_wrapped": "runs code that is not in the notebook's cells",
-    "triton_stand_in_and_oracles": "a stand-in for a Triton kernel",
+    "package_answers": "the answer calls mamba_edu.gdn.gating",
+    "triton_stand_in_and_oracles": "not a Triton kernel",
     "private_oracle_nb00": "the answer calls mamba_edu.exercises.nb00",
     "sync_sniffer_off": "np.asarray",
 }
@@ -66,17 +62,12 @@ CHEATS = {
 def shared_run(tmp_path_factory):
     """Every cheat of CHEATS a student of one class folder (named after the cheat), graded once.
     Two at a time is safe: none of them writes outside its throwaway copy, edits a file of the
-    package, signals a process or leaves the kernel (the cheats that do — write_outside,
+    package, signals a process or ends its judge (the cheats that do — write_outside,
     delete_solutions, edit_package, kill_grader, os_exit, exit_call, endless_loop — are graded in
-    runs of their own below), and each notebook has its own worker, kernel and package copy.
-    The exec cheats look for the solutions next to the package; the grader's private copy of the
-    package has none, so a file in their folder tells them where the repository's are (the
-    others never read it)."""
+    runs of their own below), and each notebook has its own judge and package copy."""
     cls = tmp_path_factory.mktemp("hostile") / "class"
     for cheat in CHEATS:
         shutil.copytree(HOSTILE / cheat, cls / cheat)
-        if cheat.startswith("exec_solutions"):  # the kernel inherits no variable to carry it
-            (cls / cheat / "solutions_path.txt").write_text(str(SOLUTIONS))
     result, report = _grade(cls, "--timeout", "120", "--jobs", "2")
     assert report is not None, result.stderr[-3000:]
     assert sorted(s["student"] for s in report["students"]) == sorted(CHEATS), report["students"]
@@ -102,9 +93,6 @@ def test_each_cheat_scores_zero(cheat, shared_run):
     student, mine = _submitted(students, cheat)
     assert student["points"] == 0 and sum(nb["passed"] for nb in mine) == 0, student
     assert sum(nb["total"] for nb in mine) >= 2, mine
-    if cheat == "wrap_json_dumps":  # its kernel's own messages break: the notebook gets 0
-        assert mine[0]["status"] == "zero", mine
-        return
     assert all(nb["status"] == "graded" for nb in mine), mine
     if CHEATS[cheat]:
         assert any(CHEATS[cheat] in m for m in _messages(mine)), _messages(mine)
@@ -114,12 +102,21 @@ def test_each_cheat_scores_zero(cheat, shared_run):
 
 def test_more_cheat_verdicts(shared_run):
     """The other half of two cheat notebooks: a wrapper that calls the package's function, and
-    the private oracle of notebook 03 (what _expected_counts calls is refused, by name)."""
+    the private oracle of notebook 03 (absent while the answer runs, so the call is named)."""
     _, students = shared_run
     _, mine = _submitted(students, "package_answers")
     assert "the answer calls mamba_edu.gdn.gating" in _messages(mine)[1]
     _, mine = _submitted(students, "triton_stand_in_and_oracles")
-    assert "mamba_edu.exercises.nb03" in _messages(mine)[1]
+    assert "the answer calls mamba_edu.exercises.nb03" in _messages(mine)[1]
+
+
+def test_the_docs_say_what_is_not_guaranteed():
+    """A notebook that fakes its own results inside its judge (patching the checks, reading the
+    check's frames, returning a tensor subclass that compares equal) is not stopped: the judge runs
+    the notebook in its own process. docs/teaching.md says so, and where to grade instead."""
+    text = " ".join((ROOT / "docs" / "teaching.md").read_text().split())
+    assert "**Not guaranteed:** a notebook written to fake its own results inside its judge process" in text
+    assert "the container recipe below" in text
 
 
 # --- a notebook can do damage (it cannot any more, or it costs it its grade) -----------------
@@ -134,7 +131,7 @@ def test_writes_land_in_the_throwaway_copy(tmp_path):
 
 
 def test_a_notebook_that_edits_the_package_gets_zero_and_the_next_one_is_safe(tmp_path):
-    """The notebook appends an always-pass judge to exercises/core.py; it edits the grader's
+    """The notebook appends an always-pass judge to exercises/core.py; it edits its judge's
     private copy, gets 0, and the next learner's untouched notebook still scores 0 (run on a copy
     of the package, so that even a failure here leaves the repository alone)."""
     site = tmp_path / "site"
@@ -213,7 +210,7 @@ def test_failure_modes_cost_their_notebook_alone(tmp_path):
 
     expect("00_start_here", "zero", "died")
     expect("01_gated_deltanet_recurrence", "graded", passed="all")
-    expect("02_chunked_prefill", "zero", "died")
+    expect("02_chunked_prefill", "zero", "code cell 1 raised SystemExit")
     expect("03_triton_kernels", "refused", "03_triton_kernels.ipynb is a symbolic link")
     expect("04_varlen_batches_and_conv", "refused", "04_varlen_batches_and_conv.ipynb is not a JSON notebook")
     expect("05_state_pool_and_prefix_cache", "graded", passed="all")

@@ -182,16 +182,16 @@ def student_folder(tmp: Path) -> Path:
 def library_probes():
     """(name, call, expected exception types, fragments) for the grading library's entry points."""
     from mamba_edu.exercises import classroom
-    from mamba_edu.exercises.containment import KernelLimits
+    from mamba_edu.exercises.containment import JudgeLimits
     return [
         ("grade_class jobs=0", lambda t: classroom.grade_class(student_folder(t), 60, jobs=0), ValueError,
          [r"jobs", r"got 0", r"at least 1"]),
         ("grade_class missing folder", lambda t: classroom.grade_class(t / "no-such", 60), ValueError,
          [r"no-such", r"no such folder"]),
-        ("KernelLimits memory=-1", lambda t: KernelLimits(memory=-1), ValueError, [r"memory", r"got -1", r"at least"]),
-        ("KernelLimits cpu_seconds=0", lambda t: KernelLimits(cpu_seconds=0), ValueError,
+        ("JudgeLimits memory=-1", lambda t: JudgeLimits(memory=-1), ValueError, [r"memory", r"got -1", r"at least"]),
+        ("JudgeLimits cpu_seconds=0", lambda t: JudgeLimits(cpu_seconds=0), ValueError,
          [r"cpu_seconds", r"got 0", r"at least"]),
-        ("KernelLimits tasks=0", lambda t: KernelLimits(tasks=0), ValueError, [r"tasks", r"got 0", r"at least"]),
+        ("JudgeLimits tasks=0", lambda t: JudgeLimits(tasks=0), ValueError, [r"tasks", r"got 0", r"at least"]),
     ]
 
 

@@ -12,7 +12,7 @@ The conventions instructors know from nbgrader and otter-grader:
 - one CSV row per (student, exercise) for the grade book, one feedback file per student.
 
 Each notebook is still graded by :func:`~mamba_edu.exercises.grader.grade_paths`, in its own
-worker process; ``jobs`` students are graded at a time, each in a thread of this process.
+judge process; ``jobs`` students are graded at a time, each in a thread of this process.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mamba_edu.exercises import core
-from mamba_edu.exercises.containment import KernelLimits
-from mamba_edu.exercises.grader import REPO_DIR, ExerciseResult, NotebookResult, grade_paths, notebooks_in
+from mamba_edu.exercises.containment import JudgeLimits
+from mamba_edu.exercises.core import ExerciseResult, NotebookResult
+from mamba_edu.exercises.grader import REPO_DIR, grade_paths
 
 CSV_COLUMNS = ("student", "notebook", "exercise", "title", "status", "points", "max_points", "message")
 
@@ -67,6 +68,16 @@ def misnamed_reason(name: str) -> str:
 def score(points: int, max_points: int) -> str:
     """``2/28 (7 %)``."""
     return f"{points}/{max_points} ({100 * points / max_points if max_points else 0:.0f} %)"
+
+
+def notebooks_in(path: Path) -> list[Path]:
+    """``path`` itself if it names a notebook, else the entries directly inside it whose names end
+    in ``.ipynb`` (files or not), sorted."""
+    if path.suffix == ".ipynb" and (path.is_symlink() or not path.is_dir()):
+        return [path]
+    if path.is_dir():
+        return sorted(p for p in path.iterdir() if p.name.endswith(".ipynb"))
+    return []
 
 
 # --- one student ------------------------------------------------------------------------------
@@ -135,11 +146,11 @@ def _summary(result: NotebookResult) -> str:
 
 
 def grade_student(student: str, path: Path, timeout: int, sandbox: bool = False, progress=_silent,
-                  fixed_denominator: bool = True, limits: KernelLimits | None = None) -> StudentReport:
+                  fixed_denominator: bool = True, limits: JudgeLimits | None = None) -> StudentReport:
     """Grade the notebooks at ``path`` (a folder or one notebook) as ``student``'s, calling
     ``progress(line)`` as each notebook starts and ends. ``fixed_denominator``: every course
     notebook is reported, those not submitted as missing; else only what was submitted.
-    ``limits``: each kernel's (None: :class:`KernelLimits`' defaults)."""
+    ``limits``: each judge's (None: :class:`JudgeLimits`' defaults)."""
     gradable, wrong = submitted(path)
     for result in wrong:
         progress(f"[{student}] {result.file}: {result.reason}")
@@ -175,8 +186,8 @@ def students_in(class_dir: Path) -> tuple[list[Path], list[StudentReport]]:
 
 
 def grade_class(class_dir: Path, timeout: int, sandbox: bool = False, jobs: int = 1,
-                progress=_silent, limits: KernelLimits | None = None) -> list[StudentReport]:
-    """Grade every student of ``class_dir``, ``jobs`` at a time, sorted by student id, each kernel
+                progress=_silent, limits: JudgeLimits | None = None) -> list[StudentReport]:
+    """Grade every student of ``class_dir``, ``jobs`` at a time, sorted by student id, each judge
     under ``limits`` (None: the defaults). Raises :class:`NothingToGrade` when it holds no
     student folder."""
     if type(jobs) is not int or jobs < 1:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mamba_edu.exercises._harness import METERED, metering
+from mamba_edu.exercises.absent import metering
 
 PASS, FAIL, NOT_DONE = "pass", "fail", "not done"
 
@@ -71,17 +71,44 @@ class Verdict:
         return f"{head}: {'PASS' if self.status == PASS else 'FAIL'} — {self.message}"
 
 
+@dataclass
+class ExerciseResult:
+    """One exercise as the grader reports it."""
+
+    number: int
+    title: str
+    status: str  # pass, fail, not done
+    message: str = ""
+
+
+@dataclass
+class NotebookResult:
+    """One notebook's grade. ``status``: ``graded``, ``zero`` (it ran, but something stopped
+    grading it: the reason says what) or ``refused`` (not run: a symbolic link, not a file, not
+    JSON); :mod:`~mamba_edu.exercises.classroom` adds ``missing`` (not submitted) and
+    ``misnamed`` (a notebook whose name is not the course's: not run, no exercises)."""
+
+    file: str
+    status: str
+    reason: str = ""
+    exercises: list[ExerciseResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> int:
+        return sum(e.status == "pass" for e in self.exercises) if self.status == "graded" else 0
+
+    @property
+    def total(self) -> int:
+        return len(self.exercises)
+
+
 REGISTRY: dict[str, dict[int, Exercise]] = {}
 
 
 #: What no answer may call: the checks and their private oracles.
 ALWAYS_FORBIDDEN = ("mamba_edu.exercises.core",) + tuple(
     f"mamba_edu.exercises.nb{n:02d}" for n in (*range(10), 12))
-
-
-class KernelDied(Exception):
-    """The learner's kernel died, timed out or raised a ``BaseException`` that is not an
-    ``Exception``: the grader gives the whole notebook 0 (never a verdict of one exercise)."""
 
 
 def exercise(notebook: str, number: int, title: str, *names: str, forbidden: tuple[str, ...] = ()):
@@ -105,19 +132,16 @@ def _not_done(err: BaseException) -> bool:
 
 
 def judge(ex: Exercise, *functions) -> Verdict:
-    """Run ``ex.check`` on the learner's ``functions`` and classify the outcome (never raises)."""
+    """Run ``ex.check`` on the learner's ``functions`` and classify the outcome; only a
+    ``BaseException`` that is not an ``Exception`` (``exit()``, ``KeyboardInterrupt``) passes."""
     try:
         message = ex.check(*functions)
-    except KernelDied:
-        raise
     except AssertionError as err:
         # testing.check words its errors "FAIL name: ..."; the verdict line says FAIL already
         return Verdict(ex, FAIL, str(err).removeprefix("FAIL ") or "the check failed")
     except Exception as err:  # the learner's code crashed: say where, without a long traceback
         if _not_done(err):
             return Verdict(ex, NOT_DONE)
-        if type(err).__name__ == "LearnerError":  # raised in the learner's kernel: says where itself
-            return Verdict(ex, FAIL, str(err))
         where = traceback.extract_tb(err.__traceback__)[-1]
         return Verdict(ex, FAIL, f"{type(err).__name__}: {err} (line {where.lineno} of {where.name})")
     return Verdict(ex, PASS, message)
@@ -138,20 +162,6 @@ def checker(notebook: str) -> Callable[..., None]:
         print(judge(lookup(notebook, number), *functions).line())
     check.__doc__ = f"Check exercise ``number`` of notebook {notebook} and print one line."
     return check
-
-
-def grade_namespace(notebook: str, namespace: dict) -> list[Verdict]:
-    """Judge every exercise of ``notebook`` with the functions found in ``namespace`` (the
-    notebook's globals after it ran). A missing function is a fail that names it."""
-    verdicts = []
-    for number in sorted(REGISTRY.get(notebook, {})):
-        ex = REGISTRY[notebook][number]
-        missing = [name for name in ex.names if name not in namespace]
-        if missing:
-            verdicts.append(Verdict(ex, FAIL, f"{', '.join(missing)} is not defined (did its cell run?)"))
-        else:
-            verdicts.append(judge(ex, *(namespace[name] for name in ex.names)))
-    return verdicts
 
 
 @dataclass
@@ -186,17 +196,10 @@ def observe(fn, *args, fake: bool = False, writes: tuple[int, ...] = (), metered
     exercise asks to write in place) must come back unchanged: an answer that overwrites its
     inputs fails, since the engine passes its own tensors. Every call of the package functions
     ``metered`` names (dotted), from any thread, is counted in ``metered_rows`` (the first run
-    only, not the data-less one). A function of the learner's kernel
-    (what the grader passes) is measured there:
-    :meth:`~mamba_edu.exercises.remote.RemoteFunction.observe`."""
+    only, not the data-less one)."""
     kept = {i: _tensors_of(a) for i, a in enumerate(args) if i not in writes}
     copies = {i: [t.clone() for t in ts] for i, ts in kept.items()}
-    if hasattr(type(fn), "observe") and type(fn).__name__ == "RemoteFunction":
-        seen = fn.observe(*args, fake=fake, **({METERED: metered} if metered else {}))
-        if metered:  # the harness sends the rows back with the result (see _harness._serve)
-            seen.result, seen.metered_rows = seen.result["result"], list(seen.result["rows"])
-    else:
-        seen = _observe_here(fn, args, fake, metered)
+    seen = _observe_here(fn, args, fake, metered)
     for i, ts in kept.items():
         if any(not _same(t, c) for t, c in zip(ts, copies[i])):
             raise AssertionError(f"the answer changed its argument {i + 1} in place; the checks pass "

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import types
 from contextlib import ExitStack
 from unittest import mock
 
@@ -49,14 +50,16 @@ def _require_triton(number: int) -> None:
 
 
 def _require_kernel(fn, name: str) -> None:
-    """A torch function (or a plain Python one) is not an answer to a kernel exercise."""
-    if type(fn).__name__ == "RemoteFunction":  # the grader's proxy: the kernel side checked the type
-        if fn.kind == "triton" or fn.refused:
-            return
-    elif type(fn) in (triton.runtime.jit.JITFunction, _INTERPRETED):
-        return
-    raise AssertionError(f"{name} is a {type(fn).__name__}, not a Triton kernel: decorate it "
-                         "with @triton.jit (the check launches it with its own grid)")
+    """A torch function (or a plain Python one) is not an answer to a kernel exercise, nor the
+    package's kernel or one that calls the package's kernel helpers. Triton runs a kernel from its
+    source, so the judge cannot make those absent: the names the kernel reads are checked here."""
+    if type(fn) not in (triton.runtime.jit.JITFunction, _INTERPRETED):
+        raise AssertionError(f"{name} is a {type(fn).__name__}, not a Triton kernel: decorate it "
+                             "with @triton.jit (the check launches it with its own grid)")
+    for used in [fn, *map(fn.fn.__globals__.get, fn.fn.__code__.co_names)]:
+        where = used.__name__ if isinstance(used, types.ModuleType) else getattr(used, "__module__", None) or ""
+        if where.startswith(("mamba_edu.kernels", "mamba_edu.exercises")):
+            raise AssertionError(f"{name} calls {where}, which this exercise asks you to write yourself")
 
 
 # ---------------------------------------------------------------------------------------------

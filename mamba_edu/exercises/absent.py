@@ -1,0 +1,169 @@
+"""Package functions made absent, or metered, for one call of a learner's function.
+
+Both swap a function's code in place for a two-line template that calls a replacement kept in
+the function's module globals, so every route to the function changes at once: a reference taken
+earlier, a new name, a call from another thread. :func:`absent` makes the functions and torch ops
+an exercise forbids raise (the judge opens it around each call of an answer); :func:`metering`
+counts the rows of the first argument of every call (a check reads the tokens a scan was given).
+"""
+
+import contextlib
+import inspect
+import itertools
+import pkgutil
+import sys
+import types
+import warnings
+
+#: The modules that measure a call while it runs (the sync sniffer, the data-less run, the op
+#: recorder). Their methods are never made absent, and their functions run for them alone.
+INSTRUMENTS = frozenset({"mamba_edu.profiling.syncs", "mamba_edu.profiling.fake_device",
+                         "mamba_edu.exercises.core", "mamba_edu.probes"})
+
+_SLOTS = itertools.count()
+
+
+def _template(*args, **kwargs):
+    return __slot__(*args, **kwargs)  # noqa: F821 - the name is replaced by the swap's own slot
+
+
+def _functions(obj) -> list:
+    """The Python functions behind a name: a function, the methods of a class, every function and
+    method of a loaded module or package. Closures are left out (their code cannot be swapped), and
+    so are Triton kernels (the interpreter runs them from their source)."""
+    obj = getattr(obj, "__wrapped__", obj)
+    if isinstance(obj, (types.MethodType, classmethod, staticmethod)):
+        return _functions(obj.__func__)
+    if isinstance(obj, types.FunctionType):
+        return [] if obj.__code__.co_freevars else [obj]
+    if isinstance(obj, type):
+        return [f for member in vars(obj).values() if isinstance(member, (types.FunctionType, classmethod, staticmethod))
+                for f in _functions(member)]
+    if isinstance(obj, types.ModuleType):
+        modules = [m for name, m in list(sys.modules.items()) if m is not None and (
+            name == obj.__name__ or (hasattr(obj, "__path__") and name.startswith(obj.__name__ + ".")))]
+        return [f for module in modules for member in list(vars(module).values())
+                if getattr(member, "__module__", None) == module.__name__ for f in _functions(member)]
+    return []
+
+
+def _swap(function, make) -> tuple:
+    """Route every call of ``function`` to ``make(original)``, where ``original`` runs the old code.
+    Returns what :func:`_restore` needs to put it back."""
+    code = function.__code__
+    original = types.FunctionType(code, function.__globals__, function.__name__, function.__defaults__)
+    original.__kwdefaults__ = function.__kwdefaults__
+    slot = f"__mamba_edu_swap_{next(_SLOTS)}__"
+    function.__globals__[slot] = make(original)
+    function.__code__ = _template.__code__.replace(
+        co_names=(slot,), co_name=code.co_name, co_qualname=code.co_qualname,
+        co_filename=code.co_filename, co_firstlineno=code.co_firstlineno)
+    return function, code, slot
+
+
+def _restore(swapped: list) -> None:
+    for function, code, slot in reversed(swapped):  # the last swap first: a function swapped twice
+        function.__code__ = code
+        function.__globals__.pop(slot, None)
+
+
+def _raiser(dotted: str, called: list):
+    """``make`` for :func:`_swap`: a call records ``dotted`` in ``called`` and raises; a function of
+    an instrument called by an instrument (the sniffer's helpers, during the answer) still runs."""
+    def make(original):
+        instrument = original.__module__ in INSTRUMENTS
+
+        def raiser(*args, **kwargs):
+            if instrument and sys._getframe(2).f_globals.get("__name__") in INSTRUMENTS:
+                return original(*args, **kwargs)
+            called.append(dotted)
+            raise RuntimeError(f"{dotted} is not available in this exercise: write it yourself")
+        return raiser
+    return make
+
+
+def _aten_ops(obj, dotted: str) -> dict:
+    """The aten ops behind a forbidden torch name (``op name → dotted``): a builtin such as
+    ``torch.inverse``, or every builtin of a module such as ``torch.linalg`` (its
+    ``solve_triangular`` is ``aten::linalg_solve_triangular``)."""
+    import torch
+
+    if dotted.split(".")[0] != "torch":
+        return {}
+    members = list(vars(obj).values()) if isinstance(obj, types.ModuleType) else [obj]
+    return {f.__name__: dotted for f in members if isinstance(f, (types.BuiltinFunctionType, types.MethodDescriptorType))
+            and getattr(torch.ops.aten, f.__name__, None) is not None}
+
+
+def _ops_absent(ops: dict, called: list):
+    """Register, over the CPU and CUDA kernels of every aten op of ``ops``, one that records the
+    call and raises: the dispatcher serves every thread and route (``torch.linalg``, a method,
+    ``torch.ops.aten``). Returns the registrations, to destroy afterwards (None without ops)."""
+    import torch
+
+    if not ops:
+        return None
+
+    def raiser(op: str):
+        def absent_op(*args, **kwargs):
+            called.append(f"{ops[op]} ({op})")
+            raise RuntimeError(f"{op} is not available in this exercise: write it yourself")
+        return absent_op
+
+    library = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():  # "overriding a previously registered kernel": the point
+        warnings.simplefilter("ignore")
+        for op in ops:
+            for key in ("CPU", "CUDA"):
+                library.impl(op, raiser(op), key)
+    return library
+
+
+@contextlib.contextmanager
+def absent(forbidden):
+    """``with absent(dotted_names) as called:`` in the block, every package function and torch op
+    behind the names raises, and ``called`` lists those that were called. The methods of the
+    instruments stay (they run during the call)."""
+    called, functions, ops = [], {}, {}
+    for dotted in forbidden:
+        try:
+            obj = pkgutil.resolve_name(dotted)
+        except (ImportError, AttributeError):  # a name this version does not have cannot be called
+            continue
+        ops.update(_aten_ops(obj, dotted))
+        for f in _functions(obj):
+            if not (f.__module__ in INSTRUMENTS and "." in f.__qualname__):
+                functions.setdefault(f, dotted)
+    swapped = [_swap(f, _raiser(dotted, called)) for f, dotted in functions.items()]
+    library = _ops_absent(ops, called)
+    try:
+        yield called
+    finally:
+        _restore(swapped)
+        if library is not None:
+            library._destroy()
+
+
+def _counter(rows: list):
+    """``make`` for :func:`_swap`: a call appends the rows of its first argument to ``rows``."""
+    def make(original):
+        first = next(iter(inspect.signature(original).parameters))
+
+        def counted(*args, **kwargs):
+            x = args[0] if args else kwargs.get(first)
+            rows.append(len(x) if hasattr(x, "__len__") else 0)
+            return original(*args, **kwargs)
+        return counted
+    return make
+
+
+@contextlib.contextmanager
+def metering(names):
+    """``with metering(dotted_names) as rows:`` every call of the functions behind the names, from
+    any thread, appends the rows of its first argument (a packed ``[T, …]`` input: its tokens)."""
+    rows = []
+    swapped = [_swap(f, _counter(rows)) for name in names for f in _functions(pkgutil.resolve_name(name))]
+    try:
+        yield rows
+    finally:
+        _restore(swapped)

@@ -341,6 +341,7 @@ REFERENCE_RUNS = {
     "benchmarks/references_h100_multiseq.json": None,
     "benchmarks/references_h100_flashinfer.json": None,
     "benchmarks/references_h100_isolated.json": None,
+    "benchmarks/references_h100_staged.json": "benchmarks/pytest_gpu_2d84047_h100.log",
 }
 
 
@@ -608,31 +609,112 @@ o out, states read and written once).
 """
 
 
-def section_replay_overhead() -> str:
-    """Replay overhead by two instruments, same run (mamba_edu.benchmarks.replay)."""
-    rel = "bench/replay.json"
-    if not (DATA / rel).exists():
-        return ""
-    d = load(rel)
-    rows = [[f"`{r['case']}` (vocab {r['vocab']})", r["mode"], f(r["events_ms"], 4),
-             f(r["busy_ms"], 4), f(r["span_ms"], 4),
-             f"{100 * r['events_overhead']:.1f} (±{50 * r['events_overhead_spread']:.1f})",
-             f"{100 * r['span_overhead']:.1f} (±{50 * r['span_overhead_spread']:.1f})"]
-            for r in d["rows"]]
-    clocks = [x["sm_mhz"] for r in d["rows"] for x in r["rounds"] if x.get("sm_mhz")]
-    clock = f"SM clock {min(clocks):.0f}–{max(clocks):.0f} MHz" if clocks else "SM clock not read"
-    return f"""## Replay overhead, two instruments
+BREAKDOWN_RUNS = ("benchmarks/breakdown_h100.json", "benchmarks/breakdown_h100_flashinfer.json")
 
-The `fused` prefill captured whole (`graph`) and in SGLang's pieces (`piecewise`), the LM head
-sharded as tensor parallelism 8 shards it. *events*: ms per replay from CUDA events around
-{d['meta']['replays']} back-to-back replays; *busy* and *span*: one profiled replay of the same
-capture (union of kernel intervals; first kernel start to last kernel end). Overheads in % of
-busy, medians of {d['meta']['rounds']} rotated rounds (± half the spread). {clock}.
+
+def kernel_label(name: str) -> str:
+    """A kernel's name short enough for a table: FlashInfer's CuTe DSL class, TileLang's
+    function, inductor's fused ops, our Triton function."""
+    if m := re.search(r"([A-Z][A-Za-z0-9]*Sm90)_object", name):
+        return m.group(1)
+    if name.startswith("kernel_cutlass__kernel_"):
+        return f"CuTe elementwise ({name.count('tensorptrbf16')} bf16 tensors)"
+    if name.startswith("tilelang_"):
+        return name.removeprefix("tilelang_").removesuffix("_kernel_kernel")
+    if name.startswith("triton_"):
+        return "inductor: " + name.split("_fused_")[-1].rsplit("_", 1)[0].strip("_").replace("_", " ")
+    return name
+
+
+def section_breakdown() -> str:
+    """Where each prefill's time goes, kernel by kernel (mamba_edu.benchmarks.breakdown)."""
+    runs = [rel for rel in BREAKDOWN_RUNS if (DATA / rel).exists()]
+    if not runs:
+        return ""
+    rows, totals = [], []
+    cases = list(dict.fromkeys(r["case"] for rel in runs for r in load(rel)["rows"]))
+    for case in cases:
+        for rel in runs:
+            d = load(rel)
+            sms = d["meta"]["sm_count"]
+            for r in [r for r in d["rows"] if r["case"] == case]:
+                replay, counters = r["replay"].get("kernels", []), r["counters"].get("kernels", [])
+                by_name = {k["name"]: k for k in counters}
+                for k in replay:
+                    c = by_name.get(k["name"], {})
+                    fixed = [(k["us"], 1), (100 * k["share"], 0), (k.get("programs", 0) / sms, 2),
+                             (c.get("us"), 1), (c.get("dram_mb"), 0), (c.get("dram_tb_s"), 2),
+                             (c.get("dram_pct"), 0), (c.get("hmma_pct"), 0),
+                             (c.get("local_ld_st", 0) / 1e3, 0)]
+                    cells = ["–" if x is None else f"{x:.{digits}f}" for x, digits in fixed]
+                    rows.append([f"`{case}`", r["arm"], kernel_label(k["name"])] + cells[:3]
+                                + [str(k.get("registers", "–"))] + cells[3:])
+                totals.append([f"`{case}`", r["arm"], f(sum(k["us"] for k in replay), 1),
+                               str(len(replay)), f(sum(k.get("dram_mb", 0) for k in counters), 0)])
+    quick = "benchmarks/kernels_h100_quick.json"
+    side = ""
+    if (DATA / quick).exists():
+        res = {r["kind"]: r for r in load(quick)["results"]}
+        side = (f"\nIn the same session, on the same machine ([`data/{quick}`](../data/{quick})): decode of "
+                f"256 sequences at {res['decode']['ours_TBps']:.2f} TB/s of state traffic, and the "
+                f"`qwen3.5-tp8` 1×512 GDN layer (conv + prefill) at "
+                f"{1e3 * res['gdn_layer']['ours_graph_ms']:.1f} µs graph-replayed.\n")
+    return f"""## Where each prefill's time goes, kernel by kernel
+
+`python -m mamba_edu.benchmarks.breakdown` (and `--arms flashinfer`): two instruments, each in a
+process of its own per arm and shape, never mixed in one number. *replay µs* (per call), *% of
+arm*, *programs / SM* (the launch grid over the SM count) and *registers*: CUPTI through
+`torch.profiler` over 20 replays of the arm's CUDA graph. *ncu µs*, *DRAM MB* (read + written),
+*TB/s* (those bytes over ncu's own duration), *DRAM %* and *tensor %* (Nsight Compute's
+percentages of the DRAM peak and of the tensor pipe's, `sm__pipe_tensor_op_hmma_cycles_active`)
+and *spill k* (thousands of local-memory load and store instructions): Nsight Compute over one
+eager call, clocks left alone, L2 flushed before each kernel. The raw reports:
+[`data/benchmarks/breakdown_h100_ncu_raw.tar.gz`](../data/benchmarks/breakdown_h100_ncu_raw.tar.gz).
+What it shows is in [`docs/references.md`](references.md) ("Where the time goes, measured").
+
+{run_line(*runs)}
+
+{table(["shape", "arm", "replay µs", "kernels", "DRAM MB"], totals)}
+
+{table(["shape", "arm", "kernel", "replay µs", "% of arm", "programs / SM", "registers", "ncu µs",
+        "DRAM MB", "TB/s", "DRAM %", "tensor %", "spill k"], rows)}
+{side}"""
+
+
+REPLAY_RUNS = ("bench/replay.json", "bench/replay_h100.json")
+
+
+def section_replay_overhead() -> str:
+    """Replay overhead by two instruments, same run (mamba_edu.benchmarks.replay), per run."""
+    runs = [rel for rel in REPLAY_RUNS if (DATA / rel).exists()]
+    if not runs:
+        return ""
+    blocks = []
+    for rel in runs:
+        d = load(rel)
+        rows = [[f"`{r['case']}` (vocab {r['vocab']})", r["mode"], f(r["events_ms"], 4),
+                 f(r["busy_ms"], 4), f(r["span_ms"], 4),
+                 f"{100 * r['events_overhead']:.1f} (±{50 * r['events_overhead_spread']:.1f})",
+                 f"{100 * r['span_overhead']:.1f} (±{50 * r['span_overhead_spread']:.1f})"]
+                for r in d["rows"]]
+        clocks = [x["sm_mhz"] for r in d["rows"] for x in r["rounds"] if x.get("sm_mhz")]
+        clock = f"SM clock {min(clocks):.0f}–{max(clocks):.0f} MHz" if clocks else "SM clock not read"
+        blocks.append(f"""### {d['meta']['device']}, {d['meta']['date'][:10]} ({clock})
 
 {run_line(rel)}
 
 {table(["case", "mode", "events ms", "busy ms", "span ms", "(events − busy)/busy %", "(span − busy)/busy %"], rows)}
-"""
+""")
+    d = load(runs[0])
+    return f"""## Replay overhead, two instruments
+
+The `fused` prefill captured in each capture mode, the LM head sharded as tensor parallelism 8
+shards it. *events*: ms per replay from CUDA events around {d['meta']['replays']} back-to-back
+replays; *busy* and *span*: one profiled replay of the same capture (union of kernel intervals;
+first kernel start to last kernel end). Overheads in % of busy, medians of {d['meta']['rounds']}
+rotated rounds (± half the spread). Each run compares only within itself.
+
+{chr(10).join(blocks)}"""
 
 
 def section_prefill_experiments() -> str:
@@ -909,7 +991,7 @@ def section_other() -> str:
 
 def results_md() -> str:
     READ.clear()
-    sections = [section_targets(), section_ttft(), section_tests(), section_kernels(), section_references(), section_sm90_resources(), section_buckets(), section_stages(), section_capture_modes(), section_replay_overhead(),
+    sections = [section_targets(), section_ttft(), section_tests(), section_kernels(), section_references(), section_sm90_resources(), section_buckets(), section_stages(), section_breakdown(), section_capture_modes(), section_replay_overhead(),
                 section_prefill_experiments(),
                 section_layer_floor(), section_conv(), section_replay(), section_pdl(), section_serving(),
                 section_traces()]
@@ -1010,9 +1092,19 @@ def fastest_line() -> str:
     count, _, d, rows = max(runs, key=lambda run: run[:2], default=(0, 0, None, []))
     if not count:
         return ""
+    clause = _ratio_clause(d, rows, ";\nagainst the fastest reference")
+    # FlashInfer is the fastest where it ran: the newest run that timed it speaks too.
+    with_fi = [(run_d, run_rows) for _, _, run_d, run_rows in runs
+               if any(r["fastest_reference"] == "flashinfer" for r in run_rows)]
+    if with_fi and with_fi[-1][0] is not d:
+        clause += _ratio_clause(*with_fi[-1], ";\nand in the newest run with every reference arm")
+    return clause
+
+
+def _ratio_clause(d: dict, rows: list[dict], lead: str) -> str:
     ratios = [r["ratio_best"] for r in rows]
     names = " and ".join(sorted({r["fastest_reference"] for r in rows}))
-    return (f";\nagainst the fastest reference ({names}) they take {min(ratios):.2f}–{max(ratios):.2f}×"
+    return (f"{lead} ({names}) they take {min(ratios):.2f}–{max(ratios):.2f}×"
             f" on {len(rows)} shapes ({d['meta']['device']}, {d['meta']['date'][:10]})")
 
 

@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from mamba_edu.benchmarks import replay
 from mamba_edu.benchmarks.replay import main, overheads
 
 
@@ -33,5 +34,6 @@ def test_refuses_without_a_gpu(capsys):
 def test_replay_overheads_on_a_gpu(tmp_path):
     assert main(["--out", str(tmp_path / "r.json"), "--rounds", "1", "--replays", "5"]) == 0
     rows = json.loads((tmp_path / "r.json").read_text())["rows"]
-    assert {r["mode"] for r in rows} == {"graph", "piecewise"} and len(rows) == 6
+    assert [(r["case"], r["mode"]) for r in rows] == [
+        (f"{replay.PRESET} {len(n)}x{n[0]}", mode) for n in replay.CASES for mode in replay.MODES]
     assert all(r["busy_ms"] > 0 and r["span_ms"] >= r["busy_ms"] for r in rows)

@@ -280,7 +280,8 @@ def main(argv=None) -> int:
     from datetime import datetime, timezone
     result = dict(meta=dict(commit=commit_hash(), device=torch.cuda.get_device_name(),
                             date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                            torch=torch.__version__, clock_log=args.clock_log,
+                            torch=torch.__version__, triton=package_versions()["triton"],
+                            clock_log=args.clock_log,
                             versions=package_versions(), replays=REPLAYS, metrics=metrics,
                             sm_count=torch.cuda.get_device_properties(0).multi_processor_count),
                   rows=[])

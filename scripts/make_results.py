@@ -394,11 +394,12 @@ Our chunked prefill against the reference implementations, each checked against 
 reference first, timed by one instrument ({m['instrument']}, {m['rotate']} input copies per
 graph), arms alternated over the rounds; median ms per call and half the spread between rounds;
 `ratio_best` = ours / the fastest reference that agreed (the lab's arm is not a reference).
-Numbers compare only within a run. The runs before the last put all arms of a shape in one
-process, and a row that names an error lost that process (an illegal memory access: the graph
-captured first broke once FlashQLA's call was captured after it, [`docs/references.md`](references.md));
-the last run gives each arm a process of its own and loses none. How the references reach a
-machine without network: [`docs/references.md`](references.md).
+Numbers compare only within a run. The runs before `references_h100_isolated.json` put all arms
+of a shape in one process, and a row that names an error lost that process (an illegal memory
+access: the graph captured first broke once FlashQLA's call was captured after it,
+[`docs/references.md`](references.md)); the runs since give each arm a process of its own and
+lose none. How the references reach a machine without network:
+[`docs/references.md`](references.md).
 
 {chr(10).join(runs)}
 {section_lab_chunk_loop()}"""

@@ -632,8 +632,16 @@ def section_breakdown() -> str:
     runs = [rel for rel in BREAKDOWN_RUNS if (DATA / rel).exists()]
     if not runs:
         return ""
-    rows, totals = [], []
+    from mamba_edu.benchmarks.kernels import _stage_bytes
+    from mamba_edu.benchmarks.references import PRESETS as REFERENCE_PRESETS
+    rows, totals, model_mb = [], [], {}
     cases = list(dict.fromkeys(r["case"] for rel in runs for r in load(rel)["rows"]))
+    for rel in runs:  # our kernels' byte model (each tensor read or written once), per shape
+        for r in load(rel)["rows"]:
+            preset, shape = r["case"].split()
+            n, length = map(int, shape.split("x"))
+            H, HV = REFERENCE_PRESETS[preset]
+            model_mb[r["case"]] = {k: v / 1e6 for k, v in _stage_bytes(n * length, n, H, HV).items()}
     for case in cases:
         for rel in runs:
             d = load(rel)
@@ -648,8 +656,11 @@ def section_breakdown() -> str:
                              (c.get("dram_pct"), 0), (c.get("hmma_pct"), 0),
                              (c.get("local_ld_st", 0) / 1e3, 0)]
                     cells = ["–" if x is None else f"{x:.{digits}f}" for x, digits in fixed]
+                    stage = k["name"].removeprefix("chunk_").removesuffix("_kernel")
+                    model = model_mb.get(case, {}).get(stage) if r["arm"] == "ours" else None
                     rows.append([f"`{case}`", r["arm"], kernel_label(k["name"])] + cells[:3]
-                                + [str(k.get("registers", "–"))] + cells[3:])
+                                + [str(k.get("registers", "–"))] + cells[3:5]
+                                + ["–" if model is None else f"{model:.0f}"] + cells[5:])
                 totals.append([f"`{case}`", r["arm"], f(sum(k["us"] for k in replay), 1),
                                str(len(replay)), f(sum(k.get("dram_mb", 0) for k in counters), 0)])
     quick = "benchmarks/kernels_h100_quick.json"
@@ -666,7 +677,8 @@ def section_breakdown() -> str:
 process of its own per arm and shape, never mixed in one number. *replay µs* (per call), *% of
 arm*, *programs / SM* (the launch grid over the SM count) and *registers*: CUPTI through
 `torch.profiler` over 20 replays of the arm's CUDA graph. *ncu µs*, *DRAM MB* (read + written),
-*TB/s* (those bytes over ncu's own duration), *DRAM %* and *tensor %* (Nsight Compute's
+*model MB* (our kernels only: each tensor read or written once, the byte model of the section
+above), *TB/s* (the measured bytes over ncu's own duration), *DRAM %* and *tensor %* (Nsight Compute's
 percentages of the DRAM peak and of the tensor pipe's, `sm__pipe_tensor_op_hmma_cycles_active`)
 and *spill k* (thousands of local-memory load and store instructions): Nsight Compute over one
 eager call, clocks left alone, L2 flushed before each kernel. The raw reports:
@@ -678,7 +690,7 @@ What it shows is in [`docs/references.md`](references.md) ("Where the time goes,
 {table(["shape", "arm", "replay µs", "kernels", "DRAM MB"], totals)}
 
 {table(["shape", "arm", "kernel", "replay µs", "% of arm", "programs / SM", "registers", "ncu µs",
-        "DRAM MB", "TB/s", "DRAM %", "tensor %", "spill k"], rows)}
+        "DRAM MB", "model MB", "TB/s", "DRAM %", "tensor %", "spill k"], rows)}
 {side}"""
 
 

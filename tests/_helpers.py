@@ -116,3 +116,16 @@ def draw_prefill_case(data, lengths: list[int], heads: tuple[int, int]):
     chunks = [data.draw(st.integers(-1, -(-n // 64)), label=f"track chunk {i}") for i, n in enumerate(lengths)]
     inputs = random_prefill_inputs(lengths, H, HV, 16, 32, seed=data.draw(st.integers(0, 99)))
     return inputs, list(range(N)), (list(range(N, 2 * N)), chunks)
+
+
+def launch_prefill(fn, inputs, pool, lengths, slots, track, **kw):
+    """Run a prefill with the package's signature (``prefill_triton`` or a lab variant) with
+    checkpoints and tracking: ``(o, checkpoints, meta)``; ``track = (track slots, track chunks)``."""
+    from mamba_edu.kernels import build_chunk_meta_with_indices
+    meta, idx = build_chunk_meta_with_indices(lengths, inputs["q"].device, state_indices=slots,
+                                              track_slots=track[0], track_chunks=track[1])
+    q = inputs["q"]
+    o, ckpt = fn(q, inputs["k"], inputs["v"], inputs["g"], inputs["beta"], pool,
+                 idx["state_indices"], meta, q.shape[-1] ** -0.5, True, output_checkpoints=True,
+                 track_slots=idx["track_slots"], track_chunks=idx["track_chunks"], **kw)
+    return o, ckpt, meta

@@ -7,24 +7,13 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from mamba_edu import triton_interpreted
-from mamba_edu.kernels import build_chunk_meta_with_indices
 from mamba_edu.kernels.inputs import random_pool, random_prefill_inputs
 from mamba_edu.kernels.prefill import prefill_triton
 from mamba_edu.lab.chunk_loop import prefill_chunk_loop
 from mamba_edu.testing import rel_err
-from _helpers import check_prefill_against_reference, draw_prefill_case
+from _helpers import check_prefill_against_reference, draw_prefill_case, launch_prefill as _launch
 
 interpreted = pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1")
-
-
-def _launch(fn, inputs, pool, lengths, slots, track, **kw):
-    meta, idx = build_chunk_meta_with_indices(lengths, inputs["q"].device, state_indices=slots,
-                                              track_slots=track[0], track_chunks=track[1])
-    q = inputs["q"]
-    o, ckpt = fn(q, inputs["k"], inputs["v"], inputs["g"], inputs["beta"], pool,
-                 idx["state_indices"], meta, q.shape[-1] ** -0.5, True, output_checkpoints=True,
-                 track_slots=idx["track_slots"], track_chunks=idx["track_chunks"], **kw)
-    return o, ckpt, meta
 
 
 @interpreted

@@ -4,7 +4,7 @@
 #   scripts/gpu_references.sh [extra args for python -m mamba_edu.benchmarks.references]
 # Writes $OUT/references.json, $OUT/references.log, $OUT/imports.log and $OUT/gpu_clocks.csv.
 # STAGE_ONLY=1: install what this call carried and stop (the parts arrive over several calls).
-# REFS=0 skips the reference benchmark; BENCH_MODULE=mamba_edu.lab.bench_chunk_loop adds the lab arm; GPU_TESTS_S=N runs the GPU tests for at most N s;
+# REFS=0 skips the reference benchmark; BENCH_MODULE=mamba_edu.lab.bench_lab_arms adds the lab arm; GPU_TESTS_S=N runs the GPU tests for at most N s;
 # KERNELS_S=N runs bench-kernels (decode, conv, layer, host rows) for at most N s.
 # The package runs from .wS/src.tgz (git archive of a commit, .wS/commit names it) when carried.
 set -uo pipefail

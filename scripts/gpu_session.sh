@@ -19,7 +19,7 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu
 SMI=$!
 source "$HERE/gpu_step.sh"
 step pytest_gpu "${TESTS_S:-110}" python3 -m pytest tests -m gpu -q -p no:cacheprovider -o addopts="" -rfE
-step references "${REFS_S:-230}" python3 -m mamba_edu.lab.bench_chunk_loop --out $S/references.json \
+step references "${REFS_S:-230}" python3 -m mamba_edu.lab.bench_lab_arms --out $S/references.json \
     --arms "${ARMS:-ours,fla_triton,lab_chunk_loop}" --budget-s "${REFS_BUDGET:-150}"
 step ttft "${TTFT_S:-170}" python3 -m mamba_edu bench --out $S/bench --cases headline --repeats 7 \
     --warmup 2 --max-minutes 2.2

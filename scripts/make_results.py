@@ -406,7 +406,7 @@ lose none. How the references reach a machine without network:
 
 
 def section_lab_chunk_loop() -> str:
-    """The lab's one-program-per-sequence prefill, timed beside ours (mamba_edu.lab.bench_chunk_loop)."""
+    """The lab's one-program-per-sequence prefill, timed beside ours (mamba_edu.lab.bench_lab_arms)."""
     rel = "benchmarks/lab_chunk_loop.json"
     if not (DATA / rel).exists():
         return ""
@@ -425,7 +425,9 @@ same instrument and run as ours: {"; ".join(lines)}. It stays in the lab.
 """
 
 
-SM90_RUNS = ("benchmarks/sm90_resources.json", "benchmarks/sm90_resources_triton36.json")
+SM90_RUNS = ("benchmarks/sm90_resources.json", "benchmarks/sm90_resources_triton36.json",
+             "benchmarks/sm90_resources_scan_builds_wu.json")
+VARIANT_RUN = "benchmarks/sm90_resources_scan_builds_wu.json"
 
 
 def sm90_table(rel: str) -> str:
@@ -435,9 +437,11 @@ def sm90_table(rel: str) -> str:
         key = (r["arm"], r["kernel"], r["num_warps"], r["registers"], f"{r['spill_stores']} / {r['spill_loads']}",
                r["shared_bytes"], r["register_limited_programs_per_sm"], r["shared_limited_programs_per_sm"])
         groups.setdefault(key, []).append(f"`{r['case']}`")
-    order = {"chunk_prepare_kernel": 0, "chunk_scan_kernel": 1, "chunk_output_kernel": 2}
+    order = {"chunk_prepare_kernel": 0, "chunk_scan_kernel": 1, "chunk_output_kernel": 2,
+             "prepare_t_kernel": 0, "scan_t_kernel": 1}
     rows = [list(k) + [", ".join(cases)]
-            for k, cases in sorted(groups.items(), key=lambda kv: (kv[0][0] != "ours", order.get(kv[0][1], 3)))]
+            for k, cases in sorted(groups.items(), key=lambda kv: (kv[0][0] != "ours", kv[0][0] != "lab_scan_builds_wu",
+                                                                   kv[0][0], order.get(kv[0][1], 3)))]
     m = d["meta"]
     return f"""### Triton {m['triton']}, torch {m['torch']}, {m['ptxas']}
 
@@ -463,6 +467,47 @@ spill bytes per thread, shared memory per program, and how many programs of it f
 Triton: the pinned one on a CPU, and the GPU machine's (compiled there, not run).
 
 {chr(10).join(runs)}"""
+
+
+def section_variant_prediction() -> str:
+    """What the lab's scan_builds_wu should do on a GPU, from its byte model and the H100 breakdown."""
+    if not (DATA / VARIANT_RUN).exists() or not (DATA / BREAKDOWN_RUNS[0]).exists():
+        return ""
+    model: dict = {}
+    for r in load(VARIANT_RUN)["rows"]:
+        if r.get("model_mb") is not None:
+            model.setdefault(r["case"], {}).setdefault(r["arm"], []).append(r["model_mb"])
+    measured = {}
+    for rel in BREAKDOWN_RUNS:
+        for r in load(rel)["rows"]:
+            measured[(r["case"], r["arm"])] = sum(k["us"] for k in r["replay"].get("kernels", []))
+    stages = {r["case"]: [k["us"] for k in r["replay"]["kernels"]]
+              for r in load(BREAKDOWN_RUNS[0])["rows"] if r["arm"] == "ours"}
+    rows = []
+    for case, arms in model.items():
+        ours, variant = sum(arms["ours"]), sum(arms["lab_scan_builds_wu"])
+        cells = [f"`{case}`", f(ours, 0), f(variant, 0), f(variant / ours, 3)]
+        if case in stages and len(stages[case]) == 3:  # each kernel's time scaled by its bytes
+            guess = sum(us * v / o for us, v, o in zip(stages[case], arms["lab_scan_builds_wu"], arms["ours"]))
+            fi = measured.get((case, "flashinfer"))
+            cells += [f(sum(stages[case]), 1), f(guess, 1), "–" if fi is None else f(guess / fi, 2)]
+        else:
+            cells += ["–"] * 3
+        rows.append(cells)
+    return f"""## The next candidate, predicted: W and U built in the scan (lab, never timed)
+
+`mamba_edu.lab.scan_builds_wu`: the preparation kernel writes the chunk's inverse T and β instead
+of W and U, and the scan forms W and U per chunk. *model MB*: each tensor read or written once,
+bf16, all three kernels ([`data/{VARIANT_RUN}`](../data/{VARIANT_RUN}), which also holds their
+registers and spills, in the table above). *predicted µs*: each of our kernels' H100 replay time
+from the breakdown, scaled by its kernel's model bytes (the output kernel is unchanged): what the
+variant takes **if its time follows its bytes as ours does**, and over FlashInfer's measured time.
+A prediction to test, not a measurement: the scan does two more products per chunk on its serial
+path, which the model does not count. The GPU command is in `docs/references.md`.
+
+{table(["shape", "ours model MB", "variant model MB", "variant / ours", "ours µs (H100)",
+        "predicted µs", "predicted / FlashInfer"], rows)}
+"""
 
 
 def section_capture_modes() -> str:
@@ -1004,7 +1049,7 @@ def section_other() -> str:
 
 def results_md() -> str:
     READ.clear()
-    sections = [section_targets(), section_ttft(), section_tests(), section_kernels(), section_references(), section_sm90_resources(), section_buckets(), section_stages(), section_breakdown(), section_capture_modes(), section_replay_overhead(),
+    sections = [section_targets(), section_ttft(), section_tests(), section_kernels(), section_references(), section_sm90_resources(), section_variant_prediction(), section_buckets(), section_stages(), section_breakdown(), section_capture_modes(), section_replay_overhead(),
                 section_prefill_experiments(),
                 section_layer_floor(), section_conv(), section_replay(), section_pdl(), section_serving(),
                 section_traces()]

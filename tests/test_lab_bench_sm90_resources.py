@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from mamba_edu import triton_available
-from mamba_edu.lab.bench_sm90_resources import LOOP_CONFIGS, _describe, _rebuild, parse_ptxas
+from mamba_edu.benchmarks.kernels import _stage_bytes
+from mamba_edu.lab.bench_sm90_resources import (LOOP_CONFIGS, _describe, _rebuild, model_megabytes,
+                                                parse_ptxas, scan_builds_wu_bytes)
 
 PTXAS = ("ptxas info    : 0 bytes gmem\n"
          "ptxas info    : Compiling entry function 'k' for 'sm_90a'\n"
@@ -36,6 +38,28 @@ def test_a_report_without_both_lines_is_refused(text):
         parse_ptxas(text)
 
 
+@pytest.mark.parametrize("T,N,H,HV", [(512, 1, 2, 8), (8192, 1, 16, 32), (8192, 8, 16, 32), (4096, 16, 2, 8)])
+def test_the_variants_byte_model_differs_from_ours_by_w_u_against_t_and_beta(T, N, H, HV):
+    """scan_builds_wu writes and reads T [NT, HV, 64, 64] and β [T, HV] fp32 where ours writes
+    and reads W and U [T, HV, 128] (bf16); v's read moves from the preparation to the scan and the
+    output kernel is the same one."""
+    ours, variant = _stage_bytes(T, N, H, HV), scan_builds_wu_bytes(T, N, H, HV)
+    NT = T // 64 + N
+    w_u, t, beta = T * HV * 256 * 2, NT * HV * 64 * 64 * 2, T * HV * 4
+    assert variant["output"] == ours["output"]
+    assert ours["prepare"] - variant["prepare"] == w_u + T * HV * 128 * 2 - t - beta
+    assert ours["scan"] - variant["scan"] == w_u - t - beta - T * HV * 128 * 2
+    assert 0.75 < sum(variant.values()) / sum(ours.values()) < 0.85
+
+
+def test_the_byte_model_per_arm_and_case():
+    assert model_megabytes("qwen3-next 1x8192", "ours") == {
+        k: v / 1e6 for k, v in _stage_bytes(8192, 1, 16, 32).items()}
+    assert model_megabytes("qwen3.5-tp8 8x1024", "lab_scan_builds_wu") == {
+        k: v / 1e6 for k, v in scan_builds_wu_bytes(8192, 8, 2, 8).items()}
+    assert model_megabytes("qwen3-next 1x512", "lab_chunk_loop") == {}
+
+
 def test_arguments_rebuild_with_their_layout():
     base = torch.zeros(10, 6, dtype=torch.float16)
     for view in (base, base[:, 2:5], base[1:].t(), base.view(-1)[1:]):
@@ -59,10 +83,18 @@ def test_one_case_compiles_for_sm90(tmp_path):
     d = json.loads(out.read_text())
     assert {"commit", "date", "device", "torch", "triton", "ptxas"} <= set(d["meta"])
     kernels = [(r["arm"], r["kernel"]) for r in d["rows"]]
+    variant = "lab_scan_builds_wu"
     assert kernels == [("ours", "chunk_prepare_kernel"), ("ours", "chunk_scan_kernel"),
-                       ("ours", "chunk_output_kernel"), ("lab_chunk_loop", "chunk_loop_kernel")] + [
+                       ("ours", "chunk_output_kernel"), (variant, "prepare_t_kernel"),
+                       (variant, "scan_t_kernel"), (variant, "chunk_output_kernel"),
+                       ("lab_chunk_loop", "chunk_loop_kernel")] + [
         (f"lab_chunk_loop BV={bv} warps={w}", "chunk_loop_kernel") for bv, w in LOOP_CONFIGS]
-    for r, (bv, w) in zip(d["rows"][4:], LOOP_CONFIGS):  # the tiling asked for is the one compiled
+    model = {(r["arm"], r["kernel"]): r["model_mb"] for r in d["rows"][:6]}
+    assert model == {(arm, kernel): mb for arm in ("ours", variant)
+                     for kernel, mb in zip([k for a, k in kernels[:6] if a == arm],
+                                           model_megabytes("qwen3.5-tp8 1x512", arm).values())}
+    assert all(r["model_mb"] is None for r in d["rows"][6:])  # the chunk loop has no byte model
+    for r, (bv, w) in zip(d["rows"][7:], LOOP_CONFIGS):  # the tiling asked for is the one compiled
         assert r["num_warps"] == w and r["grid"][0] == 128 // bv
     for r in d["rows"]:
         assert 1 <= r["registers"] <= 255 and r["shared_bytes"] > 0 and r["num_warps"] >= 1

@@ -112,6 +112,6 @@ def test_the_import_reader_sees_every_form():
     assert {"mamba_edu.demo", "mamba_edu._cli", "mamba_edu.benchmarks", "mamba_edu._cli.say",
             "mamba_edu.__main__"} <= found
     assert all(is_face(m) for m in ("mamba_edu.demo", "mamba_edu._cli", "mamba_edu.benchmarks.ttft"))
-    assert is_face("mamba_edu.lab.bench_chunk_loop")
+    assert is_face("mamba_edu.lab.bench_lab_arms")
     assert not any(is_face(m) for m in ("mamba_edu._cli_helpers", "mamba_edu.demos", "mamba_edu.engine",
                                         "mamba_edu.lab.chunk_loop"))

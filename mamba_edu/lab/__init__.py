@@ -20,17 +20,23 @@ Modules (each built on the package's public kernels and helpers):
 - :mod:`.chunk_loop`: the whole prefill in one program per (V-tile, sequence, value head),
   chunk after chunk, with W, U, h and Ṽ kept in registers (the dataflow of FlashInfer's SM90
   prefill, without its warp specialisation). Slower than the three kernels on the H200
-  (``data/benchmarks/lab_chunk_loop.json``, timed by ``python -m mamba_edu.lab.bench_chunk_loop``
+  (``data/benchmarks/lab_chunk_loop.json``, timed by ``python -m mamba_edu.lab.bench_lab_arms``
   beside ours and the references).
+- :mod:`.scan_builds_wu`: the three kernels with the preparation writing the chunk's inverse T
+  instead of W and U, and the scan forming W and U per chunk: a fifth fewer bytes by the byte
+  model at the breakdown's shapes, two more products on the serial path. Never timed on a GPU;
+  its sm_90a resources and byte model are in ``data/benchmarks/sm90_resources_scan_builds_wu.json``.
 - :mod:`.prologue_gemms`: projections that compute the RMSNorm, SwiGLU or gated output norm in
   their own GEMM's prologue, one launch instead of two. Never timed against cuBLAS on a GPU.
 
 Tools that measure the lab beside the package (the benchmarks' face, also never imported):
 
-- :mod:`.bench_chunk_loop`: the reference benchmark with the chunk loop as one more arm.
-- :mod:`.bench_sm90_resources`: registers, spills and shared memory of the three kernels and of
-  the chunk loop's tilings, compiled for sm_90a without a GPU
-  (``data/benchmarks/sm90_resources*.json``): the chunk loop spills in every tiling tried.
+- :mod:`.bench_lab_arms`: the reference benchmark with the lab's prefills (the chunk loop, the
+  scan that builds W and U) as more arms.
+- :mod:`.bench_sm90_resources`: registers, spills and shared memory of the three kernels, of
+  ``scan_builds_wu``'s and of the chunk loop's tilings, compiled for sm_90a without a GPU, with
+  each kernel's byte model (``data/benchmarks/sm90_resources*.json``): the chunk loop spills in
+  every tiling tried.
 
 Tried and removed without a module here (their write-ups stay in ``data/``):
 

@@ -4,15 +4,19 @@
 (the reference benchmark's shapes, :data:`mamba_edu.benchmarks.references.CASES`) it
 
 1. runs the package's prefill (:func:`mamba_edu.kernels.gdn_prefill`, as the benchmark's ``ours``
-   arm calls it) and the lab's :func:`~mamba_edu.lab.chunk_loop.prefill_chunk_loop` (and, at the
-   first case, its other tilings :data:`LOOP_CONFIGS`) in the Triton interpreter, recording each
-   kernel launch's arguments instead of running it (a child process: the interpreter is chosen
-   when the kernels are imported);
+   arm calls it), the lab's :func:`~mamba_edu.lab.scan_builds_wu.prefill_scan_builds_wu` and
+   :func:`~mamba_edu.lab.chunk_loop.prefill_chunk_loop` (and, at the first case, its other
+   tilings :data:`LOOP_CONFIGS`) in the Triton interpreter, recording each kernel launch's
+   arguments instead of running it (a child process: the interpreter is chosen when the kernels
+   are imported);
 2. compiles every recorded launch for sm_90a in a second child (Triton's own compiler, no
    driver), with the fp16 tensors made bf16 (the interpreter refuses bf16; the GPU runs bf16);
 3. asks ``ptxas -v`` (shipped with Triton) for registers per thread and spill bytes, reads the
    shared memory from the compiled kernel, and says how many programs of it fit one SM by
-   registers (65,536) and by shared memory (228 KiB).
+   registers (65,536) and by shared memory (228 KiB);
+4. adds each kernel's byte model (``model_mb``: each tensor read or written once, bf16) for the
+   package's kernels and the ``scan_builds_wu`` variant: the DRAM bytes a GPU run should find
+   (:mod:`mamba_edu.benchmarks.breakdown` measures them), so a GPU minute tests a prediction.
 
 A kernel that spills, or fits one program per SM, is slow before it runs; a number here is a
 compile fact, not a timing. It is Triton's output on this machine (the version is
@@ -71,6 +75,7 @@ def record(cases: list[str]) -> list[dict]:
     from mamba_edu.kernels import build_chunk_meta_with_indices, gdn_prefill
     from mamba_edu.kernels.inputs import random_prefill_inputs
     from mamba_edu.lab.chunk_loop import prefill_chunk_loop
+    from mamba_edu.lab.scan_builds_wu import prefill_scan_builds_wu
 
     launches, where = [], {}
 
@@ -92,6 +97,9 @@ def record(cases: list[str]) -> list[dict]:
             pool = torch.zeros(len(lengths) + 1, HV, 128, 128)
             where.update(case=name, arm="ours")
             gdn_prefill(**x, state_pool=pool, meta=meta, **indices, backend="triton")
+            where.update(arm="lab_scan_builds_wu")
+            prefill_scan_builds_wu(x["q"], x["k"], x["v"], x["g"], x["beta"], pool,
+                                   indices["state_indices"], meta, 128 ** -0.5, True)
             for block_v, warps in [(None, 4)] + (LOOP_CONFIGS if name == cases[0] else []):
                 where.update(arm="lab_chunk_loop" if block_v is None else
                              f"lab_chunk_loop BV={block_v} warps={warps}")
@@ -101,6 +109,35 @@ def record(cases: list[str]) -> list[dict]:
     finally:
         InterpretedFunction.run = original
     return launches
+
+
+#: Which stage of a byte model each compiled kernel is (the package's three and the variant's two).
+STAGE_OF = {"chunk_prepare_kernel": "prepare", "chunk_scan_kernel": "scan",
+            "chunk_output_kernel": "output", "prepare_t_kernel": "prepare", "scan_t_kernel": "scan"}
+
+
+def scan_builds_wu_bytes(T: int, N: int, H: int, HV: int, act: int = 2) -> dict[str, int]:
+    """HBM bytes each kernel of :mod:`mamba_edu.lab.scan_builds_wu` moves at minimum (each tensor
+    read or written once, K = V = 128), in the form of the package's
+    :func:`~mamba_edu.benchmarks.kernels._stage_bytes` (the output kernel is the same one)."""
+    from mamba_edu.benchmarks.kernels import K, V, _stage_bytes
+    NT = T // 64 + N  # upper bound on the number of chunks
+    keys, inverse, h = T * H * K * act, NT * HV * 64 * 64 * act, NT * HV * K * V * act
+    prepare = 2 * keys + 4 * T * HV * 4 + inverse                      # k, g, β in; k̂, Γ, β, T out
+    scan = keys + inverse + T * HV * V * act + 2 * T * HV * 4          # k̂, T, v, Γ, β in
+    scan += 2 * N * HV * K * V * 4 + T * HV * V * act + h              # S in and out; Ṽ, h out
+    return {"prepare": prepare, "scan": scan, "output": _stage_bytes(T, N, H, HV, act)["output"]}
+
+
+def model_megabytes(case: str, arm: str) -> dict[str, float]:
+    """The byte model of ``arm`` (``ours`` or ``lab_scan_builds_wu``) at a reference ``case``, MB
+    per stage; empty for an arm without one (the chunk loop)."""
+    from mamba_edu.benchmarks.kernels import _stage_bytes
+    from mamba_edu.benchmarks.references import PRESETS
+    preset, shape = case.split()
+    n, length = map(int, shape.split("x"))
+    model = {"ours": _stage_bytes, "lab_scan_builds_wu": scan_builds_wu_bytes}.get(arm)
+    return {} if model is None else {k: v / 1e6 for k, v in model(n * length, n, *PRESETS[preset]).items()}
 
 
 def parse_ptxas(text: str) -> dict:
@@ -183,6 +220,8 @@ def main(argv=None) -> int:
         _child("compile", "0", paths[1], paths[2])
         with open(paths[2], "rb") as f:
             rows = pickle.load(f)
+    for r in rows:
+        r["model_mb"] = model_megabytes(r["case"], r["arm"]).get(STAGE_OF.get(r["kernel"]))
     import triton
     ptxas = subprocess.run([_ptxas_path(), "--version"], capture_output=True, text=True).stdout
     result = {"meta": {"commit": commit_hash(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -200,7 +239,8 @@ def main(argv=None) -> int:
         print(text)
     for r in rows:
         print(f"{r['case']:22} {r['arm']:15} {r['kernel']:22} warps {r['num_warps']} regs {r['registers']:3} "
-              f"spills {r['spill_stores']}/{r['spill_loads']} B smem {r['shared_bytes']}", file=sys.stderr)
+              f"spills {r['spill_stores']}/{r['spill_loads']} B smem {r['shared_bytes']}"
+              + ("" if r["model_mb"] is None else f" model {r['model_mb']:.0f} MB"), file=sys.stderr)
     return 0
 
 

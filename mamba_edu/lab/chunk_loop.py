@@ -22,7 +22,7 @@ the dataflow, not that overlap. With ``BV`` narrower than ``V`` the V-tiles of a
 step 1 (more programs, redundant work).
 
 Measured slower than the three kernels on the H200 (``data/benchmarks/lab_chunk_loop.json``,
-``python -m mamba_edu.lab.bench_chunk_loop``), so the package runs those. Tested equal to them and
+``python -m mamba_edu.lab.bench_lab_arms``), so the package runs those. Tested equal to them and
 to the reference in the interpreter (``tests/test_lab_chunk_loop.py``).
 """
 

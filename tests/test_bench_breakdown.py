@@ -64,3 +64,16 @@ def test_metrics_the_chip_does_not_list_are_left_out():
     names = bd.metric_names(listed)
     assert names == ["gpu__time_duration.sum", "dram__bytes_read.sum"]
     assert len(bd.metric_names(None)) == len(bd.NCU_METRICS)
+
+
+def test_an_unknown_arm_is_refused_before_anything_runs(capsys):
+    """The package's breakdown knows the references' arms; a lab arm needs the lab's entry point
+    (which passes its builders on to every child process)."""
+    from mamba_edu.benchmarks import breakdown
+    from mamba_edu.lab.bench_lab_arms import LAB_ARMS
+    with pytest.raises(SystemExit) as stop:
+        breakdown.main(["--arms", "ours,lab_scan_builds_wu"])
+    assert stop.value.code == 2 and "unknown arms ['lab_scan_builds_wu']" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        breakdown.main(["--arms", "nope"], extra_arms=LAB_ARMS, module="mamba_edu.lab.bench_lab_breakdown")
+    assert stop.value.code == 2 and "lab_scan_builds_wu" in capsys.readouterr().err

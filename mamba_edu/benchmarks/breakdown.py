@@ -14,7 +14,8 @@ Two instruments, each in a process of its own per arm and shape, and never mixed
   local-memory (register spill) instructions, and ncu's own percentages of the DRAM and
   tensor-pipe peaks. Achieved rates divide ncu's bytes and operations by ncu's duration only.
 
-Arms are :data:`references.ARMS` builders; ``--arms`` takes any of them. The result is
+Arms are :data:`references.ARMS` builders; ``--arms`` takes any of them
+(``python -m mamba_edu.lab.bench_lab_breakdown`` adds the lab's prefills). The result is
 ``DIR/breakdown.json`` plus each ncu report's raw CSV (``DIR/ncu_<arm>_<case>.csv``).
 """
 
@@ -170,11 +171,11 @@ def summarize_trace(events: list[dict], calls: int) -> list[dict]:
                  share=e["us"] / total) for e in by_name.values()]
 
 
-def _build(arm: str, case_name: str):
+def _build(arm: str, case_name: str, arms: dict):
     from mamba_edu.benchmarks import references
     shape = next(c for c in references.CASES if references.case_name(*c) == case_name)
     case = references._Case(*shape)
-    call, _, info = references.ARMS[arm](case)
+    call, _, info = arms[arm](case)
     return references, case, call, info
 
 
@@ -190,11 +191,11 @@ def _kernel_events(fn) -> list[dict]:
         return json.loads(trace.read_text())["traceEvents"]
 
 
-def run_replay(arm: str, case_name: str) -> dict:
+def run_replay(arm: str, case_name: str, arms: dict) -> dict:
     """The **replay** instrument, in this process: per-kernel figures over graph replays (over
     eager calls, marked so, should CUPTI report no kernel inside the replays)."""
     import torch
-    references, case, call, info = _build(arm, case_name)
+    references, case, call, info = _build(arm, case_name, arms)
     calls = REPLAYS * references.ROTATE
     with torch.inference_mode():
         graph = references._Graph(call)
@@ -209,12 +210,12 @@ def run_replay(arm: str, case_name: str) -> dict:
                 sm_count=torch.cuda.get_device_properties(0).multi_processor_count)
 
 
-def run_counted_call(arm: str, case_name: str) -> None:
+def run_counted_call(arm: str, case_name: str, arms: dict) -> None:
     """The **counters** target: warm up (compile, autotune), then one call of input copy 0
     between ``cudaProfilerStart`` and ``cudaProfilerStop`` (ncu runs with
     ``--profile-from-start off``)."""
     import torch
-    _, _, call, _ = _build(arm, case_name)
+    _, _, call, _ = _build(arm, case_name, arms)
     with torch.inference_mode():
         for _ in range(3):
             call(0)
@@ -225,17 +226,17 @@ def run_counted_call(arm: str, case_name: str) -> None:
         torch.cuda.profiler.stop()
 
 
-def _ncu(arm: str, case_name: str, out: Path, metrics: list[str], timeout: int) -> dict:
+def _ncu(arm: str, case_name: str, out: Path, metrics: list[str], timeout: int, module: str) -> dict:
     tag = f"{arm}_{case_name.replace(' ', '_')}"
     report = out / f"ncu_{tag}"
     command = ["ncu", "--profile-from-start", "off", "--clock-control", "none",
                "--target-processes", "all", "--metrics", ",".join(metrics), "-f", "-o", str(report),
-               sys.executable, "-m", MODULE, "--counted-call", arm, "--cases", case_name]
+               sys.executable, "-m", module, "--counted-call", arm, "--cases", case_name]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     (out / f"ncu_{tag}.log").write_text(done.stdout[-20000:] + done.stderr[-20000:])
     if done.returncode != 0:
         if len(metrics) > len(CORE_METRICS):  # a name the chip refuses: the three that matter
-            return dict(_ncu(arm, case_name, out, CORE_METRICS, timeout), fallback=True)
+            return dict(_ncu(arm, case_name, out, CORE_METRICS, timeout, module), fallback=True)
         return {"error": f"ncu exited {done.returncode}: " + (done.stdout + done.stderr).strip()[-300:]}
     raw = subprocess.run(["ncu", "--import", f"{report}.ncu-rep", "--csv", "--page", "raw",
                           "--print-units", "base"], capture_output=True, text=True, timeout=300)
@@ -243,8 +244,8 @@ def _ncu(arm: str, case_name: str, out: Path, metrics: list[str], timeout: int) 
     return {"kernels": summarize_counters(parse_ncu_raw(raw.stdout))}
 
 
-def _replay_subprocess(arm: str, case_name: str, timeout: int) -> dict:
-    done = subprocess.run([sys.executable, "-m", MODULE, "--replay", arm, "--cases", case_name],
+def _replay_subprocess(arm: str, case_name: str, timeout: int, module: str) -> dict:
+    done = subprocess.run([sys.executable, "-m", module, "--replay", arm, "--cases", case_name],
                           capture_output=True, text=True, timeout=timeout)
     for line in done.stdout.splitlines():
         if line.startswith("@@replay "):
@@ -252,8 +253,12 @@ def _replay_subprocess(arm: str, case_name: str, timeout: int) -> dict:
     return {"error": f"exited {done.returncode}: " + done.stderr.strip()[-300:]}
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mamba_edu.benchmarks.breakdown",
+def main(argv=None, extra_arms: dict | None = None, module: str = MODULE) -> int:
+    """The command line; ``extra_arms`` adds arms (name → builder, like :data:`references.ARMS`'s)
+    and ``module`` is what the children run with ``-m`` (a lab entry point that passes them)."""
+    from mamba_edu.benchmarks import references
+    table = references.ARMS | (extra_arms or {})
+    parser = argparse.ArgumentParser(prog=f"python -m {module}",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("breakdown"))
     parser.add_argument("--arms", default="ours,flashqla")
@@ -265,11 +270,13 @@ def main(argv=None) -> int:
     parser.add_argument("--replay", default=None, help=argparse.SUPPRESS)        # child
     parser.add_argument("--counted-call", default=None, help=argparse.SUPPRESS)  # child under ncu
     args = parser.parse_args(argv)
+    if unknown := [a for a in (args.replay or args.counted_call or args.arms).split(",") if a not in table]:
+        parser.error(f"unknown arms {unknown}; choose from {', '.join(table)}")
     if args.replay:
-        print("@@replay " + json.dumps(run_replay(args.replay, args.cases)), flush=True)
+        print("@@replay " + json.dumps(run_replay(args.replay, args.cases, table)), flush=True)
         return 0
     if args.counted_call:
-        run_counted_call(args.counted_call, args.cases)
+        run_counted_call(args.counted_call, args.cases, table)
         return 0
     from mamba_edu.benchmarks.references import commit_hash, package_versions
     import torch
@@ -288,9 +295,9 @@ def main(argv=None) -> int:
     for case_name in args.cases.split(","):
         for arm in args.arms.split(","):
             row = {"case": case_name, "arm": arm}
-            for key, run in (("replay", lambda: _replay_subprocess(arm, case_name, args.timeout_s)),
+            for key, run in (("replay", lambda: _replay_subprocess(arm, case_name, args.timeout_s, module)),
                              ("counters", lambda: _ncu(arm, case_name, args.out, metrics,
-                                                       args.timeout_s))):
+                                                       args.timeout_s, module))):
                 try:
                     row[key] = run()
                 except subprocess.TimeoutExpired:

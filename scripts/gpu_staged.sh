@@ -9,6 +9,9 @@
 #   STEP=3 (carry .wB: the second half) FlashInfer installed; the reference table on $CASES with
 #          every arm, then the breakdown of FlashInfer while $BUDGET_S lasts (BREAKDOWN_FI=0: none).
 #          Again with STEP=3 and no carry, on the same warm machine, for more $CASES.
+#   STEP=4 (no carry; after 1-3 for FlashInfer, else ARMS=ours,lab_scan_builds_wu) the lab's
+#          scan_builds_wu: its GPU test, timed beside ours (and FlashInfer) on the breakdown's
+#          shapes, then its per-kernel breakdown (docs/references.md, "A first step ...").
 # Each call writes $OUT/step<N>.tgz (logs and JSON) and prints the lines that matter.
 set -uo pipefail
 OUT=$(realpath -m "${OUT:-out}"); S=/tmp/step$STEP; rm -rf $S; mkdir -p $S /tmp/site /tmp/parts
@@ -50,6 +53,14 @@ case $STEP in
     left=$(( ${BUDGET_S:-560} - SECONDS ))
     [ "${BREAKDOWN_FI:-1}" = 1 ] && [ $left -gt 60 ] && TAIL=20 step breakdown_fi $left python3 -m mamba_edu.benchmarks.breakdown \
         --out $S --arms flashinfer --timeout-s 120 --clock-log benchmarks/breakdown_fi_clocks.csv ;;
+4)  BREAKDOWN_CASES="qwen3-next 1x8192,qwen3-next 8x1024,qwen3-next 1x32768,qwen3-next 8x4096"
+    step pytest_lab 120 python3 -m pytest tests/test_lab_scan_builds_wu.py -m gpu -q -p no:cacheprovider -o addopts=""
+    TAIL=20 step lab_arms 240 python3 -m mamba_edu.lab.bench_lab_arms --out $S/lab_arms.json \
+        --cases "$BREAKDOWN_CASES" --arms "${ARMS:-ours,lab_scan_builds_wu,flashinfer}" \
+        --clock-log benchmarks/lab_arms_clocks.csv
+    TAIL=20 step lab_breakdown 200 python3 -m mamba_edu.lab.bench_lab_breakdown --out $S \
+        --cases "$BREAKDOWN_CASES" --arms ours,lab_scan_builds_wu --timeout-s 100 \
+        --clock-log benchmarks/lab_breakdown_clocks.csv ;;
 esac
 kill $SMI
 rm -f $S/*.ncu-rep

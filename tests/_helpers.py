@@ -129,3 +129,53 @@ def launch_prefill(fn, inputs, pool, lengths, slots, track, **kw):
                  idx["state_indices"], meta, q.shape[-1] ** -0.5, True, output_checkpoints=True,
                  track_slots=idx["track_slots"], track_chunks=idx["track_chunks"], **kw)
     return o, ckpt, meta
+
+
+def compare_with_three_kernels(fn, dtype, slots=(0, 1, 2)):
+    """``fn`` (a prefill with the package's signature) against ``prefill_triton`` on one batch
+    with raw gate projections and the gated output norm inside (lengths 70, 1, 130; K = 16,
+    V = 32), tracked, from a random pool: asserts outputs, checkpoints and pools agree
+    (fp32 1e-5, else 5e-3) and returns ``(pool before, pool after fn)``."""
+    from mamba_edu.kernels.inputs import random_pool, random_prefill_inputs
+    from mamba_edu.kernels.prefill import prefill_triton
+    from mamba_edu.testing import rel_err
+    lengths, H, HV, K, V = [70, 1, 130], 2, 4, 16, 32
+    T, N = sum(lengths), len(lengths)
+    gen = torch.Generator().manual_seed(4)
+    inputs = random_prefill_inputs(lengths, H, HV, K, V, dtype=dtype, seed=2)
+    inputs["g"], inputs["beta"] = torch.randn(2, T, HV, generator=gen)  # raw a, b
+    gating = (torch.rand(HV, generator=gen) * 2, torch.randn(HV, generator=gen))
+    norm = (torch.randn(T, HV * V, generator=gen).to(dtype), torch.rand(V, generator=gen).to(dtype), 1e-6)
+    track = (list(range(N, 2 * N)), [1, 0, 2])
+    base = random_pool(2 * N + 1, HV, K, V)
+    runs = []
+    for prefill in (prefill_triton, fn):
+        pool = base.clone()
+        runs.append((*launch_prefill(prefill, inputs, pool, lengths, list(slots), track, gating=gating,
+                                     output_norm=norm)[:2], pool))
+    (o, ckpt, pool), (o2, ckpt2, pool2) = runs
+    tol = 1e-5 if dtype == torch.float32 else 5e-3
+    assert rel_err(o2.float(), o.float()) <= tol
+    assert rel_err(ckpt2, ckpt) <= tol and rel_err(pool2, pool) <= tol
+    return base, pool2
+
+
+def compare_with_three_kernels_on_gpu(fn, lengths, heads):
+    """``fn`` against ``prefill_triton`` in bf16 on the GPU (K = V = 128), each sequence tracked
+    at its first chunk boundary: outputs, checkpoints and pools within 1e-2."""
+    from mamba_edu.kernels.inputs import random_pool, random_prefill_inputs
+    from mamba_edu.kernels.prefill import prefill_triton
+    from mamba_edu.testing import rel_err
+    H, HV = heads
+    N = len(lengths)
+    inputs = random_prefill_inputs(lengths, H, HV, 128, 128, dtype=torch.bfloat16, device="cuda")
+    track = (list(range(N, 2 * N)), [min(1, -(-n // 64)) for n in lengths])
+    base = random_pool(2 * N + 1, HV, 128, 128, device="cuda")
+    runs = []
+    for prefill in (prefill_triton, fn):
+        pool = base.clone()
+        runs.append((*launch_prefill(prefill, inputs, pool, lengths, list(range(N)), track)[:2], pool))
+    torch.cuda.synchronize()
+    (o, ckpt, pool), (o2, ckpt2, pool2) = runs
+    assert rel_err(o2.float(), o.float()) <= 1e-2
+    assert rel_err(ckpt2, ckpt) <= 1e-2 and rel_err(pool2, pool) <= 1e-2

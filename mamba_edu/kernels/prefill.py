@@ -331,6 +331,36 @@ def state_slab(v0, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.co
 
 
 @triton.jit
+def scan_start(pool_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr, seq, hv, slab, slab_mask,
+               HV: tl.constexpr, HEAD: tl.constexpr, TRACK: tl.constexpr):
+    """Where a scan program's state lives: ``(S, state_ptr, has_state, track_ptr, track_chunk)``,
+    the start state ``S`` (its slab ``slab`` of the pool slot of sequence ``seq``, value head
+    ``hv``; zeros for a negative slot: a padded row, which writes no state, ``has_state`` false)
+    and, with ``TRACK``, the slab of its track slot and the chunk it is tracked at (else the
+    state's slab and −1: never)."""
+    slot = tl.load(state_idx_ptr + seq).to(tl.int64)
+    has_state = slot >= 0
+    state_ptr = pool_ptr + (tl.maximum(slot, 0) * HV + hv) * HEAD + slab
+    S = tl.load(state_ptr, mask=slab_mask & has_state, other=0.0)
+    track_ptr, track_chunk = state_ptr, -1
+    if TRACK:
+        track_chunk = tl.load(track_chunk_ptr + seq)
+        track_slot = tl.maximum(tl.load(track_slot_ptr + seq).to(tl.int64), 0)
+        track_ptr = pool_ptr + (track_slot * HV + hv) * HEAD + slab
+    return S, state_ptr, has_state, track_ptr, track_chunk
+
+
+@triton.jit
+def store_if_tracked(S, c, track_ptr, track_chunk, slab_mask, TRACK: tl.constexpr):
+    """Store ``S``, the state after ``c`` chunks, into the track slot if it is the tracked one."""
+    if TRACK:
+        # A branch, not a mask: a masked store would still move S through shared memory (into
+        # the store's layout) in every step.
+        if c == track_chunk:
+            tl.store(track_ptr, S, mask=slab_mask)
+
+
+@triton.jit
 def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool_ptr,
                   cu_ptr, chunk_off_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -347,24 +377,14 @@ def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h
 
     slab, slab_mask = state_slab(v0, K, V, BK, BV)
     HEAD = K * V
-    slot = tl.load(state_idx_ptr + seq).to(tl.int64)
-    has_state = slot >= 0  # a padded row (negative slot) starts from zeros and writes no state
-    state_ptr = pool_ptr + (tl.maximum(slot, 0) * HV + hv) * HEAD + slab
-    S = tl.load(state_ptr, mask=slab_mask & has_state, other=0.0)
-    if TRACK:
-        track_chunk = tl.load(track_chunk_ptr + seq)
-        track_slot = tl.maximum(tl.load(track_slot_ptr + seq).to(tl.int64), 0)
-        track_ptr = pool_ptr + (track_slot * HV + hv) * HEAD + slab
+    S, state_ptr, has_state, track_ptr, track_chunk = scan_start(
+        pool_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr, seq, hv, slab, slab_mask, HV, HEAD, TRACK)
 
     work = w_ptr.dtype.element_ty
     for c in range(0, n_chunks):
         tl.store(h_ptr + ((first_chunk + c) * HV + hv) * HEAD + slab,
                  S.to(h_ptr.dtype.element_ty), mask=slab_mask)
-        if TRACK:
-            # A branch, not a mask: a masked store would still move S through shared memory
-            # (into the store's layout) in every step.
-            if c == track_chunk:
-                tl.store(track_ptr, S, mask=slab_mask)
+        store_if_tracked(S, c, track_ptr, track_chunk, slab_mask, TRACK)
         t0 = bos + CHUNK * c
         k, w, u, gamma, gamma_last, valid = chunk_tiles(k_hat_ptr, w_ptr, u_ptr, gamma_ptr,
                                                         t0, eos, hk, hv, v0, H, HV, K, V, BK, BV)
@@ -372,9 +392,7 @@ def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h
         store_rows(v_new_ptr + hv * V, v_new, t0, eos, HV * V, v0, V, CHUNK, BV)
         S = advance_state(S, k, v_new, gamma, gamma_last, valid)
 
-    if TRACK:
-        if track_chunk == n_chunks:
-            tl.store(track_ptr, S, mask=slab_mask)
+    store_if_tracked(S, n_chunks, track_ptr, track_chunk, slab_mask, TRACK)
     tl.store(state_ptr, S, mask=slab_mask & has_state)
 
 

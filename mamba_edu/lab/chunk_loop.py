@@ -32,8 +32,8 @@ import triton.language as tl
 
 from mamba_edu.kernels.prefill import (CHUNK, G_FLOOR, _chunk_output, _gated_norm, _inverse_norm,
                                        _queries, advance_state, fp16_inverse, head_block,
-                                       invert_unit_lower, sequence_chunks, state_slab,
-                                       work_dtype)
+                                       invert_unit_lower, scan_start, sequence_chunks, state_slab,
+                                       store_if_tracked, work_dtype)
 from mamba_edu.kernels.tiles import gate_values, load_rows, store_rows
 
 
@@ -76,21 +76,15 @@ def chunk_loop_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_p
     v0 = i_v * BV
     slab, slab_mask = state_slab(v0, K, V, BK, BV)
     HEAD = K * V
-    state_ptr = pool_ptr + (tl.load(state_idx_ptr + seq).to(tl.int64) * HV + hv) * HEAD + slab
-    S = tl.load(state_ptr, mask=slab_mask, other=0.0)
-    if TRACK:
-        track_chunk = tl.load(track_chunk_ptr + seq)
-        track_slot = tl.maximum(tl.load(track_slot_ptr + seq).to(tl.int64), 0)
-        track_ptr = pool_ptr + (track_slot * HV + hv) * HEAD + slab
+    S, state_ptr, has_state, track_ptr, track_chunk = scan_start(
+        pool_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr, seq, hv, slab, slab_mask, HV, HEAD, TRACK)
 
     work = o_ptr.dtype.element_ty  # q's dtype = v's: the storage dtype of W, U, Ṽ
     r = tl.arange(0, CHUNK)
     for c in range(0, n_chunks):
         if CKPT:
             tl.store(ckpt_ptr + ((first_chunk + c) * HV + hv) * HEAD + slab, S, mask=slab_mask)
-        if TRACK:
-            if c == track_chunk:
-                tl.store(track_ptr, S, mask=slab_mask)
+        store_if_tracked(S, c, track_ptr, track_chunk, slab_mask, TRACK)
         t0 = bos + CHUNK * c
         valid = t0 + r < eos
         gamma, gamma_last, beta = _chunk_gates(g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, t0, eos,
@@ -116,10 +110,8 @@ def chunk_loop_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_p
         # Step 3: the state after the chunk.
         S = advance_state(S, k_hat.to(work), v_new, gamma, gamma_last, valid)
 
-    if TRACK:
-        if track_chunk == n_chunks:
-            tl.store(track_ptr, S, mask=slab_mask)
-    tl.store(state_ptr, S, mask=slab_mask)
+    store_if_tracked(S, n_chunks, track_ptr, track_chunk, slab_mask, TRACK)
+    tl.store(state_ptr, S, mask=slab_mask & has_state)
 
 
 def prefill_chunk_loop(q, k, v, g, beta, state_pool, state_indices, meta, scale, use_qk_l2norm,

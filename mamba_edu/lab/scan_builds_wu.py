@@ -28,8 +28,8 @@ import triton.language as tl
 
 from mamba_edu.kernels.prefill import (CHUNK, PREPARE_WARPS, _gates, _inverse_norm, advance_state,
                                        chunk_rows, fp16_inverse, head_block, invert_unit_lower,
-                                       launch_output, scan_config, sequence_chunks, state_slab,
-                                       work_dtype)
+                                       launch_output, scan_config, scan_start, sequence_chunks,
+                                       state_slab, store_if_tracked, work_dtype)
 from mamba_edu.kernels.tiles import load_rows, store_rows
 
 
@@ -75,23 +75,15 @@ def scan_t_kernel(k_hat_ptr, v_ptr, t_ptr, gamma_ptr, beta_ptr, v_new_ptr, h_ptr
     v0 = i_v * BV
     slab, slab_mask = state_slab(v0, K, V, BK, BV)
     HEAD = K * V
-    slot = tl.load(state_idx_ptr + seq).to(tl.int64)
-    has_state = slot >= 0
-    state_ptr = pool_ptr + (tl.maximum(slot, 0) * HV + hv) * HEAD + slab
-    S = tl.load(state_ptr, mask=slab_mask & has_state, other=0.0)
-    if TRACK:
-        track_chunk = tl.load(track_chunk_ptr + seq)
-        track_slot = tl.maximum(tl.load(track_slot_ptr + seq).to(tl.int64), 0)
-        track_ptr = pool_ptr + (track_slot * HV + hv) * HEAD + slab
+    S, state_ptr, has_state, track_ptr, track_chunk = scan_start(
+        pool_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr, seq, hv, slab, slab_mask, HV, HEAD, TRACK)
 
     work = t_ptr.dtype.element_ty
     r = tl.arange(0, CHUNK)
     for c in range(0, n_chunks):
         chunk = first_chunk + c
         tl.store(h_ptr + (chunk * HV + hv) * HEAD + slab, S.to(h_ptr.dtype.element_ty), mask=slab_mask)
-        if TRACK:
-            if c == track_chunk:
-                tl.store(track_ptr, S, mask=slab_mask)
+        store_if_tracked(S, c, track_ptr, track_chunk, slab_mask, TRACK)
         t0 = bos + CHUNK * c
         valid = t0 + r < eos
         gamma = tl.load(gamma_ptr + (t0 + r) * HV + hv, mask=valid, other=0.0)
@@ -106,9 +98,7 @@ def scan_t_kernel(k_hat_ptr, v_ptr, t_ptr, gamma_ptr, beta_ptr, v_new_ptr, h_ptr
         store_rows(v_new_ptr + hv * V, v_new, t0, eos, HV * V, v0, V, CHUNK, BV)
         S = advance_state(S, k, v_new, gamma, gamma_last, valid)
 
-    if TRACK:
-        if track_chunk == n_chunks:
-            tl.store(track_ptr, S, mask=slab_mask)
+    store_if_tracked(S, n_chunks, track_ptr, track_chunk, slab_mask, TRACK)
     tl.store(state_ptr, S, mask=slab_mask & has_state)
 
 

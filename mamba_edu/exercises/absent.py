@@ -27,23 +27,33 @@ def _template(*args, **kwargs):
     return __slot__(*args, **kwargs)  # noqa: F821 - the name is replaced by the swap's own slot
 
 
-def _functions(obj) -> list:
+def _loaded(names) -> list:
+    """The loaded modules ``(name, module)`` of the top-level packages of the dotted ``names``: read
+    once per block (``sys.modules`` holds thousands), so each forbidden package looks only there."""
+    roots = tuple({n.partition(".")[0] for n in names})
+    prefixes = tuple(root + "." for root in roots)
+    return [(name, m) for name, m in list(sys.modules.items())
+            if m is not None and (name in roots or name.startswith(prefixes))]
+
+
+def _functions(obj, loaded: list) -> list:
     """The Python functions behind a name: a function, the methods of a class, every function and
-    method of a loaded module or package. Closures are left out (their code cannot be swapped), and
-    so are Triton kernels (the interpreter runs them from their source)."""
+    method of a loaded module or package (``loaded``: :func:`_loaded`). Closures are left out
+    (their code cannot be swapped), and so are Triton kernels (the interpreter runs them from
+    their source)."""
     obj = getattr(obj, "__wrapped__", obj)
     if isinstance(obj, (types.MethodType, classmethod, staticmethod)):
-        return _functions(obj.__func__)
+        return _functions(obj.__func__, loaded)
     if isinstance(obj, types.FunctionType):
         return [] if obj.__code__.co_freevars else [obj]
     if isinstance(obj, type):
         return [f for member in vars(obj).values() if isinstance(member, (types.FunctionType, classmethod, staticmethod))
-                for f in _functions(member)]
+                for f in _functions(member, loaded)]
     if isinstance(obj, types.ModuleType):
-        modules = [m for name, m in list(sys.modules.items()) if m is not None and (
-            name == obj.__name__ or (hasattr(obj, "__path__") and name.startswith(obj.__name__ + ".")))]
+        base, package = obj.__name__, hasattr(obj, "__path__")
+        modules = [m for name, m in loaded if name == base or (package and name.startswith(base + "."))]
         return [f for module in modules for member in list(vars(module).values())
-                if getattr(member, "__module__", None) == module.__name__ for f in _functions(member)]
+                if getattr(member, "__module__", None) == module.__name__ for f in _functions(member, loaded)]
     return []
 
 
@@ -124,14 +134,14 @@ def absent(forbidden):
     """``with absent(dotted_names) as called:`` in the block, every package function and torch op
     behind the names raises, and ``called`` lists those that were called. The methods of the
     instruments stay (they run during the call)."""
-    called, functions, ops = [], {}, {}
+    called, functions, ops, loaded = [], {}, {}, _loaded(forbidden)
     for dotted in forbidden:
         try:
             obj = pkgutil.resolve_name(dotted)
         except (ImportError, AttributeError):  # a name this version does not have cannot be called
             continue
         ops.update(_aten_ops(obj, dotted))
-        for f in _functions(obj):
+        for f in _functions(obj, loaded):
             if not (f.__module__ in INSTRUMENTS and "." in f.__qualname__):
                 functions.setdefault(f, dotted)
     swapped = [_swap(f, _raiser(dotted, called)) for f, dotted in functions.items()]
@@ -162,7 +172,8 @@ def metering(names):
     """``with metering(dotted_names) as rows:`` every call of the functions behind the names, from
     any thread, appends the rows of its first argument (a packed ``[T, …]`` input: its tokens)."""
     rows = []
-    swapped = [_swap(f, _counter(rows)) for name in names for f in _functions(pkgutil.resolve_name(name))]
+    loaded = _loaded(names)
+    swapped = [_swap(f, _counter(rows)) for name in names for f in _functions(pkgutil.resolve_name(name), loaded)]
     try:
         yield rows
     finally:

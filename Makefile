@@ -52,13 +52,12 @@ endif
 demo: $(STAMP)
 	$(PY) -m mamba_edu demo
 
-# make test: every unit test of the package and nbval over the learner notebooks (the appendices 10
-# and 11 in make test-extra: 10 as its identical solutions twin, 11 starts two ranks), in about 5 min
+# make test: every unit test of the package and nbval over the learner notebooks, in about 5 min
 # on 2 cores, with no network, no second install and no multi-process test (tests marked `extra`):
 # two pytest processes side by side, one core each (scripts/run_tests.py).
 # make test-extra: the rest (nbval over notebooks/solutions, the no-Triton venv, the hostile-grader
-# corpus, the lab's kernel variants, 2-rank tensor parallelism, PyPI resolution, the learner copy's
-# own make test, browser, HTA); make test-all runs both. One torch thread per process: tiny tensors gain nothing from more,
+# corpus, 2-rank tensor parallelism, PyPI resolution, the learner copy's own make test, browser,
+# HTA); make test-all runs both. One torch thread per process: tiny tensors gain nothing from more,
 # and on a loaded machine they oversubscribe the cores. pytest exits 5 when it collects nothing;
 # that is not a failure of the code. -rs (pyproject's addopts) lists every skip with its reason.
 PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -p no:cacheprovider -q
@@ -68,7 +67,7 @@ test: $(STAMP)
 	$(PY) scripts/run_tests.py $(PYTEST_ARGS)
 
 test-extra: $(STAMP)
-	$(PYTEST) notebooks/solutions notebooks/11_appendix_tensor_parallel.ipynb $(NBVAL) $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PYTEST) notebooks/solutions $(NBVAL) $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(PYTEST) tests -m extra $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 test-all: test test-extra
@@ -103,7 +102,7 @@ help:
 	@echo "make setup      create .venv (Python >= 3.11) and install the pinned set; CPU-only torch without a GPU"
 	@echo "make demo       run the main job on the default device (python -m mamba_edu demo)"
 	@echo "make test       unit tests + nbval over the learner notebooks, about 5 min on 2 cores (skips listed with reasons)"
-	@echo "make test-extra the slower rest: solutions, no-Triton venv, hostile grading, lab variants, 2-rank TP, PyPI, learner copy"
+	@echo "make test-extra the slower rest: solutions, no-Triton venv, hostile grading, 2-rank TP, PyPI, learner copy"
 	@echo "make test-all   both, as CI (.ci/run) runs them"
 	@echo "make lab        open JupyterLab on the notebooks (works as root, no news pop-up)"
 	@echo "make notebooks  regenerate the learner notebooks from the solutions and execute both"

@@ -1,5 +1,4 @@
-"""``make test``: pytest over the unit tests and nbval over the learner notebooks (all but the two
-appendices of :data:`IN_EXTRA`), in two processes.
+"""``make test``: pytest over the unit tests and nbval over the learner notebooks, in two processes.
 
 The tests are single-threaded (``OMP_NUM_THREADS=1``: tiny tensors gain nothing from more threads,
 and on a loaded machine they oversubscribe the cores), so one process uses one core. This script
@@ -30,15 +29,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SECONDS_PER_TEST_KB = 0.25
 SECONDS_PER_NOTEBOOK_CELL = 0.4
 DURATIONS = ROOT / "tests" / "durations.json"
-#: Learner notebooks left to ``make test-extra``: notebook 10 runs there as its identical
-#: solutions twin, notebook 11 starts tensor-parallel ranks (make test runs no multi-process test).
-IN_EXTRA = ("10_appendix_kernel_lab.ipynb", "11_appendix_tensor_parallel.ipynb")
-
-
-def test_paths() -> list[Path]:
-    """What ``make test`` runs: every test file, and every learner notebook but :data:`IN_EXTRA`."""
-    notebooks = [p for p in sorted((ROOT / "notebooks").glob("*.ipynb")) if p.name not in IN_EXTRA]
-    return sorted((ROOT / "tests").glob("test_*.py")) + notebooks
 
 
 def measured() -> dict[str, float]:
@@ -84,7 +74,7 @@ def main(argv=None) -> int:
     parser.add_argument("--record", action="store_true",
                         help=f"measure each file's time and rewrite {DURATIONS.relative_to(ROOT)}")
     args, pytest_args = parser.parse_known_args(argv)
-    paths = test_paths()
+    paths = sorted((ROOT / "tests").glob("test_*.py")) + sorted((ROOT / "notebooks").glob("*.ipynb"))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     base = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--nbval-lax",
             "--nbval-current-env", "-m", "not extra", *pytest_args]

@@ -13,8 +13,6 @@ from mamba_edu.testing import rel_err
 from _helpers import check_prefill_against_reference, draw_prefill_case
 
 interpreted = pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1")
-# The lab's variants are not the default path: their tests run in make test-extra (and CI).
-pytestmark = pytest.mark.extra
 
 
 def _run(inputs, lengths, slots, track, HV, K, V, chained, device="cpu", pool=None):

@@ -14,8 +14,6 @@ from mamba_edu.testing import rel_err
 
 EPS = 1e-6
 interpreted = pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1")
-# The lab's variants are not the default path: their tests run in make test-extra (and CI).
-pytestmark = pytest.mark.extra
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 

@@ -13,8 +13,6 @@ from _helpers import (check_prefill_against_reference, compare_with_three_kernel
                       compare_with_three_kernels_on_gpu, draw_prefill_case, launch_prefill)
 
 interpreted = pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1")
-# The lab's variants are not the default path: their tests run in make test-extra (and CI).
-pytestmark = pytest.mark.extra
 
 
 @interpreted

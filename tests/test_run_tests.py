@@ -30,25 +30,6 @@ def test_measured_seconds_balance_the_halves_where_sizes_would_not():
 
 def test_every_file_make_test_runs_has_a_measured_time():
     durations = run_tests.measured()
-    files = run_tests.test_paths()
+    files = sorted((ROOT / "tests").glob("test_*.py")) + sorted((ROOT / "notebooks").glob("*.ipynb"))
     unmeasured = [p.name for p in files if p.relative_to(ROOT).as_posix() not in durations]
     assert len(unmeasured) <= len(files) // 4, f"rerun `python scripts/run_tests.py --record`: {unmeasured}"
-
-
-def _sources(path: Path) -> list:
-    import json
-    return [cell["source"] for cell in json.loads(path.read_text())["cells"]]
-
-
-def test_every_learner_notebook_runs_in_make_test_or_in_make_test_extra():
-    """A learner notebook make test leaves out runs in make test-extra: named on its nbval line,
-    or as a solutions twin with the same cells."""
-    in_make_test = {p.name for p in run_tests.test_paths() if p.suffix == ".ipynb"}
-    extra = next(line for line in (ROOT / "Makefile").read_text().splitlines()
-                 if "$(PYTEST) notebooks/solutions" in line)
-    notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))
-    left_out = [p for p in notebooks if p.name not in in_make_test]
-    assert {p.name for p in left_out} == set(run_tests.IN_EXTRA)
-    for p in left_out:
-        twin = ROOT / "notebooks" / "solutions" / p.name
-        assert f"notebooks/{p.name}" in extra or (twin.exists() and _sources(twin) == _sources(p)), p.name

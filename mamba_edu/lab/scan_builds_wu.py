@@ -2,8 +2,8 @@
 
 The H100 breakdown (``docs/references.md``, "Where the time goes") found our three kernels
 memory-bound, with the time following the DRAM bytes. The largest intermediates are
-``W [T, HV, K]`` and ``U [T, HV, V]``: kernel 1 writes them and kernel 2 reads them, four bytes
-per element each way in bf16. Both come from the 64 × 64 inverse of the chunk:
+``W [T, HV, K]`` and ``U [T, HV, V]``: kernel 1 writes them and kernel 2 reads them back (bf16,
+two bytes per element each way). Both come from the 64 × 64 inverse of the chunk:
 ``W = T(β e^Γ ⊙ K̂)`` and ``U = T(β ⊙ V)``. This variant stores ``T [NT, HV, 64, 64]`` and β
 instead, and the scan forms W and U per chunk from T, k̂ and v, in registers:
 

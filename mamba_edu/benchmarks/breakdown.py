@@ -14,8 +14,8 @@ Two instruments, each in a process of its own per arm and shape, and never mixed
   local-memory (register spill) instructions, and ncu's own percentages of the DRAM and
   tensor-pipe peaks. Achieved rates divide ncu's bytes and operations by ncu's duration only.
 
-Arms are :data:`references.ARMS` builders; ``--arms`` takes any of them
-(``python -m mamba_edu.lab.bench_lab_breakdown`` adds the lab's prefills). The result is
+Arms are :data:`references.ARMS` builders; ``--arms`` takes any of them (an entry point of its
+own may add more: :func:`main`'s ``extra_arms``). The result is
 ``DIR/breakdown.json`` plus each ncu report's raw CSV (``DIR/ncu_<arm>_<case>.csv``).
 """
 
@@ -255,7 +255,7 @@ def _replay_subprocess(arm: str, case_name: str, timeout: int, module: str) -> d
 
 def main(argv=None, extra_arms: dict | None = None, module: str = MODULE) -> int:
     """The command line; ``extra_arms`` adds arms (name → builder, like :data:`references.ARMS`'s)
-    and ``module`` is what the children run with ``-m`` (a lab entry point that passes them)."""
+    and ``module`` is what the children run with ``-m`` (the entry point that passes them)."""
     from mamba_edu.benchmarks import references
     table = references.ARMS | (extra_arms or {})
     parser = argparse.ArgumentParser(prog=f"python -m {module}",

@@ -35,7 +35,7 @@ COMMANDS = {
     "bench-buckets": ("mamba_edu.benchmarks.buckets",
                       "fresh-batch prefill: eager vs a captured token bucket in each capture mode "
                       "(needs a GPU)"),
-    "grade": ("mamba_edu._cli_grade", "execute submitted notebooks and grade their exercises"),
+    "grade": ("mamba_edu.grading.cli", "execute submitted notebooks and grade their exercises"),
     "trace": ("mamba_edu._cli_trace",
               "bubble summary and PNG timeline of any torch.profiler trace, offline"),
 }

@@ -3,7 +3,7 @@ help formatting, and argument checks that turn bad input into usage errors (exit
 work starts.
 
 Only the face imports this module (the command line, its command modules ``_cli_trace`` and
-``_cli_grade``, the demo and the benchmarks); the package never does (``tests/test_layering.py``).
+``grading.cli``, the demo and the benchmarks); the package never does (``tests/test_layering.py``).
 
 Kept free of torch imports so that ``--version`` and ``--help`` of the top level stay cheap.
 """

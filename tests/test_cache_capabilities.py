@@ -67,7 +67,7 @@ def test_a_deep_cache_needs_no_recursion():
 def test_read_regular_refuses_links_pipes_devices_and_folders_at_the_open(tmp_path):
     import os
 
-    from mamba_edu.exercises.containment import read_regular
+    from mamba_edu.grading.containment import read_regular
     (tmp_path / "nb.ipynb").write_bytes(b"{}")
     assert read_regular(tmp_path / "nb.ipynb") == b"{}"
     (tmp_path / "link.ipynb").symlink_to(tmp_path / "nb.ipynb")

@@ -271,7 +271,7 @@ def test_ctrl_c_exits_130_without_a_traceback(capsys, monkeypatch):
 
 
 def test_grade_without_nbformat_says_which_extra(capsys, monkeypatch, tmp_path):
-    from mamba_edu import _cli_grade
+    from mamba_edu.grading import cli as _cli_grade
 
     monkeypatch.setattr(_cli_grade, "missing_modules", lambda: ["nbformat", "nbclient"])
     code, _, err = run_main(capsys, "grade", str(tmp_path))

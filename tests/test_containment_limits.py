@@ -14,11 +14,11 @@ import pytest
 
 nbformat = pytest.importorskip("nbformat")  # the notebook tests need it; a bare GPU machine lacks it
 
-from mamba_edu.exercises.containment import (CPU_EXCEEDED, GIB, JudgeLimits, death_cause, exit_status,
+from mamba_edu.grading.containment import (CPU_EXCEEDED, GIB, JudgeLimits, death_cause, exit_status,
                                              gpu_visible, task_cap)
 
 ROOT = Path(__file__).resolve().parents[1]
-LAUNCHER = ROOT / "mamba_edu" / "exercises" / "containment.py"
+LAUNCHER = ROOT / "mamba_edu" / "grading" / "containment.py"
 
 #: Kills every ancestor of the judge up to the grading command, the grading command first (found
 #: through /proc, which shows the outer process tree even inside a PID namespace), then its parent
@@ -198,7 +198,7 @@ def test_the_notebooks_after_them_are_still_graded(graded):
 def test_a_cell_that_fails_to_allocate_is_told_from_other_errors():
     import numpy
 
-    from mamba_edu.exercises.judge import out_of_memory
+    from mamba_edu.grading.judge import out_of_memory
     try:
         numpy.empty(2**62, numpy.uint8)
     except MemoryError as err:  # numpy's _ArrayMemoryError

@@ -71,7 +71,7 @@ def test_checker_prints_one_line_and_names_missing_exercises(capsys):
 
 
 def test_the_judge_names_missing_functions_and_the_first_failing_cell():
-    from mamba_edu.exercises.judge import judge_exercise
+    from mamba_edu.grading.judge import judge_exercise
 
     exercises = core.REGISTRY["01_gated_deltanet_recurrence"]
     assert judge_exercise(exercises[1], {"my_l2norm": _stub}).status == core.NOT_DONE

@@ -181,7 +181,7 @@ def test_check_seeds_are_fixed_in_a_notebook_and_fresh_per_grading_run(monkeypat
 
 def test_the_judge_environment_is_an_allow_list(monkeypatch, tmp_path):
     from mamba_edu.exercises.core import SEED_VARIABLE
-    from mamba_edu.exercises.grader import judge_environment
+    from mamba_edu.grading.grader import judge_environment
     monkeypatch.setenv("GITHUB_TOKEN", "ghp_secret")
     monkeypatch.setenv(SEED_VARIABLE, "12345")
     monkeypatch.setenv("PATH", "/usr/bin")

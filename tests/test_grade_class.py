@@ -15,8 +15,8 @@ import pytest
 
 nbformat = pytest.importorskip("nbformat")  # the notebook tests need it; a bare GPU machine lacks it
 
-from mamba_edu import _cli_grade
-from mamba_edu.exercises import classroom
+from mamba_edu.grading import cli as _cli_grade
+from mamba_edu.grading import classroom
 from mamba_edu.exercises.core import FAIL, NOT_DONE, PASS, REGISTRY
 from mamba_edu.exercises.core import ExerciseResult, NotebookResult
 

@@ -37,7 +37,7 @@ def test_kill_descendants_reaches_a_setsid_grandchild():
     code = ("import os, subprocess; "
             f"subprocess.Popen(['sleep', '300', '{marker}'], start_new_session=True); os._exit(0)")
     probe = subprocess.run([sys.executable, "-c",
-                            "from mamba_edu.exercises.containment import become_subreaper, kill_descendants\n"
+                            "from mamba_edu.grading.containment import become_subreaper, kill_descendants\n"
                             "import subprocess, sys, time\n"
                             "assert become_subreaper()\n"
                             f"subprocess.run([sys.executable, '-c', {code!r}])\n"

@@ -181,8 +181,8 @@ def student_folder(tmp: Path) -> Path:
 
 def library_probes():
     """(name, call, expected exception types, fragments) for the grading library's entry points."""
-    from mamba_edu.exercises import classroom
-    from mamba_edu.exercises.containment import JudgeLimits
+    from mamba_edu.grading import classroom
+    from mamba_edu.grading.containment import JudgeLimits
     return [
         ("grade_class jobs=0", lambda t: classroom.grade_class(student_folder(t), 60, jobs=0), ValueError,
          [r"jobs", r"got 0", r"at least 1"]),

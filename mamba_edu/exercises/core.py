@@ -85,7 +85,7 @@ class ExerciseResult:
 class NotebookResult:
     """One notebook's grade. ``status``: ``graded``, ``zero`` (it ran, but something stopped
     grading it: the reason says what) or ``refused`` (not run: a symbolic link, not a file, not
-    JSON); :mod:`~mamba_edu.exercises.classroom` adds ``missing`` (not submitted) and
+    JSON); :mod:`~mamba_edu.grading.classroom` adds ``missing`` (not submitted) and
     ``misnamed`` (a notebook whose name is not the course's: not run, no exercises)."""
 
     file: str

@@ -11,7 +11,7 @@ The conventions instructors know from nbgrader and otter-grader:
   was meant to be) and is reported with the closest course name;
 - one CSV row per (student, exercise) for the grade book, one feedback file per student.
 
-Each notebook is still graded by :func:`~mamba_edu.exercises.grader.grade_paths`, in its own
+Each notebook is still graded by :func:`~mamba_edu.grading.grader.grade_paths`, in its own
 judge process; ``jobs`` students are graded at a time, each in a thread of this process.
 """
 
@@ -24,9 +24,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mamba_edu.exercises import core
-from mamba_edu.exercises.containment import JudgeLimits
+from mamba_edu.grading.containment import JudgeLimits
 from mamba_edu.exercises.core import ExerciseResult, NotebookResult
-from mamba_edu.exercises.grader import REPO_DIR, grade_paths
+from mamba_edu.grading.grader import REPO_DIR, grade_paths
 
 CSV_COLUMNS = ("student", "notebook", "exercise", "title", "status", "points", "max_points", "message")
 

@@ -1,6 +1,6 @@
 """One notebook's judge: the process that runs the notebook, then checks its answers.
 
-The grader (:mod:`~mamba_edu.exercises.grader`) starts ``python -m mamba_edu.exercises.judge`` in
+The grader (:mod:`~mamba_edu.grading.grader`) starts ``python -m mamba_edu.grading.judge`` in
 a throwaway copy of the notebook's folder, under resource limits, and writes one line of orders to
 its stdin: the report's secret, the notebook's name and code cells, the grading seed. The judge
 

@@ -6,8 +6,8 @@ For every notebook, :func:`grade_paths`
 2. copies the notebook's folder to a throwaway directory (regular files only: no symbolic links,
    no other notebooks, so no ``solutions/``) and the package to a private copy, written from the
    snapshot taken when grading began, that this notebook alone imports,
-3. starts one judge there (:mod:`~mamba_edu.exercises.judge`: it runs the notebook, then the
-   checks) under the launcher of :mod:`~mamba_edu.exercises.containment` (a PID namespace of its
+3. starts one judge there (:mod:`~mamba_edu.grading.judge`: it runs the notebook, then the
+   checks) under the launcher of :mod:`~mamba_edu.grading.containment` (a PID namespace of its
    own where one can be had, resource limits), with ``--sandbox`` inside bubblewrap too, with an
    allow-list of environment variables and a fresh grading seed,
 4. reads the judge's reports, counting only the lines that start with the secret it gave the
@@ -35,7 +35,7 @@ from pathlib import Path
 import mamba_edu
 from mamba_edu.exercises import core
 from mamba_edu.exercises.core import ExerciseResult, NotebookResult
-from mamba_edu.exercises.containment import (JudgeLimits, become_subreaper, children, death_cause, kill_descendants,
+from mamba_edu.grading.containment import (JudgeLimits, become_subreaper, children, death_cause, kill_descendants,
                                              not_dumpable, read_regular)
 from mamba_edu.profiling.trace_files import TraceError
 
@@ -189,7 +189,7 @@ def run_judge(path: Path, raw: bytes, timeout: int, sandbox: bool, package_root:
     folder, private = throwaway_copy(path, raw, workdir), workdir / "private"
     private.mkdir()
     command = limits.launcher() + (bwrap_prefix(workdir, package_root) if sandbox else []) + [
-        sys.executable, "-P", "-m", "mamba_edu.exercises.judge"]
+        sys.executable, "-P", "-m", "mamba_edu.grading.judge"]
     # fresh check inputs per run; an instructor who exports the seed reproduces one run exactly
     orders = {"secret": secret, "notebook": path.stem, "cells": code_cells(raw), "memory": limits.memory_text(),
               "seed": os.environ.get(core.SEED_VARIABLE) or str(secrets.randbelow(2**31))}

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from mamba_edu._cli import (HelpFormatter, cpu_seconds, memory_gib, positive_int, prog_name, timeout_seconds,
                             write_refusal)
-from mamba_edu.exercises.containment import GIB, JudgeLimits
+from mamba_edu.grading.containment import GIB, JudgeLimits
 
 GRADE_NEEDS = ("nbformat", "IPython")  # the extra "grade": pip install 'mamba_edu[grade]'
 
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     """Grade the notebooks, folder or class folder given in ``argv``; the exit status (0, 1, 2)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    from mamba_edu.exercises import classroom
+    from mamba_edu.grading import classroom
 
     class_mode = classroom.is_class_folder(args.path)
     if why := usage_error(args, class_mode):
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
 def grade_class(args, progress) -> list:
     """Every student of a class folder, over the whole course: one score line per student, or
     the JSON report with its ``students`` list."""
-    from mamba_edu.exercises import classroom
+    from mamba_edu.grading import classroom
 
     reports = classroom.grade_class(args.path, args.timeout, args.sandbox, args.jobs, progress, args.limits)
     if args.json:
@@ -174,7 +174,7 @@ def grade_class(args, progress) -> list:
 def grade_folder(args, progress) -> list:
     """One student's folder or notebook, over the notebooks submitted: one line per exercise and
     the score, or the JSON report (``student`` is the folder's name)."""
-    from mamba_edu.exercises import classroom
+    from mamba_edu.grading import classroom
 
     gradable, wrong = classroom.submitted(args.path)
     if not gradable:

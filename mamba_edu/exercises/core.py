@@ -34,6 +34,7 @@ class Exercise:
     check:    ``check(*functions) -> str`` (the pass message) or raises ``AssertionError``.
     forbidden: dotted names (functions, classes, modules) the answer must not call; the grader
               refuses an answer that calls one (the checks' own modules are always forbidden).
+    points:   what a pass is worth in the grade book.
     """
 
     notebook: str
@@ -42,6 +43,7 @@ class Exercise:
     names: tuple[str, ...]
     check: Callable[..., str]
     forbidden: tuple[str, ...] = ()
+    points: int = 1
 
 
 #: Set by the grader to a fresh number per grading run, so that no answer can be computed for the
@@ -79,6 +81,8 @@ class ExerciseResult:
     title: str
     status: str  # pass, fail, not done
     message: str = ""
+    review: str = ""  # why an instructor should read the answer (mamba_edu.grading.review), or ""
+    points: int = 1   # what a pass is worth
 
 
 @dataclass
@@ -111,12 +115,13 @@ ALWAYS_FORBIDDEN = ("mamba_edu.exercises.core",) + tuple(
     f"mamba_edu.exercises.nb{n:02d}" for n in (*range(10), 12))
 
 
-def exercise(notebook: str, number: int, title: str, *names: str, forbidden: tuple[str, ...] = ()):
-    """Decorator: register ``check`` as exercise ``number`` of ``notebook``; ``forbidden`` lists
-    the package functions the statement asks the learner not to call."""
+def exercise(notebook: str, number: int, title: str, *names: str, forbidden: tuple[str, ...] = (),
+             points: int = 1):
+    """Decorator: register ``check`` as exercise ``number`` of ``notebook``, worth ``points``;
+    ``forbidden`` lists the package functions the statement asks the learner not to call."""
     def register(check: Callable[..., str]) -> Callable[..., str]:
         REGISTRY.setdefault(notebook, {})[number] = Exercise(notebook, number, title, names, check,
-                                                             tuple(forbidden) + ALWAYS_FORBIDDEN)
+                                                             tuple(forbidden) + ALWAYS_FORBIDDEN, points)
         return check
     return register
 

@@ -181,7 +181,7 @@ def _outcome(proc: subprocess.Popen, lines: queue.Queue, secret: str, timeout: i
 
 
 def run_judge(path: Path, raw: bytes, timeout: int, sandbox: bool, package_root: Path,
-              limits: JudgeLimits) -> NotebookResult:
+              limits: JudgeLimits, seed: int) -> NotebookResult:
     """Grade one notebook (validated: ``raw``) in a judge of its own; never raises for what the
     notebook does."""
     secret = secrets.token_hex(16)
@@ -190,9 +190,8 @@ def run_judge(path: Path, raw: bytes, timeout: int, sandbox: bool, package_root:
     private.mkdir()
     command = limits.launcher() + (bwrap_prefix(workdir, package_root) if sandbox else []) + [
         sys.executable, "-P", "-m", "mamba_edu.grading.judge"]
-    # fresh check inputs per run; an instructor who exports the seed reproduces one run exactly
     orders = {"secret": secret, "notebook": path.stem, "cells": code_cells(raw), "memory": limits.memory_text(),
-              "seed": os.environ.get(core.SEED_VARIABLE) or str(secrets.randbelow(2**31))}
+              "seed": str(seed)}
     with _WORKERS_LOCK:
         proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 env=judge_environment(package_root, private), cwd=folder, start_new_session=True)
@@ -219,10 +218,16 @@ def run_judge(path: Path, raw: bytes, timeout: int, sandbox: bool, package_root:
                                                           for n, status, message in outcome["exercises"]])
 
 
+def fresh_seed() -> int:
+    """A grading seed: fresh check inputs per run (record it to replay a grade exactly)."""
+    return secrets.randbelow(2**31)
+
+
 def grade_paths(paths: list[Path], timeout: int, sandbox: bool = False, report=None,
-                started=None, limits: JudgeLimits = JudgeLimits()) -> list[NotebookResult]:
+                started=None, limits: JudgeLimits = JudgeLimits(), seed: int | None = None) -> list[NotebookResult]:
     """Grade every notebook in ``paths`` (each already one with registered exercises), each judge
-    under ``limits``; call ``started(path)`` before each and ``report(result)`` after each."""
+    under ``limits``, its checks drawing their inputs from ``seed`` (None: a fresh one per
+    notebook); call ``started(path)`` before each and ``report(result)`` after each."""
     not_dumpable()      # no notebook writes into this process's output or reads its memory
     become_subreaper()  # what a judge leaves behind comes back here, to be killed
     with _WORKERS_LOCK:
@@ -241,7 +246,8 @@ def grade_paths(paths: list[Path], timeout: int, sandbox: bool = False, report=N
             installed = _package_snapshot()
             workdir = Path(tempfile.mkdtemp(prefix="mamba_edu-package-"))
             try:
-                result = run_judge(path, raw, timeout, sandbox, private_package(snapshot, workdir), limits)
+                result = run_judge(path, raw, timeout, sandbox, private_package(snapshot, workdir), limits,
+                                   fresh_seed() if seed is None else seed)
                 touched = _changed(snapshot, workdir / "mamba_edu")
             except Exception as err:  # noqa: BLE001 - the grader's own trouble with this notebook
                 result = NotebookResult(path.name, "zero", f"the grader could not grade it: {type(err).__name__}: {err}")

@@ -183,7 +183,12 @@ def test_past_its_cpu_time_a_notebook_gets_zero_saying_so(graded):
 @pytest.mark.extra
 @pytest.mark.skipif(not own_pid_namespace(), reason="no PID namespace can be had here (see docs/teaching.md)")
 def test_a_notebook_that_kills_the_processes_grading_it_costs_itself_alone(graded):
+    from mamba_edu.grading.containment import landlock_abi
+
     nb = graded["02"]
+    if landlock_abi() >= 6:  # Landlock scopes signals: the kill is refused, the notebook graded
+        assert nb["status"] == "graded" and {e["status"] for e in nb["exercises"]} == {"fail"}, nb
+        return
     assert nb["status"] == "zero" and nb["reason"].startswith("the judge died"), nb
     assert "SIGKILL" in nb["reason"], nb
 

@@ -1,42 +1,117 @@
-"""Grading a class: one sub-folder per student, every student scored over the whole course.
+"""Grading a class: one sub-folder per student, every student scored over the whole course (or
+over the notebooks of one assignment).
 
 The conventions instructors know from nbgrader and otter-grader:
 
 - ``submissions/<student id>/NN_name.ipynb``: a folder with no notebook directly inside but
   sub-folders is a class folder, and each of its sub-folders is a student, named by its folder
-  (hidden folders are ignored, a symbolic link is refused);
-- a fixed denominator: every registered exercise of the course is one point for every student,
-  and a notebook that was not submitted counts 0, "not submitted";
+  (hidden folders are ignored, a symbolic link is refused); a folder that reads both ways is
+  refused;
+- a fixed denominator: every exercise of the notebooks graded is worth its points for every
+  student, and a notebook that was not submitted counts 0, "not submitted";
 - a notebook whose name is not one of the course's is not graded (an instructor decides what it
   was meant to be) and is reported with the closest course name;
-- one CSV row per (student, exercise) for the grade book, one feedback file per student.
+- the learner handout submitted unchanged is "not done", without a judge;
+- a grade book (one row per student, a column per exercise) and one feedback file per student,
+  every name and message in them printable (:func:`printable`), each naming the seed, version and
+  commit that replay the run (:func:`provenance`).
 
 Each notebook is still graded by :func:`~mamba_edu.grading.grader.grade_paths`, in its own
-judge process; ``jobs`` students are graded at a time, each in a thread of this process.
+judge process; ``jobs`` notebooks, whoever submitted them, are graded at a time, each from a
+thread of this process.
 """
 
 from __future__ import annotations
 
 import csv
 import difflib
-from concurrent.futures import ThreadPoolExecutor
+import hashlib
+import os
+import subprocess
+import unicodedata
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
+from functools import cache
 from pathlib import Path
 
+import mamba_edu
 from mamba_edu.exercises import core
-from mamba_edu.grading.containment import JudgeLimits
 from mamba_edu.exercises.core import ExerciseResult, NotebookResult
-from mamba_edu.grading.grader import REPO_DIR, grade_paths
+from mamba_edu.grading.containment import JudgeLimits, children, kill_descendants, read_regular
+from mamba_edu.grading.grader import REPO_DIR, code_cells, fresh_seed, grade_paths
 
-CSV_COLUMNS = ("student", "notebook", "exercise", "title", "status", "points", "max_points", "message")
+NAME_BYTES = 64  # a longer student name is shortened: a file name holds at most 255 bytes
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # a spreadsheet may read such a cell as a formula (OWASP)
+HANDOUT = "the handout, unchanged"
 
 
 class NothingToGrade(ValueError):
-    """The path holds nothing to grade: no notebook of the course, no student folder."""
+    """The path holds nothing to grade (no notebook of the course, no student folder), or its
+    layout reads two ways."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C while grading: ``reports`` holds the students finished before it, ``unfinished``
+    the names of the others (left out of every output)."""
+
+    def __init__(self, reports: list[StudentReport], unfinished: list[str]):
+        super().__init__(f"interrupted: {len(unfinished)} student(s) not finished")
+        self.reports, self.unfinished = reports, unfinished
 
 
 def _silent(line: str) -> None:
     """The default progress: say nothing."""
+
+
+# --- what reaches the outputs -----------------------------------------------------------------
+
+def printable(text: str) -> str:
+    """``text`` on one line, as every output shows it: each line break becomes ``␤`` and any
+    other control character (or an undecodable byte of a file name) ``�``, so that no message
+    can write a line of its own (``score: 4/4``) into a report."""
+    one_line = "␤".join(text.splitlines())
+    return "".join("�" if unicodedata.category(c) in ("Cc", "Cs") else c for c in one_line)
+
+
+def cell(value):
+    """A CSV cell: a string made printable, with a leading ``'`` where it starts (after spaces)
+    as a formula may."""
+    if not isinstance(value, str):
+        return value
+    return "'" + printable(value) if value.lstrip(" ").startswith(FORMULA_START) else printable(value)
+
+
+def student_name(folder: str) -> str:
+    """The name a student folder is shown by everywhere (reports, CSV, feedback file): the
+    folder's own when it is printable and at most :data:`NAME_BYTES` bytes (a file name, no
+    ``/``), else its printable start, ``…`` and 8 hex digits of its hash (two folders, two names)."""
+    raw, shown = os.fsencode(folder), printable(folder).replace("/", "�")
+    if shown == folder and len(raw) <= NAME_BYTES:
+        return folder
+    start = shown.encode()[:NAME_BYTES - 12].decode(errors="ignore")
+    return f"{start}…{hashlib.sha256(raw).hexdigest()[:8]}"
+
+
+@cache
+def commit() -> str:
+    """The commit of the checkout the package runs from, or ``unknown`` (an installed package,
+    no git): never fails."""
+    try:
+        top, head = subprocess.run(["git", "-C", str(REPO_DIR), "rev-parse", "--show-toplevel", "HEAD"],
+                                   capture_output=True, text=True, timeout=10, check=True).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return "unknown"
+    return head if Path(top).resolve() == REPO_DIR.resolve() else "unknown"
+
+
+def provenance(seed: int) -> dict:
+    """What replays a grading run: the checks' ``seed``, the package's version, the commit."""
+    return {"seed": seed, "version": mamba_edu.__version__, "commit": commit()}
+
+
+def replay(meta: dict) -> str:
+    """:func:`provenance` in words, for the text report and the feedback."""
+    return f"seed {meta['seed']}, mamba_edu {meta['version']}, commit {meta['commit']}"
 
 
 # --- the course's names and points ------------------------------------------------------------
@@ -47,9 +122,23 @@ def course_notebooks() -> list[str]:
     return sorted(set(core.REGISTRY) | {p.stem for p in (REPO_DIR / "notebooks").glob("*.ipynb")})
 
 
-def course_points() -> int:
-    """The fixed denominator: one point per registered exercise of the whole course."""
-    return sum(len(exercises) for exercises in core.REGISTRY.values())
+def course_points(stems=()) -> int:
+    """The fixed denominator: the points of every exercise of the notebooks ``stems`` (empty:
+    the whole course)."""
+    return sum(ex.points for stem in (stems or core.REGISTRY) for ex in core.REGISTRY[stem].values())
+
+
+def assignment(choices: str) -> list[str]:
+    """The notebooks ``choices`` names (``05``, ``05,07``, full names), as registry stems;
+    ``ValueError`` naming the choices for one that has no exercises."""
+    stems = []
+    for choice in choices.split(","):
+        found = [s for s in core.REGISTRY if choice.strip().removesuffix(".ipynb") in (s, s[:2])]
+        if not found:
+            raise ValueError(f"no notebook with exercises is called {choice!r}: choose among "
+                             f"{', '.join(sorted(s[:2] for s in core.REGISTRY))} (or their full names)")
+        stems += found
+    return stems
 
 
 def closest(stem: str) -> str | None:
@@ -70,9 +159,26 @@ def score(points: int, max_points: int) -> str:
     return f"{points}/{max_points} ({100 * points / max_points if max_points else 0:.0f} %)"
 
 
+def scored(nb: NotebookResult, e: ExerciseResult) -> int:
+    """The points exercise ``e`` of ``nb`` earned: its worth if it passed in a graded notebook."""
+    return e.points if nb.status == "graded" and e.status == core.PASS else 0
+
+
+def earned(nb: NotebookResult) -> int:
+    """The points notebook ``nb`` earned."""
+    return sum(scored(nb, e) for e in nb.exercises)
+
+
+def worth(nb: NotebookResult) -> int:
+    """The points notebook ``nb`` was worth."""
+    return sum(e.points for e in nb.exercises)
+
+
+# --- the layout -------------------------------------------------------------------------------
+
 def notebooks_in(path: Path) -> list[Path]:
     """``path`` itself if it names a notebook, else the entries directly inside it whose names end
-    in ``.ipynb`` (files or not), sorted."""
+    in ``.ipynb`` (files or not: the grader refuses a folder by name), sorted."""
     if path.suffix == ".ipynb" and (path.is_symlink() or not path.is_dir()):
         return [path]
     if path.is_dir():
@@ -80,7 +186,45 @@ def notebooks_in(path: Path) -> list[Path]:
     return []
 
 
+def is_class_folder(path: Path) -> bool:
+    """A folder with no notebook directly inside, but sub-folders: one per student. Raises
+    :class:`NothingToGrade` for a folder that reads two ways: only folders named like notebooks
+    beside other sub-folders (a class with a student ``bob.ipynb``?), or notebooks beside
+    sub-folders that hold notebooks."""
+    if not path.is_dir():
+        return False
+    named = notebooks_in(path)
+    folders = [p for p in path.iterdir() if p.is_dir() and p not in named and not p.name.startswith(".")]
+    if named and folders and all(p.is_dir() for p in named):
+        raise NothingToGrade(f"{path} reads two ways: {named[0].name} is a folder named like a notebook, "
+                             f"beside the folder {folders[0].name}; rename it, or grade one folder")
+    if any(not p.is_dir() for p in named) and (holders := [f for f in folders if notebooks_in(f)]):
+        raise NothingToGrade(f"{path} reads two ways: notebooks ({named[0].name}) beside folders of notebooks "
+                             f"({holders[0].name}); a class folder holds only student folders")
+    return not named and any(p.is_dir() for p in path.iterdir())
+
+
 # --- one student ------------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    """What a grading run applies to every notebook: each judge's ``timeout`` (s) and
+    ``limits``, ``sandbox``, ``jobs`` judges at a time, the checks' ``seed`` (None: a fresh one)
+    and ``stems``, the notebooks graded (empty: all of the course's)."""
+
+    timeout: int
+    sandbox: bool = False
+    jobs: int = 1
+    limits: JudgeLimits = JudgeLimits()
+    seed: int | None = None
+    stems: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if type(self.jobs) is not int or self.jobs < 1:
+            raise ValueError(f"jobs (notebooks graded at a time) must be a whole number of at least 1, got {self.jobs!r}")
+        self.seed = fresh_seed() if self.seed is None else self.seed
+        self.stems = tuple(sorted(set(self.stems or core.REGISTRY)))
+
 
 @dataclass
 class StudentReport:
@@ -93,11 +237,11 @@ class StudentReport:
 
     @property
     def points(self) -> int:
-        return sum(nb.passed for nb in self.notebooks)
+        return sum(earned(nb) for nb in self.notebooks)
 
     @property
     def max_points(self) -> int:
-        return sum(nb.total for nb in self.notebooks)
+        return sum(worth(nb) for nb in self.notebooks)
 
     def as_dict(self) -> dict:
         return {"student": self.student, "points": self.points, "max_points": self.max_points,
@@ -105,146 +249,210 @@ class StudentReport:
 
 
 def notebook_dict(nb: NotebookResult) -> dict:
-    """One notebook of the JSON report: its fields, with ``passed`` and ``total``."""
-    return {**asdict(nb), "passed": nb.passed, "total": nb.total}
+    """One notebook of the JSON report: its fields, with ``passed`` and ``total`` (exercises)
+    and ``points`` and ``max_points``."""
+    return {**asdict(nb), "passed": nb.passed, "total": nb.total, "points": earned(nb), "max_points": worth(nb)}
 
 
-def submitted(path: Path) -> tuple[list[Path], list[NotebookResult]]:
-    """At ``path`` (a folder or one notebook): the notebooks to grade, and a ``misnamed`` result
-    for each one whose name is not a course notebook's."""
+def tidy(nb: NotebookResult) -> NotebookResult:
+    """``nb``, changed in place, as every output shows it: its file, reason and messages
+    printable, each exercise worth its registered points."""
+    registered = core.REGISTRY.get(Path(nb.file).stem, {})
+    nb.file, nb.reason = printable(nb.file), printable(nb.reason)
+    for e in nb.exercises:
+        e.message, e.review, e.points = printable(e.message), printable(e.review), registered[e.number].points
+    return nb
+
+
+def submitted(path: Path, stems=()) -> tuple[list[Path], list[NotebookResult]]:
+    """At ``path`` (a folder or one notebook): the notebooks to grade (those of ``stems``,
+    empty: the course's), and a ``misnamed`` result for each one whose name is not a course
+    notebook's."""
     found = notebooks_in(path)
     course = course_notebooks()
-    wrong = [NotebookResult(p.name, "misnamed", misnamed_reason(p.name)) for p in found if p.stem not in course]
-    return [p for p in found if p.stem in core.REGISTRY], wrong
+    wrong = [tidy(NotebookResult(p.name, "misnamed", misnamed_reason(p.name))) for p in found if p.stem not in course]
+    return [p for p in found if p.stem in (stems or core.REGISTRY)], wrong
 
 
-def not_submitted(stem: str, why: str) -> NotebookResult:
-    """Notebook ``stem`` missing: each of its exercises fails with ``why``."""
-    registered = core.REGISTRY[stem]
-    return NotebookResult(f"{stem}.ipynb", "missing", why,
-                          [ExerciseResult(n, registered[n].title, core.FAIL, why) for n in sorted(registered)])
+def every_exercise(stem: str, status: str, message: str) -> list[ExerciseResult]:
+    """Each exercise of notebook ``stem``, all with ``status`` and ``message``."""
+    return [ExerciseResult(n, ex.title, status, message, points=ex.points)
+            for n, ex in sorted(core.REGISTRY[stem].items())]
 
 
 def whole_course(results: list[NotebookResult], wrong: list[NotebookResult],
-                 why: str = "not submitted") -> list[NotebookResult]:
-    """``results`` and ``wrong``, with every course notebook not among the results added as
-    missing (naming the misnamed files that look like it), sorted by file: the fixed
-    denominator."""
+                 why: str = "not submitted", stems=()) -> list[NotebookResult]:
+    """``results`` and ``wrong``, with every notebook of ``stems`` (empty: the course's) not
+    among the results added as missing (naming the misnamed files that look like it), sorted by
+    file: the fixed denominator."""
     graded = {Path(r.file).stem for r in results}
     missing = []
-    for stem in sorted(set(core.REGISTRY) - graded):
+    for stem in sorted(set(stems or core.REGISTRY) - graded):
         lookalikes = [w.file for w in wrong if closest(Path(w.file).stem) == stem]
         note = f" ({', '.join(lookalikes)} was not graded: its name is not this one)" if lookalikes else ""
-        missing.append(not_submitted(stem, why + note))
+        missing.append(NotebookResult(f"{stem}.ipynb", "missing", why + note,
+                                      every_exercise(stem, core.FAIL, why + note)))
     return sorted(results + wrong + missing, key=lambda r: r.file)
 
 
-def _summary(result: NotebookResult) -> str:
-    if result.status == "graded":
-        return f"{result.passed}/{result.total} ({result.seconds:.0f} s)"
-    return f"0/{result.total}, {result.status}: {result.reason}"
+def untouched(path: Path) -> bool:
+    """Whether the code cells of notebook ``path`` are the learner handout's, unchanged (False
+    where there is no handout, or ``path`` is no readable notebook: the grader refuses it)."""
+    handout = REPO_DIR / "notebooks" / path.name
+    try:
+        return handout.is_file() and code_cells(read_regular(path)) == code_cells(handout.read_bytes())
+    except (OSError, ValueError, TypeError, AttributeError, KeyError):
+        return False
 
 
-def grade_student(student: str, path: Path, timeout: int, sandbox: bool = False, progress=_silent,
-                  fixed_denominator: bool = True, limits: JudgeLimits | None = None) -> StudentReport:
-    """Grade the notebooks at ``path`` (a folder or one notebook) as ``student``'s, calling
-    ``progress(line)`` as each notebook starts and ends. ``fixed_denominator``: every course
-    notebook is reported, those not submitted as missing; else only what was submitted.
-    ``limits``: each judge's (None: :class:`JudgeLimits`' defaults)."""
-    gradable, wrong = submitted(path)
-    for result in wrong:
-        progress(f"[{student}] {result.file}: {result.reason}")
-    results = grade_paths(gradable, timeout, sandbox,
-                          started=lambda p: progress(f"[{student}] {p.name} …"),
-                          report=lambda r: progress(f"[{student}] {r.file}: {_summary(r)}"),
-                          **({"limits": limits} if limits else {}))
-    if fixed_denominator:
-        return StudentReport(student, whole_course(results, wrong))
-    return StudentReport(student, sorted(results + wrong, key=lambda r: r.file))
+def _summary(nb: NotebookResult) -> str:
+    if nb.status == "graded":
+        return f"{earned(nb)}/{worth(nb)} ({nb.seconds:.0f} s)"
+    return f"0/{worth(nb)}, {nb.status}: {nb.reason}"
+
+
+def grade_notebook(student: str, path: Path, run: Run, progress) -> NotebookResult:
+    """``student``'s notebook at ``path``, tidied: in a judge of its own, but the handout
+    unchanged, which is not run; ``progress(line)`` as it starts and ends."""
+    if untouched(path):
+        result = NotebookResult(path.name, "graded", exercises=every_exercise(path.stem, core.NOT_DONE, HANDOUT))
+    else:
+        [result] = grade_paths([path], run.timeout, run.sandbox, started=lambda p: progress(f"[{student}] {p.name} …"),
+                               limits=run.limits, seed=run.seed)
+    progress(f"[{student}] {result.file}: {_summary(tidy(result))}")
+    return result
+
+
+def stop(pool: ThreadPoolExecutor, futures: list, spared: frozenset) -> None:
+    """After Ctrl-C: cancel the notebooks not started and kill the judges of those in flight
+    (the processes started since ``spared``, this process's children then, was taken) until no
+    grading thread is left."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    while wait(futures, timeout=0.5).not_done:
+        kill_descendants(keep=spared)
+
+
+def grade_students(students: list[tuple[str, Path]], run: Run, progress=_silent,
+                   fixed_denominator: bool = True) -> list[StudentReport]:
+    """Grade the notebooks of each ``(name, folder or notebook)`` of ``students``: each notebook
+    is one job, ``run.jobs`` at a time; the reports in the students' order. ``fixed_denominator``:
+    every notebook of the run is reported, those not submitted as missing; else only what was
+    submitted. Ctrl-C raises :class:`Interrupted` with the students finished before it."""
+    found = {name: submitted(path, run.stems) for name, path in students}
+    for name, (_, wrong) in found.items():
+        for result in wrong:
+            progress(f"[{name}] {result.file}: {result.reason}")
+
+    def report(name: str) -> StudentReport:
+        results, wrong = [job.result() for job in jobs[name]], found[name][1]
+        return StudentReport(name, whole_course(results, wrong, stems=run.stems) if fixed_denominator
+                             else sorted(results + wrong, key=lambda r: r.file))
+
+    spared = frozenset(children())
+    with ThreadPoolExecutor(max_workers=run.jobs) as pool:
+        jobs = {name: [pool.submit(grade_notebook, name, p, run, progress) for p in gradable]
+                for name, (gradable, _) in found.items()}
+        try:
+            return [report(name) for name in jobs]
+        except KeyboardInterrupt:
+            finished = [name for name, mine in jobs.items()
+                        if all(job.done() and not job.cancelled() and job.exception() is None for job in mine)]
+            stop(pool, [job for mine in jobs.values() for job in mine], spared)
+            raise Interrupted([report(name) for name in finished], [n for n in jobs if n not in finished]) from None
 
 
 # --- a class ----------------------------------------------------------------------------------
 
-def is_class_folder(path: Path) -> bool:
-    """A folder with no notebook directly inside, but sub-folders: one per student."""
-    return path.is_dir() and not notebooks_in(path) and any(p.is_dir() for p in path.iterdir())
-
-
-def students_in(class_dir: Path) -> tuple[list[Path], list[StudentReport]]:
+def students_in(class_dir: Path, stems=()) -> tuple[list[Path], list[StudentReport]]:
     """The student folders of ``class_dir`` (its sub-folders not hidden, sorted), and a refused
-    report (0 points of the course's) for each one that is a symbolic link."""
+    report (0 points of the notebooks ``stems``) for each one that is a symbolic link."""
     folders, refused = [], []
     for entry in sorted(class_dir.iterdir()):
         if entry.name.startswith(".") or not entry.is_dir():
             continue
         if entry.is_symlink():
-            why = f"{entry.name} is a symbolic link (copy the student's folder itself)"
-            refused.append(StudentReport(entry.name, whole_course([], [], "not graded: " + why), why))
+            why = f"{student_name(entry.name)} is a symbolic link (copy the student's folder itself)"
+            refused.append(StudentReport(student_name(entry.name),
+                                         whole_course([], [], "not graded: " + why, stems), why))
         else:
             folders.append(entry)
     return folders, refused
 
 
-def grade_class(class_dir: Path, timeout: int, sandbox: bool = False, jobs: int = 1,
-                progress=_silent, limits: JudgeLimits | None = None) -> list[StudentReport]:
-    """Grade every student of ``class_dir``, ``jobs`` at a time, sorted by student id, each judge
-    under ``limits`` (None: the defaults). Raises :class:`NothingToGrade` when it holds no
-    student folder."""
-    if type(jobs) is not int or jobs < 1:
-        raise ValueError(f"jobs (students graded at a time) must be a whole number of at least 1, got {jobs!r}")
+def grade_class(class_dir: Path, timeout: int, progress=_silent, **settings) -> list[StudentReport]:
+    """Grade every student of ``class_dir`` under ``Run(timeout, **settings)``, sorted by
+    student. Raises :class:`NothingToGrade` when it holds no student folder, and
+    :class:`Interrupted` (the refused students among its reports) on Ctrl-C."""
+    run = Run(timeout, **settings)
     if not class_dir.is_dir():
         raise NothingToGrade(f"{class_dir}: no such folder (expected a class folder, one sub-folder per student)")
-    folders, refused = students_in(class_dir)
+    folders, refused = students_in(class_dir, run.stems)
     if not folders and not refused:
         raise NothingToGrade(f"{class_dir} holds no student sub-folders (hidden ones are ignored): "
                              "expected one sub-folder of notebooks per student")
     for report in refused:
         progress(f"[{report.student}] refused: {report.reason}")
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        graded = list(pool.map(lambda f: grade_student(f.name, f, timeout, sandbox, progress, limits=limits),
-                               folders))
+    try:
+        graded = grade_students([(student_name(f.name), f) for f in folders], run, progress)
+    except Interrupted as interrupted:
+        interrupted.reports = sorted(interrupted.reports + refused, key=lambda r: r.student)
+        raise
     return sorted(graded + refused, key=lambda r: r.student)
 
 
 # --- what is written out ----------------------------------------------------------------------
 
-def csv_rows(reports: list[StudentReport]) -> list[dict]:
-    """One row per (student, exercise) of every notebook reported, in :data:`CSV_COLUMNS`."""
+def wide_rows(reports: list[StudentReport]) -> list[dict]:
+    """One row per student, as a grade book imports it: the points of each exercise (column
+    ``05.1``: exercise 1 of ``05_….ipynb``), ``total``, ``max_points`` and ``needs_review``, the
+    exercises an instructor should read (``06.1;07.2``)."""
+    rows = []
+    for r in reports:
+        done = [(f"{nb.file[:2]}.{e.number}", scored(nb, e), e.review) for nb in r.notebooks for e in nb.exercises]
+        rows.append({"student": r.student, **{column: points for column, points, _ in done}, "total": r.points,
+                     "max_points": r.max_points, "needs_review": ";".join(column for column, _, why in done if why)})
+    return rows
+
+
+def long_rows(reports: list[StudentReport]) -> list[dict]:
+    """One row per (student, exercise) of every notebook reported."""
     return [{"student": r.student, "notebook": nb.file, "exercise": e.number, "title": e.title,
-             "status": e.status, "points": int(nb.status == "graded" and e.status == core.PASS),
-             "max_points": 1, "message": e.message}
+             "status": e.status, "points": scored(nb, e), "max_points": e.points, "message": e.message,
+             "review": e.review}
             for r in reports for nb in r.notebooks for e in nb.exercises]
 
 
-def write_csv(reports: list[StudentReport], path: Path) -> None:
-    """The grade book: :func:`csv_rows` under a header of :data:`CSV_COLUMNS`."""
+def write_csv(reports: list[StudentReport], path: Path, meta: dict, form: str = "wide") -> None:
+    """The grade book: :func:`wide_rows` (or, ``form="long"``, :func:`long_rows`), each row
+    ending with the run's :func:`provenance`, every cell through :func:`cell`."""
+    rows = [{**row, **meta} for row in (wide_rows if form == "wide" else long_rows)(reports)]
     with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, CSV_COLUMNS)
+        writer = csv.DictWriter(f, list(dict.fromkeys(key for row in rows for key in row)), restval="")
         writer.writeheader()
-        writer.writerows(csv_rows(reports))
+        writer.writerows({key: cell(value) for key, value in row.items()} for row in rows)
 
 
-def feedback(report: StudentReport) -> str:
-    """A student's feedback in Markdown: the score, then each notebook with its exercises (one
-    line for a notebook missing, misnamed or not graded)."""
-    lines = [f"# {report.student}: {score(report.points, report.max_points)}", ""]
+def feedback(report: StudentReport, meta: dict) -> str:
+    """A student's feedback in Markdown: the score and the run's provenance, then each notebook
+    with its exercises (one line for a notebook missing, misnamed or not graded)."""
+    lines = [f"# {report.student}: {score(report.points, report.max_points)}", "", f"Graded with {replay(meta)}.", ""]
     if report.reason:
         return "\n".join(lines + [f"Not graded: {report.reason}.", ""])
     for nb in report.notebooks:
         if nb.status == "misnamed":
             lines.append(f"## {nb.file}: {nb.reason}")
         elif nb.status == "graded":
-            lines.append(f"## {nb.file}: {nb.passed}/{nb.total}")
+            lines.append(f"## {nb.file}: {earned(nb)}/{worth(nb)}")
             lines += [f"- exercise {e.number} ({e.title}): {e.status}" + (f" — {e.message}" if e.message else "")
                       for e in nb.exercises]
         else:
-            lines.append(f"## {nb.file}: 0/{nb.total}, {nb.reason}")
+            lines.append(f"## {nb.file}: 0/{worth(nb)}, {nb.reason}")
         lines.append("")
     return "\n".join(lines)
 
 
-def write_feedback(reports: list[StudentReport], folder: Path) -> None:
+def write_feedback(reports: list[StudentReport], folder: Path, meta: dict) -> None:
     """``folder/<student>.md`` for each report."""
     folder.mkdir(parents=True, exist_ok=True)
     for report in reports:
-        (folder / f"{report.student}.md").write_text(feedback(report), encoding="utf-8")
+        (folder / f"{report.student}.md").write_text(feedback(report, meta), encoding="utf-8")

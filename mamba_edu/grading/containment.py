@@ -22,6 +22,7 @@ from dataclasses import dataclass
 GIB = 2**30
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_CHILD_SUBREAPER = 1, 4, 36
 _CLONE_NEWUSER, _CLONE_NEWPID = 0x10000000, 0x20000000
+_PR_SET_NO_NEW_PRIVS = 38
 #: The largest file a judge may write, and the largest notebook the grader reads (bytes).
 MAX_FILE_BYTES, MAX_READ_BYTES = 2 * GIB, 64 * 2**20
 #: The seconds of CPU time between the judge's SIGXCPU (which it may catch) and its SIGKILL.
@@ -97,6 +98,68 @@ def read_regular(path, max_bytes: int = MAX_READ_BYTES) -> bytes:
     return data
 
 
+# --- Landlock: the folders a judge may read and write ----------------------------------------
+
+_LANDLOCK_CREATE, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT = 444, 445, 446  # the same on every arch
+_RULE_PATH_BENEATH = 1
+#: Landlock's file-system rights, by the ABI version that added them.
+_FS_RIGHTS = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 5: (1 << 16) - 1}
+_READ = 0b1101            # execute, read a file, read a folder
+_FILE_ONLY = 0b110 | 1 << 14 | 1 << 15  # the rights a rule on a file (not a folder) may carry
+_TCP = 0b11               # bind, connect (ABI 4)
+_SCOPES = 0b11            # abstract unix sockets, signals (ABI 6)
+
+
+def _landlock(call: int, *args) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    result = libc.syscall(call, *args)
+    if result < 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    return result
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version, 0 where it has none (not Linux, too old, disabled)."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    try:
+        return _landlock(_LANDLOCK_CREATE, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    except (OSError, AttributeError):
+        return 0
+
+
+def confine(readable, writable) -> None:
+    """Confine this process and all it will start: read (and run) only under ``readable``, read
+    and write only under ``writable``; no ptrace or ``/proc/<pid>/mem`` of a process outside, no
+    TCP, no signal to a process outside (from ABI 6). Raises ``OSError`` where Landlock fails:
+    a judge is never started unconfined when confinement was asked for."""
+    abi = landlock_abi()
+    if abi == 0:
+        raise OSError("this kernel has no Landlock")
+    fs = _FS_RIGHTS[max(v for v in _FS_RIGHTS if v <= abi)]
+    attr = (ctypes.c_uint64 * 3)(fs, _TCP if abi >= 4 else 0, _SCOPES if abi >= 6 else 0)
+    size = 8 * (3 if abi >= 6 else 2 if abi >= 4 else 1)
+    ruleset = _landlock(_LANDLOCK_CREATE, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    try:
+        for paths, rights in ((readable, _READ), (writable, fs)):
+            for path in paths:
+                try:
+                    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    continue  # a folder this system does not have
+                try:
+                    allowed = rights if os.path.isdir(path) else rights & _FILE_ONLY
+                    rule = ctypes.create_string_buffer(allowed.to_bytes(8, "little") + fd.to_bytes(4, "little"))
+                    _landlock(_LANDLOCK_ADD_RULE, ruleset, _RULE_PATH_BENEATH, rule, ctypes.c_uint32(0))
+                finally:
+                    os.close(fd)
+        if not _prctl(_PR_SET_NO_NEW_PRIVS, 1):
+            raise OSError("prctl(PR_SET_NO_NEW_PRIVS) failed")
+        _landlock(_LANDLOCK_RESTRICT, ruleset, ctypes.c_uint32(0))
+    finally:
+        os.close(ruleset)
+
+
 # --- the judge's launcher: a PID namespace of its own, resource limits ------------------------
 
 @dataclass(frozen=True)
@@ -135,10 +198,13 @@ class JudgeLimits:
             return "no address-space limit is set where a GPU is visible"
         return f"the notebook may use {cap / GIB:g} GiB of address space"
 
-    def launcher(self) -> list[str]:
-        """The command that starts a judge under these limits: prepend it to the judge's."""
+    def launcher(self, readable=(), writable=()) -> list[str]:
+        """The command that starts a judge under these limits: prepend it to the judge's. With
+        ``readable`` or ``writable`` folders, the judge is confined to them (:func:`confine`)."""
+        folders = [arg for path in readable for arg in ("--read", str(path))]
+        folders += [arg for path in writable for arg in ("--write", str(path))]
         return [sys.executable, "-I", os.path.abspath(__file__), "--memory", str(self.address_space() or 0),
-                "--cpu", str(self.cpu_seconds), "--tasks", str(self.tasks), "--"]
+                "--cpu", str(self.cpu_seconds), "--tasks", str(self.tasks), *folders, "--"]
 
 
 def gpu_visible() -> bool:
@@ -221,12 +287,15 @@ def death_cause(returncode: int | None, limits: JudgeLimits) -> str:
 
 
 def launch(argv: list[str]) -> int:
-    """The launcher (``python -I containment.py --memory B --cpu S --tasks N -- JUDGE...``). Its
-    child dies with it, takes the limits and becomes the judge; it stays in the launcher's process
-    group, so a judge that signals its group (``os.kill(0, …)``, or ``os.getppid()``, which is 0 in
-    its own namespace) ends itself and its launcher alone."""
+    """The launcher (``python -I containment.py --memory B --cpu S --tasks N [--read P]… [--write
+    P]… -- JUDGE...``). Its child dies with it, takes the limits (and, with folders, Landlock's
+    confinement) and becomes the judge; it stays in the launcher's process group, so a judge that
+    signals its group (``os.kill(0, …)``, or ``os.getppid()``, which is 0 in its own namespace)
+    ends itself and its launcher alone."""
     split = argv.index("--")
-    options = {name.lstrip("-"): int(value) for name, value in zip(argv[:split:2], argv[1:split:2])}
+    pairs = list(zip(argv[:split:2], argv[1:split:2]))
+    options = {name.lstrip("-"): int(value) for name, value in pairs if name not in ("--read", "--write")}
+    folders = {name: [value for n, value in pairs if n == name] for name in ("--read", "--write")}
     namespace = new_pid_namespace()
     max_tasks = task_cap(options["tasks"], namespace) if os.geteuid() != 0 else 0  # root: no such limit
     child = os.fork()
@@ -240,6 +309,8 @@ def launch(argv: list[str]) -> int:
                 _lower_limit(resource.RLIMIT_AS, options["memory"])
             if max_tasks:  # 0: root, which the limit does not bind
                 _lower_limit(resource.RLIMIT_NPROC, max_tasks)
+            if folders["--read"] or folders["--write"]:
+                confine(folders["--read"], folders["--write"])
             os.execvp(argv[split + 1], argv[split + 1:])
         except BaseException as err:  # noqa: BLE001 - reported, then the child ends
             print(f"the judge could not start: {err}", file=sys.stderr)

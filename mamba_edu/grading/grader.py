@@ -36,11 +36,13 @@ import mamba_edu
 from mamba_edu.exercises import core
 from mamba_edu.exercises.core import ExerciseResult, NotebookResult
 from mamba_edu.grading.containment import (JudgeLimits, become_subreaper, children, death_cause, kill_descendants,
-                                             not_dumpable, read_regular)
+                                           landlock_abi, not_dumpable, read_regular)
 from mamba_edu.profiling.trace_files import TraceError
 
 PACKAGE_DIR = Path(mamba_edu.__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
+#: Whether judges run confined by Landlock (:func:`~mamba_edu.grading.containment.confine`).
+CONFINED = landlock_abi() > 0
 
 
 # --- what may be graded -----------------------------------------------------------------------
@@ -73,6 +75,14 @@ def _refusal(path: Path) -> tuple[str | None, bytes]:
 def code_cells(raw: bytes) -> list[str]:
     """The sources of a notebook's code cells, from its validated bytes."""
     return ["".join(cell.get("source", "")) for cell in json.loads(raw)["cells"] if cell.get("cell_type") == "code"]
+
+
+def handout_cells(stem: str, cells: list[str]) -> list[int]:
+    """The numbers (from 1) of the ``cells`` that are code cells of the handout ``stem`` as the
+    checkout has it (none when the checkout has no handout: grading from a wheel)."""
+    handout = REPO_DIR / "notebooks" / f"{stem}.ipynb"
+    ours = set(code_cells(handout.read_bytes())) if handout.is_file() else set()
+    return [i for i, cell in enumerate(cells, 1) if cell in ours]
 
 
 def throwaway_copy(notebook: Path, raw: bytes, workdir: Path) -> Path:
@@ -109,30 +119,20 @@ JUDGE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "VIRTUAL_ENV", 
              "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "LD_LIBRARY_PATH")
 
 
-def judge_environment(package_root: Path, private: Path) -> dict:
-    """The judge's environment: :data:`JUDGE_ENV` from this process's, the private package first
-    on the path, the caches and temp files in ``private``."""
+def judge_environment(private: Path) -> dict:
+    """The judge's environment: :data:`JUDGE_ENV` from this process's, the caches and temp files
+    in ``private``."""
     return {**{k: os.environ[k] for k in JUDGE_ENV if k in os.environ},
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(package_root), os.environ.get("PYTHONPATH")])),
-            "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg", "TMPDIR": str(private),
+            "MPLBACKEND": "Agg", "TMPDIR": str(private), "HOME": str(private),
             "IPYTHONDIR": str(private / "ipython"), "MPLCONFIGDIR": str(private / "mpl"),
             "TRITON_CACHE_DIR": str(private / "triton")}
 
 
-# --- the package: a private copy per notebook -------------------------------------------------
-
-#: The modules a verdict depends on: a change to them in the installed package gives 0.
-GUARDED = ("exercises", "profiling/syncs.py", "profiling/fake_device.py", "probes.py")
-
+# --- the package: a private copy per notebook; the environment, watched where not confined ------
 
 def _package_snapshot(root: Path = PACKAGE_DIR) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*")
             if p.is_file() and "__pycache__" not in p.parts}
-
-
-def _changed(snapshot: dict[str, bytes], root: Path) -> list[str]:
-    now = _package_snapshot(root) if root.is_dir() else {}
-    return [n for n in sorted(set(snapshot) | set(now)) if snapshot.get(n) != now.get(n)]
 
 
 def private_package(snapshot: dict[str, bytes], workdir: Path) -> Path:
@@ -147,6 +147,53 @@ def private_package(snapshot: dict[str, bytes], workdir: Path) -> Path:
     return workdir
 
 
+def watched_folders() -> list[Path]:
+    """What a judge that is not confined could change to reach a later notebook: Python's site
+    folders (a ``.pth`` runs in every later Python), the package, the checkout's notebooks."""
+    import site
+
+    folders = [*map(Path, site.getsitepackages()), Path(site.getusersitepackages()), PACKAGE_DIR,
+               REPO_DIR / "notebooks"]
+    return [f for f in folders if f.is_dir()]
+
+
+def environment_state(folders: list[Path]) -> dict[str, tuple]:
+    """Size, modification and change time of every file under ``folders`` (the change time moves
+    with every write, and no process of an ordinary user can set it back)."""
+    state = {}
+    for folder in folders:
+        for directory, names, files in os.walk(folder):
+            for name in files + [n for n in names if Path(directory, n).is_symlink()]:
+                with contextlib.suppress(OSError):
+                    st = os.lstat(os.path.join(directory, name))
+                    state[os.path.join(directory, name)] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return state
+
+
+class Environment:
+    """Where judges are not confined (no Landlock, or ``--sandbox``'s bubblewrap), the state of
+    :func:`watched_folders` between notebooks: a change is the last notebook's, which then gets
+    0, and every later notebook of the run is not graded (the environment can no longer be
+    trusted: restore it, then grade again)."""
+
+    def __init__(self, confined: bool):
+        self.folders = [] if confined else watched_folders()
+        self.state, self.broken, self.lock = environment_state(self.folders), "", threading.Lock()
+
+    def changed_by(self, name: str) -> str:
+        """Why the notebook ``name``, just judged, gets 0 for the environment, or ``""``."""
+        if not self.folders:
+            return ""
+        with self.lock:
+            now = environment_state(self.folders)
+            changed = sorted(k for k in set(now) | set(self.state) if now.get(k) != self.state.get(k))
+            self.state = now
+            if changed and not self.broken:
+                self.broken = f"{name} changed {changed[0]}" + (f" and {len(changed) - 1} more" if changed[1:] else "")
+                return f"the notebook changed the environment ({self.broken})"
+        return ""
+
+
 # --- one judge --------------------------------------------------------------------------------
 
 #: The judges running now (several with ``--jobs``) and the children this process had before
@@ -155,29 +202,87 @@ _WORKERS: set[int] = set()
 _WORKERS_LOCK = threading.Lock()
 
 
+#: The longest report line a judge may write, and the most lines it may write (bytes, lines).
+MAX_LINE, MAX_LINES = 64 * 1024, 10_000
+
+
 def _read_lines(stream, into: queue.Queue) -> None:
-    for line in stream:
+    """Pass on the judge's lines, each at most :data:`MAX_LINE` bytes: past it (or past
+    :data:`MAX_LINES` lines) pass ``b""`` and stop reading (the judge is then killed)."""
+    for _ in range(MAX_LINES):
+        line = stream.readline(MAX_LINE)
+        if not line:
+            break
+        if not line.endswith(b"\n"):
+            into.put(b"")
+            return
         into.put(line)
+    else:
+        into.put(b"")
+        return
     into.put(None)
 
 
-def _outcome(proc: subprocess.Popen, lines: queue.Queue, secret: str, timeout: int, limits: JudgeLimits) -> dict:
-    """The judge's verdict, ``{"exercises": [[number, status, message], …]}`` or ``{"zero": reason}``,
-    from the lines that carry ``secret``. A verdict counts only if the judge then ends by itself
-    (a judge alone in its PID namespace survives the signals it sends its own group: its launcher
+def _outcome(proc: subprocess.Popen, lines: queue.Queue, secret: str, timeout: int, limits: JudgeLimits,
+             seed: int) -> dict:
+    """The judge's verdict, ``{"exercises": [[number, status, message], …], "review": {…}}`` or
+    ``{"zero": reason}``, from the lines that carry ``secret``; the seed goes to the judge when it
+    asks, after the cells ran. ``review`` maps an exercise number (0: the whole notebook) to the
+    flags raised while it was judged. A verdict counts only if the judge then ends by itself (a
+    judge alone in its PID namespace survives the signals it sends its own group: its launcher
     does not)."""
-    step = "its start"
+    step, exercise, review, refused = "its start", 0, {}, None
     while True:
         try:
             line = lines.get(timeout=timeout)
         except queue.Empty:
             return {"zero": f"{step} ran longer than the timeout ({timeout} s)"}
-        report = json.loads(line[len(secret):]) if line and line.startswith(secret.encode()) else {}
-        if line is None or proc.poll() not in (None, 0) or (report and "step" not in report and proc.wait(60)):
+        if line == b"":
+            return {"zero": f"the judge wrote more than the report allows while running {step}"}
+        try:
+            report = json.loads(line[len(secret):]) if line and line.startswith(secret.encode()) else {}
+        except ValueError:
+            report = {}
+        if not isinstance(report, dict):
+            report = {}
+        final = report and not {"step", "review", "refused"} & set(report)
+        if line is None or proc.poll() not in (None, 0) or (final and proc.wait(60)):
             return {"zero": f"the judge died while running {step} ({death_cause(proc.wait(), limits)})"}
-        if report and "step" not in report:
-            return report
-        step = report.get("step", step)
+        if final:
+            return {"zero": f"the notebook {refused}"} if refused else {**report, "review": review}
+        if report.get("step") == "seed":
+            with contextlib.suppress(BrokenPipeError, OSError):
+                proc.stdin.write(f"{seed}\n".encode())
+                proc.stdin.close()
+        elif "step" in report:
+            step = str(report["step"])[:200]
+            exercise = int(step.rsplit(" ", 1)[-1]) if step.startswith("the check of exercise") else 0
+        elif "review" in report:
+            review.setdefault(exercise, []).append(str(report["review"])[:300])
+        elif "refused" in report and refused is None:
+            refused = str(report["refused"])[:300]
+
+
+def judge_command(package_root: Path) -> list[str]:
+    """An isolated Python (``-I``: no user site, no ``PYTHON*`` variables, not the current folder
+    first on the path; ``-B``: no bytecode written) that imports the package from ``package_root``
+    and runs the judge."""
+    return [sys.executable, "-I", "-B", "-c",
+            "import sys; sys.path.insert(0, sys.argv[1]); from mamba_edu.grading.judge import main; main()",
+            str(package_root)]
+
+
+#: What every judge may read besides its own folders: the system's and Python's.
+SYSTEM_FOLDERS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/opt", "/proc", "/sys", "/dev")
+
+
+def judge_folders(workdir: Path, package_root: Path) -> tuple[list[str], list[str]]:
+    """What a confined judge may read, and write: Python (its prefixes, with the libraries), the
+    system's folders and its private package copy to read; its ``workdir`` and the devices a GPU
+    needs to write. Not the checkout, the solutions, ``/tmp`` or any other student's folder."""
+    python = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    devices = ["/dev/null", *map(str, Path("/dev").glob("nvidia*")), "/dev/shm"]
+    return [*SYSTEM_FOLDERS, *sorted(python), str(package_root)], [str(workdir), *devices]
 
 
 def run_judge(path: Path, raw: bytes, timeout: int, sandbox: bool, package_root: Path,
@@ -188,34 +293,41 @@ def run_judge(path: Path, raw: bytes, timeout: int, sandbox: bool, package_root:
     workdir = Path(tempfile.mkdtemp(prefix="mamba_edu-grade-"))
     folder, private = throwaway_copy(path, raw, workdir), workdir / "private"
     private.mkdir()
-    command = limits.launcher() + (bwrap_prefix(workdir, package_root) if sandbox else []) + [
-        sys.executable, "-P", "-m", "mamba_edu.grading.judge"]
-    orders = {"secret": secret, "notebook": path.stem, "cells": code_cells(raw), "memory": limits.memory_text(),
-              "seed": str(seed)}
+    # bubblewrap mounts, which Landlock forbids: with --sandbox it is the boundary instead
+    confined = judge_folders(workdir, package_root) if CONFINED and not sandbox else ((), ())
+    command = (limits.launcher(*confined) + (bwrap_prefix(workdir, package_root) if sandbox else [])
+               + judge_command(package_root))
+    cells = code_cells(raw)
+    orders = {"secret": secret, "notebook": path.stem, "cells": cells, "memory": limits.memory_text(),
+              "handout": handout_cells(path.stem, cells)}
     with _WORKERS_LOCK:
         proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                env=judge_environment(package_root, private), cwd=folder, start_new_session=True)
+                                env=judge_environment(private), cwd=folder, start_new_session=True)
         _WORKERS.add(proc.pid)
     lines = queue.Queue()
     threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True).start()
     try:
         with contextlib.suppress(BrokenPipeError):
             proc.stdin.write(json.dumps(orders).encode() + b"\n")
-            proc.stdin.close()
-        outcome = _outcome(proc, lines, secret, timeout, limits)
+            proc.stdin.flush()
+        outcome = _outcome(proc, lines, secret, timeout, limits, seed)
     finally:  # the verdict counts once the judge and all it started are gone
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, 9)
         proc.wait()
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
         with _WORKERS_LOCK:
             _WORKERS.discard(proc.pid)
             kill_descendants(keep=frozenset(_WORKERS))
         shutil.rmtree(workdir, ignore_errors=True)
     if "zero" in outcome:
         return NotebookResult(path.name, "zero", str(outcome["zero"]))
-    titles = {n: ex.title for n, ex in core.REGISTRY[path.stem].items()}
-    return NotebookResult(path.name, "graded", exercises=[ExerciseResult(n, titles[n], status, message)
-                                                          for n, status, message in outcome["exercises"]])
+    registered, review = core.REGISTRY[path.stem], outcome["review"]
+    return NotebookResult(path.name, "graded", exercises=[
+        ExerciseResult(n, registered[n].title, status, message, "; ".join(review.get(0, []) + review.get(n, [])),
+                       registered[n].points)
+        for n, status, message in outcome["exercises"]])
 
 
 def fresh_seed() -> int:
@@ -232,38 +344,34 @@ def grade_paths(paths: list[Path], timeout: int, sandbox: bool = False, report=N
     become_subreaper()  # what a judge leaves behind comes back here, to be killed
     with _WORKERS_LOCK:
         _WORKERS.update(children())  # the caller's own children are not the notebooks' to lose
-    snapshot = _package_snapshot()
+    snapshot, environment = _package_snapshot(), Environment(CONFINED and not sandbox)
     results = []
     for path in paths:
         if started is not None:
             started(path)
         start, registered = time.perf_counter(), core.REGISTRY[path.stem]
         refusal, raw = _refusal(path)
-        touched = []
         if refusal:
             result = NotebookResult(path.name, "refused", f"{path.name} {refusal}")
+        elif environment.broken:
+            result = NotebookResult(path.name, "zero", f"{environment.broken} earlier in this run; restore the "
+                                                       "environment, then grade again")
         else:
-            installed = _package_snapshot()
             workdir = Path(tempfile.mkdtemp(prefix="mamba_edu-package-"))
             try:
                 result = run_judge(path, raw, timeout, sandbox, private_package(snapshot, workdir), limits,
                                    fresh_seed() if seed is None else seed)
-                touched = _changed(snapshot, workdir / "mamba_edu")
             except Exception as err:  # noqa: BLE001 - the grader's own trouble with this notebook
                 result = NotebookResult(path.name, "zero", f"the grader could not grade it: {type(err).__name__}: {err}")
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
-            touched += [f"installed {n}" for n in _changed(installed, PACKAGE_DIR) if n.startswith(GUARDED)]
-        if touched:
-            result.status = "zero"
-            result.reason = (f"the notebook changed the package ({', '.join(touched[:5])}); the "
-                             "grader's private copy is thrown away")
+            if why := environment.changed_by(f"{path.parent.name}/{path.name}"):
+                result.status, result.reason = "zero", why
         if result.status != "graded":
-            result.exercises = [ExerciseResult(n, registered[n].title, core.FAIL, "not graded: " + result.reason)
-                                for n in sorted(registered)]
+            result.exercises = [ExerciseResult(n, registered[n].title, core.FAIL, "not graded: " + result.reason,
+                                               points=registered[n].points) for n in sorted(registered)]
         result.seconds = time.perf_counter() - start
         results.append(result)
         if report is not None:
             report(result)
     return results
-

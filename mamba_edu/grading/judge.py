@@ -1,22 +1,29 @@
 """One notebook's judge: the process that runs the notebook, then checks its answers.
 
-The grader (:mod:`~mamba_edu.grading.grader`) starts ``python -m mamba_edu.grading.judge`` in
-a throwaway copy of the notebook's folder, under resource limits, and writes one line of orders to
-its stdin: the report's secret, the notebook's name and code cells, the grading seed. The judge
+The grader (:mod:`~mamba_edu.grading.grader`) starts this module's :func:`main` with an isolated
+Python (``-I``) in a throwaway copy of the notebook's folder, under resource limits (and where the
+kernel allows, Landlock's confinement), and writes one line of orders to its stdin: the report's
+secret, the notebook's name and code cells. The judge
 
-1. runs the code cells in an IPython shell of its own (magics work, a failing cell does not stop
+1. adds its audit hook (:class:`~mamba_edu.grading.watch.Watch`: a write outside the notebook's
+   folders is refused and gives 0; inspection, code built by hand, ``ctypes``… are flagged for
+   review) and remembers the modules as they are (:class:`~mamba_edu.grading.watch.Pristine`),
+2. runs the code cells in an IPython shell of its own (magics work, a failing cell does not stop
    it, whatever the notebook prints goes nowhere),
-2. sets the grading seed (the cells never saw it), then judges each exercise with the functions
-   the notebook defined (:func:`judge_exercise`): every call of an answer runs with the package
-   functions and torch ops its exercise forbids absent (:func:`~mamba_edu.exercises.absent.absent`),
-3. writes each step, then the verdicts, as JSON lines that start with the secret.
+3. puts back what the cells replaced in the package, torch or numpy (flagged), asks the grader for
+   the grading seed (the cells never saw it), then judges each exercise of the registry as it was
+   before any cell ran, with the functions the notebook defined (:func:`judge_exercise`): every
+   call of an answer runs with the package functions and torch ops its exercise forbids absent
+   (:func:`~mamba_edu.exercises.absent.absent`),
+4. writes each step, each flag, then the verdicts, as JSON lines that start with the secret.
 
 A cell or an answer that raises a ``BaseException`` that is not an ``Exception`` (``exit()``,
 ``KeyboardInterrupt``), or a cell that runs out of memory, gives the notebook 0 with the reason.
-The notebook runs in this process, so a notebook written to fake its own results here (patching
-the checks, reading their frames) is not stopped: ``docs/teaching.md`` says what is guaranteed.
+The notebook runs in this process: ``docs/teaching.md`` says what is guaranteed, and what is only
+flagged for an instructor's review.
 """
 
+import dataclasses
 import functools
 import json
 import os
@@ -27,6 +34,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from mamba_edu.exercises import core
 from mamba_edu.exercises.absent import absent
+from mamba_edu.grading.watch import Pristine, Watch
 
 
 def guarded(fn, forbidden: tuple[str, ...]):
@@ -77,11 +85,14 @@ def out_of_memory(err: BaseException) -> bool:
     return isinstance(err, MemoryError) or "can't allocate memory" in str(err) or "bad_alloc" in str(err)
 
 
-def run(orders: dict, say) -> dict:
-    """Run the notebook, then judge its exercises (``say(step=…)`` before each):
-    ``{"exercises": [[number, status, message], …]}`` or ``{"zero": reason}``."""
+def run(orders: dict, say, seed) -> dict:
+    """Run the notebook, then judge its exercises (``say(step=…)`` before each; ``seed()`` asks
+    the grader for the grading seed): ``{"exercises": [[number, status, message], …]}`` or
+    ``{"zero": reason}``."""
     shell, cells, errors = _Shell.instance(), orders["cells"], []
-    sys.path.insert(0, "")  # the notebook's folder, as in Jupyter
+    registered = {n: dataclasses.replace(ex) for n, ex in core.REGISTRY[orders["notebook"]].items()}
+    pristine = Pristine()
+    sys.path.append("")  # the notebook's folder, as in Jupyter, after the package and its libraries
     for number, source in enumerate(cells, 1):
         say(step=f"code cell {number}")
         result = shell.run_cell(source, store_history=True)
@@ -92,9 +103,11 @@ def run(orders: dict, say) -> dict:
             return {"zero": f"code cell {number} ran out of memory ({orders['memory']}): {str(err)[:200]}"}
         if err is not None:
             errors.append(f"; cell {number}: {type(err).__name__}: {err}"[:300])
-    os.environ[core.SEED_VARIABLE] = orders["seed"]
+    for name in pristine.restore()[:5]:
+        say(review=f"the cells replaced {name} (put back before the checks)")
+    os.environ[core.SEED_VARIABLE] = seed()
     verdicts = []
-    for number, ex in sorted(core.REGISTRY[orders["notebook"]].items()):
+    for number, ex in sorted(registered.items()):
         say(step=f"the check of exercise {number}")
         try:
             verdict = judge_exercise(ex, shell.user_ns, (errors or [""])[0])
@@ -108,16 +121,22 @@ def main() -> None:
     """Read the orders, judge the notebook, write the verdict (the grader kills what the notebook
     started before it reports it)."""
     orders = json.loads(sys.stdin.readline())
-    report = os.fdopen(os.dup(1), "w")
+    report, grader = os.fdopen(os.dup(1), "w"), os.fdopen(os.dup(0), "r")
     nowhere = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):  # the notebook reads nothing and writes nowhere
         os.dup2(nowhere, fd)
+    secret = orders.pop("secret")
 
     def say(**message):
-        report.write(orders["secret"] + dumps(message) + "\n")
+        report.write(secret + dumps(message)[:4000] + "\n")
         report.flush()
 
-    say(**run(orders, say))
+    def seed() -> str:
+        say(step="seed")
+        return grader.readline().strip()
+
+    sys.addaudithook(Watch([os.getcwd(), os.environ.get("TMPDIR", os.getcwd())], say, orders["handout"]))
+    say(**run(orders, say, seed))
     os._exit(0)  # nothing the notebook registered (atexit, threads) runs after the verdict
 
 

@@ -1,0 +1,224 @@
+"""What the checks cannot judge: a static scan that flags the cells an instructor should read.
+
+An answer runs inside its own judge, so a notebook that patches the checks, reads their frames,
+switches torch's modes off or writes outside its folder changes its own verdict (``docs/teaching.md``,
+"What is protected, and what is not"). :func:`review_flags` names, by cell and line, every use of
+the routes listed there: threads and processes, ``ctypes``/``cffi``/``mmap``, frame or memory
+inspection, code built at run time, torch's mode switches, file access outside the notebook's
+folder, writes to the output, assignments to the package, dynamic attribute access.
+
+A static scan is defeated by obfuscation (names assembled from strings, an import hidden behind
+a computed name, a route reached through an allowed object); it flags, it does not prove. Its
+point is that no route the docs name passes unflagged. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One suspicious line: ``cell`` and ``line`` count from 1 (code cells only)."""
+
+    cell: int
+    line: int
+    reason: str
+    text: str
+
+
+THREADS = "uses threads or processes"
+RAW_MEMORY = "uses ctypes, cffi or mmap"
+FRAMES = "inspects frames or memory"
+CODE = "builds code at run time"
+TORCH_MODES = "switches torch's modes"
+FILES = "opens a file outside its folder or by a computed path"
+OUTPUT = "writes to the output or a file descriptor"
+PATCH = "patches the package"
+DYNAMIC = "uses dynamic attribute access"
+MAGIC = "runs a shell command or an unusual magic"
+UNPARSED = "could not be parsed"
+
+#: Imported names (a module, or one of its members) and the reason their use is flagged.
+MODULES = {
+    **dict.fromkeys(("threading", "_thread", "concurrent.futures", "multiprocessing", "subprocess", "signal",
+                     "os.fork", "os.forkpty", "os.system", "os.popen", "os.kill", "os.killpg", "os.posix_spawn",
+                     "os.execv", "os.execve", "os.spawnv", "pty"), THREADS),
+    **dict.fromkeys(("ctypes", "cffi", "mmap"), RAW_MEMORY),
+    **dict.fromkeys(("sys._getframe", "inspect", "gc", "traceback", "sys.settrace", "sys.setprofile",
+                     "sys.modules"), FRAMES),
+    **dict.fromkeys(("importlib", "types.FunctionType", "types.CodeType", "types.LambdaType", "runpy",
+                     "marshal", "builtins"), CODE),
+    **dict.fromkeys(("torch._C._", "torch.library", "torch.utils._python_dispatch", "torch.overrides"), TORCH_MODES),
+    **dict.fromkeys(("sys.stdout", "sys.stderr", "sys.__stdout__", "sys.__stderr__", "os.write", "os.dup",
+                     "os.dup2", "os.fdopen", "os.open", "os.pipe"), OUTPUT),
+    **dict.fromkeys(("shutil", "os.remove", "os.unlink", "os.rename", "os.replace", "os.rmdir", "os.removedirs",
+                     "os.symlink", "os.link", "os.chmod", "os.truncate", "os.listdir", "os.scandir", "os.walk",
+                     "os.chdir", "glob"), FILES),
+}
+
+#: Attribute or member names flagged wherever they appear.
+ANYWHERE = {
+    **dict.fromkeys(("_getframe", "f_back", "f_locals", "f_globals", "f_code", "tb_frame", "gi_frame", "cr_frame",
+                     "__code__", "__globals__", "__closure__", "__builtins__"), FRAMES),
+    **dict.fromkeys(("__import__",), CODE),
+    **dict.fromkeys(("TorchDispatchMode", "TorchFunctionMode", "_disable_current_modes", "_DisableTorchDispatch",
+                     "set_sync_debug_mode"), TORCH_MODES),
+}
+
+BUILTINS = {"exec": CODE, "eval": CODE, "compile": CODE, "__import__": CODE, "breakpoint": FRAMES}
+PATH_WRITES = {"write_text", "write_bytes", "unlink", "touch", "symlink_to", "hardlink_to", "rmdir"}
+#: Magics that leave the rest of the line, or of the cell, plain Python.
+PYTHON_MAGICS = {"matplotlib", "time", "timeit", "config", "load_ext", "autoreload", "precision"}
+
+
+def _prepare(source: str) -> tuple[str, list[int]]:
+    """The cell with IPython's magics, shell lines and help lines commented out (lines kept), and
+    the lines holding a magic that is not in :data:`PYTHON_MAGICS` (or a ``!`` shell command)."""
+    lines, odd = source.splitlines(), []
+    for i, line in enumerate(lines):
+        bare = line.lstrip()
+        if bare[:1] in ("%", "!", "?") or bare.endswith("?"):
+            name = bare.lstrip("%").split(" ")[0]
+            if bare[:1] == "!" or (bare[:1] == "%" and name not in PYTHON_MAGICS):
+                odd.append(i + 1)
+            if bare.startswith("%%") and name not in PYTHON_MAGICS:  # the cell's body is not Python
+                return "", odd
+            lines[i] = line[: len(line) - len(bare)] + "# " + bare
+    return "\n".join(lines), odd
+
+
+def _aliases(trees) -> dict[str, str]:
+    """``local name → dotted name`` of every import of the notebook, whatever its cell."""
+    names = {}
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    names[a.asname or a.name.partition(".")[0]] = a.name if a.asname else a.name.partition(".")[0]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+    return names
+
+
+def _dotted(node, aliases: dict) -> str | None:
+    """``a.b.c`` for an attribute chain whose head is an imported name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name) or node.id not in aliases:
+        return None
+    return ".".join([aliases[node.id], *reversed(parts)])
+
+
+def _named(dotted: str) -> str | None:
+    """The reason a dotted name is flagged (:data:`MODULES`, :data:`ANYWHERE`), or None."""
+    for prefix, reason in MODULES.items():
+        if dotted == prefix or dotted.startswith(prefix if prefix.endswith("_") else prefix + "."):
+            return reason
+    return next((ANYWHERE[p] for p in dotted.split(".") if p in ANYWHERE), None)
+
+
+def _safe_path(node) -> bool:
+    """A plain relative string literal that stays inside the notebook's folder."""
+    if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+        return False
+    path = node.value.replace("\\", "/")
+    return not path.startswith(("/", "~")) and ":" not in path and ".." not in path.split("/")
+
+
+def _literal(node) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+def _call_reason(node: ast.Call, aliases: dict) -> str | None:
+    """The reason to flag a call by what it calls and with what: a file opened by a path that is
+    not :func:`_safe_path`, ``getattr``/``setattr`` with a computed name or on the package."""
+    func, args = node.func, node.args
+    name = func.id if isinstance(func, ast.Name) and func.id not in aliases else None
+    dotted = _dotted(func, aliases) or ""
+    if name in ("getattr", "setattr", "delattr", "hasattr") and len(args) > 1:
+        if name != "getattr" and name != "hasattr" and (_dotted(args[0], aliases) or "").startswith("mamba_edu"):
+            return PATCH
+        return None if _literal(args[1]) else DYNAMIC
+    if name == "vars" and args and _dotted(args[0], aliases):
+        return FRAMES
+    if name == "open" or dotted in ("io.open", "pathlib.Path.open", "codecs.open"):
+        return None if args and _safe_path(args[0]) else FILES
+    if dotted.startswith("shutil."):
+        return None if args and all(_safe_path(a) for a in args) else FILES
+    if isinstance(func, ast.Attribute) and func.attr in PATH_WRITES:
+        path = func.value
+        literal = isinstance(path, ast.Call) and (_dotted(path.func, aliases) or "").startswith("pathlib.")
+        return None if literal and path.args and _safe_path(path.args[0]) else FILES
+    return BUILTINS.get(name)
+
+
+def _dunder_built(node) -> bool:
+    """A string built at run time that spells a dunder (``'__' + name``, ``f"__{x}__"``)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return any(_literal(side) and "__" in side.value for side in (node.left, node.right))
+    return isinstance(node, ast.JoinedStr) and any(_literal(v) and "__" in v.value for v in node.values)
+
+
+def _reasons(tree, aliases: dict):
+    """``(line, reason)`` for every flagged node of one cell's syntax tree."""
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", None)
+        if isinstance(node, ast.Import):
+            yield from ((line, r) for a in node.names if (r := _named(a.name)))
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield from ((line, r) for a in node.names if (r := _named(f"{node.module}.{a.name}")))
+        elif isinstance(node, (ast.Attribute, ast.Name)):
+            dotted = _dotted(node, aliases)
+            reason = _named(dotted) if dotted else ANYWHERE.get(getattr(node, "attr", getattr(node, "id", "")))
+            if reason:
+                yield line, reason
+            if isinstance(node, ast.Attribute) and node.attr == "__dict__" and _dotted(node.value, aliases):
+                yield line, FRAMES
+        elif isinstance(node, ast.Call) and (reason := _call_reason(node, aliases)):
+            yield line, reason
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = getattr(node, "targets", None) or [node.target]
+            if any(isinstance(t, ast.Attribute) and (_dotted(t, aliases) or "").startswith("mamba_edu")
+                   for t in targets):
+                yield line, PATCH
+        elif _dunder_built(node):
+            yield line, DYNAMIC
+        elif _literal(node) and node.value.startswith(("/proc/", "/dev/")):
+            yield line, FILES
+
+
+def review_flags(cells: list[str]) -> list[Flag]:
+    """The flags of a notebook's code cells (their sources, in order), one per cell, line and
+    reason, in the order of the cells and lines."""
+    prepared = [_prepare(source) for source in cells]
+    trees = []
+    for source, _ in prepared:
+        try:
+            trees.append(ast.parse(source))
+        except SyntaxError:  # also null bytes, in Python 3.11
+            trees.append(None)
+    aliases = _aliases(t for t in trees if t is not None)
+    flags = set()
+    for number, (source, (_, odd), tree) in enumerate(zip(cells, prepared, trees), 1):
+        lines = source.splitlines() or [""]
+        found = {(n, MAGIC) for n in odd} | ({(1, UNPARSED)} if tree is None else set(_reasons(tree, aliases)))
+        flags |= {Flag(number, n, reason, lines[min(n, len(lines)) - 1].strip()[:120]) for n, reason in found}
+    return sorted(flags, key=lambda f: (f.cell, f.line, f.reason))
+
+
+def summary(flags: list[Flag], limit: int = 400) -> str:
+    """One line for the grade book, at most about ``limit`` characters: ``needs review: cell 3
+    line 2 uses threads or processes (threading.Thread(...)); …``, or ``""`` without flags."""
+    if not flags:
+        return ""
+    line = "needs review:"
+    for shown, f in enumerate(flags):
+        item = f" cell {f.cell} line {f.line} {f.reason} ({f.text[:60]});"
+        if len(line) + len(item) > limit:
+            return f"{line} … and {len(flags) - shown} more"
+        line += item
+    return line.rstrip(";")

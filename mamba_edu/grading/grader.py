@@ -7,13 +7,17 @@ For every notebook, :func:`grade_paths`
    no other notebooks, so no ``solutions/``) and the package to a private copy, written from the
    snapshot taken when grading began, that this notebook alone imports,
 3. starts one judge there (:mod:`~mamba_edu.grading.judge`: it runs the notebook, then the
-   checks) under the launcher of :mod:`~mamba_edu.grading.containment` (a PID namespace of its
-   own where one can be had, resource limits), with ``--sandbox`` inside bubblewrap too, with an
-   allow-list of environment variables and a fresh grading seed,
-4. reads the judge's reports, counting only the lines that start with the secret it gave the
-   judge on stdin. A step (a cell, a check) that runs past ``timeout``, a judge that dies first
-   (``os._exit``, a limit reached, a signal), or a change to the package gives the notebook 0 with
-   the reason; grading goes on with the next notebook,
+   checks) as an isolated Python, under the launcher of :mod:`~mamba_edu.grading.containment`
+   (a PID namespace of its own where one can be had, resource limits and, where the kernel has
+   Landlock, a file system it reads only where Python and the system live and writes only in
+   its own folders), with ``--sandbox`` inside bubblewrap instead, with an allow-list of
+   environment variables; the grading seed goes to the judge only after its cells ran,
+4. reads the judge's reports (bounded), counting only the lines that start with the secret it
+   gave the judge on stdin. A step (a cell, a check) that runs past ``timeout``, a judge that dies
+   first (``os._exit``, a limit reached, a signal), or a write outside the notebook's folder gives
+   the notebook 0 with the reason; grading goes on with the next notebook. Where judges are not
+   confined, a change to Python's site folders or the package gives 0 and stops the run
+   (:class:`Environment`),
 5. kills the judge and everything it started before the verdict is reported.
 """
 

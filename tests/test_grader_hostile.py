@@ -142,11 +142,13 @@ def test_a_notebook_that_edits_the_package_gets_zero_and_the_next_one_is_safe(tm
     folder = tmp_path / "folder"
     folder.mkdir()
     shutil.copy(HOSTILE / "edit_package" / "00_start_here.ipynb", folder)
-    shutil.copy(ROOT / "notebooks" / "01_gated_deltanet_recurrence.ipynb", folder)
+    handout = nbformat.read(ROOT / "notebooks" / "01_gated_deltanet_recurrence.ipynb", as_version=4)
+    handout.cells.append(nbformat.v4.new_code_cell("# touched, so that it is judged"))
+    nbformat.write(handout, folder / "01_gated_deltanet_recurrence.ipynb")
     env = {"PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     result, report = _grade(folder, env=env, cwd=tmp_path)
     first, second = report["notebooks"]
-    assert first["status"] == "zero" and "changed the package (exercises/core.py)" in first["reason"], first
+    assert first["status"] == "zero" and "tried to write" in first["reason"] and "exercises/core.py" in first["reason"], first
     assert second["status"] == "graded" and second["passed"] == 0, second
     assert {e["status"] for e in second["exercises"]} == {"not done"}
     assert core.read_bytes() == original  # the installed package was never written to

@@ -149,8 +149,9 @@ def test_the_judge_is_an_isolated_python_without_the_seed(monkeypatch, tmp_path)
     monkeypatch.setenv("GITHUB_TOKEN", "ghp_secret")
     monkeypatch.setenv(SEED_VARIABLE, "12345")
     monkeypatch.setenv("PYTHONPATH", "/somewhere/writable")
+    monkeypatch.setenv("PATH", "/usr/bin")
     env = grader.judge_environment(tmp_path / "private")
-    assert "GITHUB_TOKEN" not in env and SEED_VARIABLE not in env and "PYTHONPATH" not in env
+    assert env["PATH"] == "/usr/bin" and "GITHUB_TOKEN" not in env and SEED_VARIABLE not in env and "PYTHONPATH" not in env
     assert env["HOME"] == env["TMPDIR"] == str(tmp_path / "private")
     command = grader.judge_command(tmp_path / "package")
     assert command[1:3] == ["-I", "-B"] and command[-1] == str(tmp_path / "package")

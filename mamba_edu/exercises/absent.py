@@ -5,13 +5,24 @@ the function's module globals, so every route to the function changes at once: a
 earlier, a new name, a call from another thread. :func:`absent` makes the functions and torch ops
 an exercise forbids raise (the judge opens it around each call of an answer); :func:`metering`
 counts the rows of the first argument of every call (a check reads the tokens a scan was given).
+
+A copy is absent too: while the block runs, a profile hook refuses any function whose code equals
+a forbidden one's (:func:`fingerprint`), so ``types.FunctionType(f.__code__, …)``, an ``exec`` of
+the package's source or a helper that wraps such a copy is named in ``called``. Limits: the hook
+watches this thread and the threads started in the block (Python 3.11 has no hook for threads
+already running); a copy edited by one constant or name, and a generator copied and resumed from
+an instrument, escape; numpy's C functions and ufuncs (``numpy.dot``, ``numpy.matmul``) are
+replaced on their module for the block only, so a reference taken before it escapes, while
+numpy's Python functions (``numpy.linalg.inv``, ``numpy.cumsum``) are swapped like the package's.
 """
 
 import contextlib
+import functools
 import inspect
 import itertools
 import pkgutil
 import sys
+import threading
 import types
 import warnings
 
@@ -77,19 +88,79 @@ def _restore(swapped: list) -> None:
         function.__globals__.pop(slot, None)
 
 
-def _raiser(dotted: str, called: list):
-    """``make`` for :func:`_swap`: a call records ``dotted`` in ``called`` and raises; a function of
-    an instrument called by an instrument (the sniffer's helpers, during the answer) still runs."""
-    def make(original):
-        instrument = original.__module__ in INSTRUMENTS
+class _Raiser:
+    """What a forbidden function becomes (``make`` for :func:`_swap`, with ``dotted`` and ``called``
+    bound): a call records ``dotted`` in ``called`` and raises; a function of an instrument called
+    by an instrument (the sniffer's helpers, during the answer) still runs."""
 
-        def raiser(*args, **kwargs):
-            if instrument and sys._getframe(2).f_globals.get("__name__") in INSTRUMENTS:
-                return original(*args, **kwargs)
-            called.append(dotted)
-            raise RuntimeError(f"{dotted} is not available in this exercise: write it yourself")
-        return raiser
-    return make
+    def __init__(self, dotted: str, called: list, original):
+        self.dotted, self.called, self.original = dotted, called, original
+        self.instrument = getattr(original, "__module__", None) in INSTRUMENTS
+
+    def __call__(self, *args, **kwargs):
+        if self.instrument and sys._getframe(2).f_globals.get("__name__") in INSTRUMENTS:
+            return self.original(*args, **kwargs)
+        self.called.append(self.dotted)
+        raise RuntimeError(f"{self.dotted} is not available in this exercise: write it yourself")
+
+
+def fingerprint(code: types.CodeType) -> tuple:
+    """What makes two code objects the same function whatever their name, file or lines: the
+    bytecode, the constants (a nested function's code by its own fingerprint) and the names read."""
+    consts = tuple(fingerprint(c) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.co_code, consts, code.co_names
+
+
+_REFUSED = {}  # id(code) -> (code, its fingerprint or None), for the forbidden functions: read once
+
+
+def _refused_fingerprint(f) -> tuple | None:
+    """The fingerprint of ``f``'s code if copies of it are refused, else None: it is written in its
+    module's own file (not generated, as a dataclass's ``__init__``, nor borrowed from another
+    module) and its body has two lines or more (copying a one-line helper is no more than writing
+    that line; and ``pass``, ``self.x = x`` or ``(a + b - 1) // b`` are in many libraries)."""
+    code = f.__code__
+    if id(code) not in _REFUSED:
+        lines = {line for *_, line in code.co_lines() if line is not None}
+        own = code.co_filename == getattr(sys.modules.get(f.__module__), "__file__", None)
+        _REFUSED[id(code)] = code, fingerprint(code) if own and len(lines) > 2 else None
+    return _REFUSED[id(code)][1]
+
+
+def _copies_refused(fingerprints: dict, called: list):
+    """A profile hook: a call of code whose fingerprint is in ``fingerprints`` (→ dotted) appends
+    ``"<dotted> (a copy)"`` to ``called`` (a profile hook cannot raise into the answer; the judge
+    fails it on ``called``), unless it comes from a :class:`_Raiser` letting an instrument through
+    or from an instrument itself (the sniffer resuming its own generators)."""
+    verdicts = {}  # id(code) -> (code, dotted or None): the code kept alive so that no id is reused
+
+    def hook(frame, event, arg):
+        if event != "call":
+            return
+        code, caller = frame.f_code, frame.f_back
+        known = verdicts.get(id(code))
+        if known is None:
+            known = verdicts[id(code)] = (code, fingerprints.get(fingerprint(code)))
+        if known[1] and (caller is None or (caller.f_code is not _Raiser.__call__.__code__
+                                            and caller.f_globals.get("__name__") not in INSTRUMENTS)):
+            called.append(f"{known[1]} (a copy)")
+    return hook
+
+
+@contextlib.contextmanager
+def _watching(hook, called: list):
+    """``hook`` profiles this thread and every thread started in the block; removing it there
+    (``sys.setprofile(None)``) is recorded in ``called`` as a call of ``sys.setprofile``."""
+    before = sys.getprofile(), threading.getprofile()
+    sys.setprofile(hook)
+    threading.setprofile(hook)
+    try:
+        yield
+    finally:
+        if (sys.getprofile(), threading.getprofile()) != (hook, hook):
+            called.append("sys.setprofile (the judge's hook)")
+        sys.setprofile(before[0])
+        threading.setprofile(before[1])
 
 
 def _aten_ops(obj, dotted: str) -> dict:
@@ -129,27 +200,47 @@ def _ops_absent(ops: dict, called: list):
     return library
 
 
+def _replaced(parent, name: str, dotted: str, called: list) -> tuple:
+    """Put a :class:`_Raiser` in place of the C function ``parent.name`` (a numpy builtin or ufunc,
+    whose code cannot be swapped); returns what :func:`_put_back` needs."""
+    original = getattr(parent, name)
+    setattr(parent, name, _Raiser(dotted, called, original))
+    return parent, name, original
+
+
 @contextlib.contextmanager
 def absent(forbidden):
     """``with absent(dotted_names) as called:`` in the block, every package function and torch op
-    behind the names raises, and ``called`` lists those that were called. The methods of the
-    instruments stay (they run during the call)."""
-    called, functions, ops, loaded = [], {}, {}, _loaded(forbidden)
+    behind the names raises, so do numpy's, and so does a copy of one of those package functions;
+    ``called`` lists those that were called. The methods of the instruments stay (they run during
+    the call)."""
+    called, functions, ops, replaced, loaded = [], {}, {}, [], _loaded(forbidden)
     for dotted in forbidden:
         try:
             obj = pkgutil.resolve_name(dotted)
         except (ImportError, AttributeError):  # a name this version does not have cannot be called
             continue
-        ops.update(_aten_ops(obj, dotted))
-        for f in _functions(obj, loaded):
-            if not (f.__module__ in INSTRUMENTS and "." in f.__qualname__):
-                functions.setdefault(f, dotted)
-    swapped = [_swap(f, _raiser(dotted, called)) for f, dotted in functions.items()]
+        named_ops = _aten_ops(obj, dotted)
+        ops.update(named_ops)
+        found = [f for f in _functions(obj, loaded) if not (f.__module__ in INSTRUMENTS and "." in f.__qualname__)]
+        for f in found:
+            functions.setdefault(f, dotted)
+        if not (found or named_ops) and callable(obj) and not isinstance(obj, type) and "." in dotted:
+            parent, _, name = dotted.rpartition(".")
+            replaced.append(_replaced(pkgutil.resolve_name(parent), name, dotted, called))
+    fingerprints = {}
+    for f, dotted in functions.items():  # before the swap, which changes the code
+        if (key := _refused_fingerprint(f)) is not None:
+            fingerprints.setdefault(key, dotted)
+    swapped = [_swap(f, functools.partial(_Raiser, dotted, called)) for f, dotted in functions.items()]
     library = _ops_absent(ops, called)
     try:
-        yield called
+        with _watching(_copies_refused(fingerprints, called), called):
+            yield called
     finally:
         _restore(swapped)
+        for parent, name, original in replaced:
+            setattr(parent, name, original)
         if library is not None:
             library._destroy()
 

@@ -38,7 +38,7 @@ import mamba_edu
 from mamba_edu.exercises import core
 from mamba_edu.exercises.core import ExerciseResult, NotebookResult
 from mamba_edu.grading.containment import JudgeLimits, children, kill_descendants, read_regular
-from mamba_edu.grading.grader import REPO_DIR, code_cells, fresh_seed, grade_paths
+from mamba_edu.grading.grader import CONFINED, REPO_DIR, Environment, code_cells, fresh_seed, grade_paths
 
 NAME_BYTES = 64  # a longer student name is shortened: a file name holds at most 255 bytes
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # a spreadsheet may read such a cell as a formula (OWASP)
@@ -218,12 +218,14 @@ class Run:
     limits: JudgeLimits = JudgeLimits()
     seed: int | None = None
     stems: tuple[str, ...] = ()
+    environment: Environment | None = None  # shared by the run's notebooks (made here)
 
     def __post_init__(self):
         if type(self.jobs) is not int or self.jobs < 1:
             raise ValueError(f"jobs (notebooks graded at a time) must be a whole number of at least 1, got {self.jobs!r}")
         self.seed = fresh_seed() if self.seed is None else self.seed
         self.stems = tuple(sorted(set(self.stems or core.REGISTRY)))
+        self.environment = Environment(CONFINED and not self.sandbox)
 
 
 @dataclass
@@ -318,7 +320,7 @@ def grade_notebook(student: str, path: Path, run: Run, progress) -> NotebookResu
         result = NotebookResult(path.name, "graded", exercises=every_exercise(path.stem, core.NOT_DONE, HANDOUT))
     else:
         [result] = grade_paths([path], run.timeout, run.sandbox, started=lambda p: progress(f"[{student}] {p.name} …"),
-                               limits=run.limits, seed=run.seed)
+                               limits=run.limits, seed=run.seed, environment=run.environment)
     progress(f"[{student}] {result.file}: {_summary(tidy(result))}")
     return result
 

@@ -116,7 +116,7 @@ def usage_error(args) -> str | None:
     if why := path_refusal(args.path):
         return f"PATH {args.path}: {why}"
     for option, target, refusal in (("--csv", args.csv, csv_refusal), ("--feedback", args.feedback, write_refusal)):
-        if target and (why := submission_refusal(target, args.path) or refusal(target)):
+        if target and (why := refusal(target) or submission_refusal(target, args.path)):
             return f"{option} {target}: {why}"
     return None
 
@@ -173,23 +173,24 @@ def main(argv=None) -> int:
     seed = grader.fresh_seed() if args.seed is None else args.seed
     settings = {"sandbox": args.sandbox, "jobs": args.jobs, "seed": seed, "stems": args.assignment or (),
                 "limits": JudgeLimits(memory=int(args.max_memory * GIB), cpu_seconds=args.max_cpu)}
-    meta, unfinished = classroom.provenance(seed), []
+    meta, unfinished = classroom.provenance(seed), None
     try:
         reports = (grade_class if class_mode else grade_folder)(args, progress, settings)
     except classroom.NothingToGrade as err:
         return refuse(parser, str(err))
     except classroom.Interrupted as interrupted:
-        reports, unfinished = interrupted.reports, interrupted.unfinished or ["(none)"]
-        progress(f"{parser.prog}: interrupted; not finished, so left out of every output: {', '.join(unfinished)}")
+        reports, unfinished = interrupted.reports, interrupted.unfinished
+        progress(f"{parser.prog}: interrupted; not finished, so left out of every output: "
+                 f"{', '.join(unfinished) or 'none'}")
     if class_mode:
-        show_class(reports, meta, unfinished, args.json)
+        show_class(reports, {"sandbox": args.sandbox, **meta}, unfinished or [], args.json)
     elif reports:
-        show_student(reports[0], meta, args.json)
+        show_student(reports[0], {"sandbox": args.sandbox, **meta}, args.json)
     if args.csv and reports:
         classroom.write_csv(reports, args.csv, meta, args.csv_format)
     if args.feedback and reports:
         classroom.write_feedback(reports, args.feedback, meta)
-    if unfinished:
+    if unfinished is not None:
         return 130
     return 0 if all(r.points == r.max_points for r in reports) else 1
 
@@ -224,8 +225,9 @@ def grade_folder(args, progress, settings) -> list:
 
 
 def show_class(reports: list, meta: dict, unfinished: list[str], as_json: bool) -> None:
-    """A class's report: the run's provenance then one score line per student, or the JSON report
-    with its ``students`` list (and the names of those ``interrupted``)."""
+    """A class's report: the run's provenance (``meta``, with ``sandbox``) then one score line per
+    student, or the JSON report with its ``students`` list (and the names of those
+    ``interrupted``)."""
     from mamba_edu.grading import classroom
 
     if as_json:
@@ -239,8 +241,8 @@ def show_class(reports: list, meta: dict, unfinished: list[str], as_json: bool) 
 
 
 def show_student(report, meta: dict, as_json: bool) -> None:
-    """One folder's report: the run's provenance, one line per exercise and the score, or the
-    JSON report."""
+    """One folder's report: the run's provenance (``meta``, with ``sandbox``), one line per
+    exercise and the score, or the JSON report."""
     from mamba_edu.grading import classroom
 
     if as_json:

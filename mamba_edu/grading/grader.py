@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import secrets
 import shutil
 import subprocess
@@ -41,6 +42,7 @@ from mamba_edu.exercises import core
 from mamba_edu.exercises.core import ExerciseResult, NotebookResult
 from mamba_edu.grading.containment import (JudgeLimits, become_subreaper, children, death_cause, kill_descendants,
                                            landlock_abi, not_dumpable, read_regular)
+from mamba_edu.grading.review import review_flags
 from mamba_edu.profiling.trace_files import TraceError
 
 PACKAGE_DIR = Path(mamba_edu.__file__).resolve().parent
@@ -79,6 +81,21 @@ def _refusal(path: Path) -> tuple[str | None, bytes]:
 def code_cells(raw: bytes) -> list[str]:
     """The sources of a notebook's code cells, from its validated bytes."""
     return ["".join(cell.get("source", "")) for cell in json.loads(raw)["cells"] if cell.get("cell_type") == "code"]
+
+
+def static_review(stem: str, cells: list[str], handout: list[int]) -> dict[int, list[str]]:
+    """The static review's flags (:mod:`~mamba_edu.grading.review`) of the cells the learner
+    wrote, by exercise: a cell that defines an exercise's function flags that exercise, another
+    cell all of them (0)."""
+    by_exercise = {}
+    for flag in review_flags(cells):
+        if flag.cell in handout:
+            continue
+        defined = set(re.findall(r"^\s*def\s+(\w+)", cells[flag.cell - 1], re.MULTILINE))
+        owners = [n for n, ex in core.REGISTRY[stem].items() if defined & set(ex.names)] or [0]
+        for number in owners:
+            by_exercise.setdefault(number, []).append(f"cell {flag.cell} line {flag.line} {flag.reason}: {flag.text}")
+    return by_exercise
 
 
 def handout_cells(stem: str, cells: list[str]) -> list[int]:
@@ -328,6 +345,8 @@ def run_judge(path: Path, raw: bytes, timeout: int, sandbox: bool, package_root:
     if "zero" in outcome:
         return NotebookResult(path.name, "zero", str(outcome["zero"]))
     registered, review = core.REGISTRY[path.stem], outcome["review"]
+    for number, flags in static_review(path.stem, cells, orders["handout"]).items():
+        review.setdefault(number, []).extend(flags)
     return NotebookResult(path.name, "graded", exercises=[
         ExerciseResult(n, registered[n].title, status, message, "; ".join(review.get(0, []) + review.get(n, [])),
                        registered[n].points)
@@ -340,15 +359,18 @@ def fresh_seed() -> int:
 
 
 def grade_paths(paths: list[Path], timeout: int, sandbox: bool = False, report=None,
-                started=None, limits: JudgeLimits = JudgeLimits(), seed: int | None = None) -> list[NotebookResult]:
+                started=None, limits: JudgeLimits = JudgeLimits(), seed: int | None = None,
+                environment: Environment | None = None) -> list[NotebookResult]:
     """Grade every notebook in ``paths`` (each already one with registered exercises), each judge
     under ``limits``, its checks drawing their inputs from ``seed`` (None: a fresh one per
-    notebook); call ``started(path)`` before each and ``report(result)`` after each."""
+    notebook); call ``started(path)`` before each and ``report(result)`` after each. A run that
+    calls this several times passes them all one ``environment`` (None: one for this call)."""
     not_dumpable()      # no notebook writes into this process's output or reads its memory
     become_subreaper()  # what a judge leaves behind comes back here, to be killed
     with _WORKERS_LOCK:
         _WORKERS.update(children())  # the caller's own children are not the notebooks' to lose
-    snapshot, environment = _package_snapshot(), Environment(CONFINED and not sandbox)
+    snapshot = _package_snapshot()
+    environment = environment or Environment(CONFINED and not sandbox)
     results = []
     for path in paths:
         if started is not None:

@@ -35,7 +35,7 @@ CODE = "builds code at run time"
 TORCH_MODES = "switches torch's modes"
 FILES = "opens a file outside its folder or by a computed path"
 OUTPUT = "writes to the output or a file descriptor"
-PATCH = "patches the package"
+PATCH = "patches the package, torch or numpy"
 DYNAMIC = "uses dynamic attribute access"
 MAGIC = "runs a shell command or an unusual magic"
 UNPARSED = "could not be parsed"
@@ -46,14 +46,15 @@ MODULES = {
                      "os.fork", "os.forkpty", "os.system", "os.popen", "os.kill", "os.killpg", "os.posix_spawn",
                      "os.execv", "os.execve", "os.spawnv", "pty"), THREADS),
     **dict.fromkeys(("ctypes", "cffi", "mmap"), RAW_MEMORY),
-    **dict.fromkeys(("sys._getframe", "inspect", "gc", "traceback", "sys.settrace", "sys.setprofile",
-                     "sys.modules"), FRAMES),
+    **dict.fromkeys(("sys._getframe", "sys.settrace", "sys.setprofile", "sys.modules", "gc", "traceback",
+                     "inspect.currentframe", "inspect.stack", "inspect.trace", "inspect.getouterframes",
+                     "inspect.getinnerframes", "inspect.getclosurevars", "inspect.getgeneratorlocals"), FRAMES),
     **dict.fromkeys(("importlib", "types.FunctionType", "types.CodeType", "types.LambdaType", "runpy",
                      "marshal", "builtins"), CODE),
     **dict.fromkeys(("torch._C._", "torch.library", "torch.utils._python_dispatch", "torch.overrides"), TORCH_MODES),
     **dict.fromkeys(("sys.stdout", "sys.stderr", "sys.__stdout__", "sys.__stderr__", "os.write", "os.dup",
                      "os.dup2", "os.fdopen", "os.open", "os.pipe"), OUTPUT),
-    **dict.fromkeys(("shutil", "os.remove", "os.unlink", "os.rename", "os.replace", "os.rmdir", "os.removedirs",
+    **dict.fromkeys(("os.remove", "os.unlink", "os.rename", "os.replace", "os.rmdir", "os.removedirs",
                      "os.symlink", "os.link", "os.chmod", "os.truncate", "os.listdir", "os.scandir", "os.walk",
                      "os.chdir", "glob"), FILES),
 }
@@ -156,6 +157,11 @@ def _call_reason(node: ast.Call, aliases: dict) -> str | None:
     return BUILTINS.get(name)
 
 
+def _patched(dotted: str) -> bool:
+    """An attribute of the package, torch or numpy (torch's settings, ``torch.backends``, aside)."""
+    return dotted.startswith(("mamba_edu.", "torch.", "numpy.")) and not dotted.startswith("torch.backends.")
+
+
 def _dunder_built(node) -> bool:
     """A string built at run time that spells a dunder (``'__' + name``, ``f"__{x}__"``)."""
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
@@ -182,8 +188,7 @@ def _reasons(tree, aliases: dict):
             yield line, reason
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
             targets = getattr(node, "targets", None) or [node.target]
-            if any(isinstance(t, ast.Attribute) and (_dotted(t, aliases) or "").startswith("mamba_edu")
-                   for t in targets):
+            if any(isinstance(t, ast.Attribute) and _patched(_dotted(t, aliases) or "") for t in targets):
                 yield line, PATCH
         elif _dunder_built(node):
             yield line, DYNAMIC

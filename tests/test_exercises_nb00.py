@@ -134,9 +134,9 @@ def test_sync_quiz_says_why():
 
 # --- exercise 2: the tracked rows without a sync ------------------------------------------------
 
-def tracked_rows(mask, size, shift=1, fill=-1, truncate=True, dtype=torch.long):
+def tracked_rows(mask, size, shift=1, fill=-1, truncate=True, dtype=torch.long, count=torch.long):
     """A right answer, with switches for the mistakes the check must catch."""
-    place = mask.long().cumsum(0) - shift
+    place = mask.to(count).cumsum(0).long() - shift
     keep = mask & (place < size) if truncate else mask
     place = torch.where(keep, place, size)
     out = torch.full((size + 1,), fill, dtype=torch.long, device=mask.device)
@@ -153,6 +153,11 @@ def rows_by_sort(mask, size):                   # another right answer: a stable
     rows = torch.cat([order, order.new_full((size,), -1)])[:size]
     n_set = mask.long().sum()
     return torch.where(torch.arange(size, device=mask.device) < n_set, rows, -1)
+
+
+def rows_by_sort_unpadded(mask, size):         # the sort cut to size: too short when size > the mask
+    order = torch.argsort((~mask).to(torch.uint8), stable=True)[:size]
+    return torch.where(torch.arange(size, device=mask.device) < mask.long().sum(), order, -1)
 
 
 def padded_nonzero(mask, size):                 # nonzero: its size depends on the data
@@ -181,6 +186,9 @@ WRONG_2 = {
     "padding with 0": lambda mask, size: tracked_rows(mask, size, fill=0),
     "no truncation past size (scatters out of bounds)": lambda mask, size: tracked_rows(mask, size, truncate=False),
     "int32 rows": lambda mask, size: tracked_rows(mask, size, dtype=torch.int32),
+    "places counted in bf16 (exact to 256)": lambda mask, size: tracked_rows(mask, size, count=torch.bfloat16),
+    "places counted in fp16 (exact to 2048)": lambda mask, size: tracked_rows(mask, size, count=torch.float16),
+    "the sort not padded past the mask": rows_by_sort_unpadded,
     "shape [size, 1]": lambda mask, size: tracked_rows(mask, size)[:, None],
     "nonzero then padding": padded_nonzero,
     "nonzero_static itself": nonzero_static_itself,

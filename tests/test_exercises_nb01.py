@@ -44,7 +44,14 @@ def l2norm_in_a_thread(x):
 renamed_l2norm = l2norm  # the package's function under another name
 
 
+def l2norm_bf16_only(x):
+    """Converts a bf16 input, keeps any other as it is: an fp16 row stays fp16."""
+    x = x.float() if x.dtype == torch.bfloat16 else x
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
 WRONG_1 = {
+    "converts bf16 only (fp16 stays fp16)": l2norm_bf16_only,
     "scales an fp32 input in place": l2norm_in_place,
     "computed in bf16, cast to fp32 at the end": lambda x: (x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)).float(),
     "eps 1e-12 (F.normalize's), not 1e-6": lambda x: x.float() * torch.rsqrt((x.float() ** 2).sum(-1, keepdim=True) + 1e-12),
@@ -96,7 +103,16 @@ def gating_in_a_thread(A_log, a, b, dt_bias):
         return pool.submit(gdn_gating, A_log, a, b, dt_bias).result()
 
 
+def gating_in_input_dtype(A_log, a, b, dt_bias):
+    """The arithmetic in the inputs' dtype (bf16 for bf16 projections), fp32 only at the end."""
+    x = a + dt_bias
+    softplus = torch.where(x > 20, x, torch.log1p(x.clamp(max=20).exp()))
+    return (-A_log.exp() * softplus).float(), torch.sigmoid(b).float()
+
+
 WRONG_2 = {
+    "computed in the inputs' dtype, cast to fp32 at the end": gating_in_input_dtype,
+    "returned in the inputs' dtype": lambda A_log, a, b, dt_bias: gating(A_log, a, b, dt_bias, dtype=a.dtype),
     "a + dt_bias written into a in place": gating_in_place,
     "computed in bf16, returned as fp32": lambda A_log, a, b, dt_bias: tuple(
         t.float() for t in gating(A_log.bfloat16(), a.bfloat16(), b.bfloat16(), dt_bias.bfloat16(), dtype=torch.bfloat16)),
@@ -185,7 +201,32 @@ def recurrence_in_a_thread(q, k, v, g, beta, S0, value_head, scale):
         return pool.submit(recurrence_package, q, k, v, g, beta, S0, value_head, scale).result()
 
 
+def recurrence_scales_q_in_place(q, k, v, g, beta, S0, value_head, scale):
+    """Right outputs, but q is scaled in place (the caller's q changes)."""
+    return head_recurrence(q.mul_(scale), k, v, g, beta, S0, value_head, 1.0)
+
+
+def recurrence_decays_g_in_place(q, k, v, g, beta, S0, value_head, scale):
+    """Right outputs, but g is exponentiated in place (and taken back with a log)."""
+    return head_recurrence(q, k, v, g.exp_().log(), beta, S0, value_head, scale)
+
+
+def recurrence_error_in_v(q, k, v, g, beta, S0, value_head, scale):
+    """Right outputs, but the prediction error v - Sᵀk is computed in v's own memory."""
+    hk = value_head // (v.shape[1] // q.shape[1])
+    S, o = S0.clone(), []
+    for t in range(q.shape[0]):
+        S = g[t, value_head].exp() * S
+        error = v[t, value_head].sub_(S.T @ k[t, hk])
+        S = S + torch.outer(k[t, hk], beta[t, value_head] * error)
+        o.append(scale * (S.T @ q[t, hk]))
+    return torch.stack(o), S
+
+
 WRONG_3 = {
+    "scales q in place": recurrence_scales_q_in_place,
+    "exponentiates g in place": recurrence_decays_g_in_place,
+    "the prediction error computed in v's memory": recurrence_error_in_v,
     "a head group of 2 hard-coded (i // 2)": _wrong(key_head=lambda i, H, HV: i // 2),
     "the package's recurrence in a worker thread (forbidden)": recurrence_in_a_thread,
     "the state kept in bf16": lambda q, k, v, g, beta, S0, value_head, scale: head_recurrence(
@@ -213,6 +254,8 @@ def test_head_recurrence_rejects(mistake):
 
 def test_head_recurrence_says_why():
     assert "changed S0 in place" in judge_answer(NB, 3, WRONG_3["changes S0 in place"]).message
+    assert "changed q in place" in judge_answer(NB, 3, recurrence_scales_q_in_place).message
+    assert "changed v in place" in judge_answer(NB, 3, recurrence_error_in_v).message
     assert "mamba_edu.gdn" in judge_answer(NB, 3, recurrence_package).message
     assert "float64" in judge_answer(NB, 3, WRONG_3["float64 results"]).message
 

@@ -111,6 +111,17 @@ def l2norm_unmasked_columns(x_ptr, y_ptr, n_rows, stride_x, D: tl.constexpr, BD:
 
 
 @triton.jit
+def l2norm_unmasked_row_load(x_ptr, y_ptr, n_rows, stride_x, D: tl.constexpr, BD: tl.constexpr,
+                             ROWS: tl.constexpr):
+    """The load masks the columns only (the last block reads rows past x); the store masks both."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BD)
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=(cols < D)[None, :], other=0.0)
+    y = x / tl.sqrt(tl.sum(x * x, 1) + 1e-6)[:, None]
+    tl.store(y_ptr + rows[:, None] * D + cols[None, :], y, mask=(rows < n_rows)[:, None] & (cols < D)[None, :])
+
+
+@triton.jit
 def l2norm_in_float16(x_ptr, y_ptr, n_rows, stride_x, D: tl.constexpr, BD: tl.constexpr, ROWS: tl.constexpr):
     """The row loaded as float16 (half the traffic), normalised there."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -135,7 +146,8 @@ def test_l2norm_kernel():
     (l2norm_eps_outside, None), (l2norm_no_eps, None), (l2norm_ignores_stride, None),
     (l2norm_unmasked_rows, "wrote past row n_rows-1"), (l2norm_output_with_x_stride, None),
     (l2norm_package_helper, "calls mamba_edu.kernels"), (l2norm_in_torch, "not a Triton kernel"),
-    (l2norm_unmasked_columns, "wrote past row n_rows-1"), (l2norm_in_float16, None)],
+    (l2norm_unmasked_columns, "wrote past row n_rows-1"), (l2norm_in_float16, None),
+    (l2norm_unmasked_row_load, "loaded elements outside rows")],
     ids=lambda w: getattr(w, "__name__", None) or getattr(getattr(w, "fn", None), "__name__", "phrase"))
 def test_l2norm_kernel_rejects(wrong, phrase):
     _rejected(1, wrong, phrase)

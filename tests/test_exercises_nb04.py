@@ -114,7 +114,7 @@ def conv_states(prev, x, lengths, old=True, shift=0, newest_first=False, layout=
             else:
                 rows.append(n * w + (w + t - start))   # a column of the old state
         start = end
-    source = torch.cat([prev.transpose(1, 2).reshape(N * w, D), x])
+    source = torch.cat([prev.transpose(1, 2).reshape(N * w, D), x.to(prev.dtype)])
     out = source[torch.tensor(rows, device=x.device)].view(N, w, D)
     if newest_first:
         out = out.flip(1)
@@ -126,12 +126,13 @@ def conv_states_right(prev, x, lengths):
     return conv_states(prev, x, lengths)
 
 
-def conv_states_loop(prev, x, lengths):           # another right answer: a loop of slices, no sync
+def conv_states_loop(prev, x, lengths, dtype=lambda prev, x: prev.dtype):
+    """Another right answer: a loop of slices, no sync; ``dtype`` picks the result's dtype."""
     out, start = [], 0
     for n, length in enumerate(lengths):
         out.append(torch.cat([prev[n], x[start:start + length].T], dim=1)[:, -prev.shape[2]:])
         start += length
-    return torch.stack(out)
+    return torch.stack(out).to(dtype(prev, x))
 
 
 def conv_states_device_lengths(prev, x, lengths):  # right values, but the lengths go through the device
@@ -145,7 +146,7 @@ def conv_states_device_lengths(prev, x, lengths):  # right values, but the lengt
 
 def conv_states_float32(prev, x, lengths):        # right columns, in a float32 buffer whatever prev is
     N, D, w = prev.shape
-    out, start = torch.empty(N, D, w), 0
+    out, start = torch.empty(N, D, w, device=prev.device), 0
     for n, length in enumerate(lengths):
         out[n] = torch.cat([prev[n], x[start:start + length].T], dim=1)[:, -w:]
         start += length
@@ -183,6 +184,10 @@ WRONG_2 = {
     "causal_conv1d's final states (forbidden)": (conv_states_package, "mamba_edu.gdn.conv"),
     "sequences counted from x's last row (wrong with padding rows)": (_conv(from_the_back=True), "padding"),
     "a float32 buffer whatever prev's dtype": (conv_states_float32, "bfloat16"),
+    "the dtype torch.cat promotes prev and x to": (
+        lambda prev, x, lengths: conv_states_loop(prev, x, lengths, dtype=lambda prev, x: torch.promote_types(prev.dtype, x.dtype)),
+        "bfloat16 prev"),
+    "x's dtype": (lambda prev, x, lengths: conv_states_loop(prev, x, lengths, dtype=lambda prev, x: x.dtype), None),
     "ends read back through .to('cpu') (a sync)": (
         conv_states_host_lengths(lambda t: [int(e) for e in t.to("cpu")]), "sync"),
     "ends read back in a worker thread (a sync)": (

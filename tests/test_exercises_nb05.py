@@ -168,7 +168,20 @@ def match_renamed(root, tokens, max_length):
     return m.length, m.slot
 
 
+def match_and_lock(root, tokens, max_length):
+    """The right hit, but its node is locked (a lock nobody releases: the snapshot is never evicted)."""
+    length, slot = match()(root, tokens, max_length)
+    node, depth = root, 0
+    while depth < length:
+        node = node.children[tokens[depth]]
+        depth += len(node.tokens)
+    if slot is not None:
+        node.holders.append("my_match")
+    return length, slot
+
+
 WRONG_2 = {
+    "the hit's node locked and never released": match_and_lock,
     "the walk ends at the first node without a snapshot": match_stops_at_a_path_node,
     "a list slice compared with the edge's tuple": match_list_against_tuple,
     "max_length ignored in favour of len(prompt) - 1": lambda root, tokens, max_length: match()(root, tokens, len(tokens) - 1),
@@ -192,6 +205,10 @@ def test_match_accepts_the_right_answer():
 def test_match_rejects(mistake):
     verdict = judge_answer(NB, 2, WRONG_2[mistake])
     assert verdict.status == FAIL, verdict.line()
+
+
+def test_match_says_a_lock_was_left():
+    assert "lock(s) held" in judge_answer(NB, 2, match_and_lock).message
 
 
 def test_match_refuses_the_package_lookup():

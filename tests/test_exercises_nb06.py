@@ -26,7 +26,7 @@ def conv_positions(shift=0, no_start=False, no_prefix=False):
         cu = batch.cu_seqlens
         A = batch.track_lens_t[rows] - (0 if no_prefix else batch.prefix_lens_t[rows])
         start = 0 if no_start else cu[rows]
-        return (start + A + shift)[:, None] + torch.arange(-(conv_width - 1), 0)
+        return (start + A + shift)[:, None] + torch.arange(-(conv_width - 1), 0, device=cu.device)
     return my_conv_positions
 
 
@@ -173,7 +173,18 @@ def sources_by_offsets(batch, rows):                 # the host helper the state
     return torch.minimum(offsets[rows] + A // 64, offsets[-1] - 1), A == E[rows]
 
 
+def sources_as(checkpoint_dtype=torch.int64, final_dtype=torch.bool):
+    """Right sources, returned in other dtypes than the statement's."""
+    def my_ssm_sources(batch, rows):
+        checkpoint, final = ssm_sources()(batch, rows)
+        return checkpoint.to(checkpoint_dtype), final.to(final_dtype)
+    return my_ssm_sources
+
+
 WRONG_2 = {
+    "float checkpoints": sources_as(checkpoint_dtype=torch.float32),
+    "from_final as int64 0/1": sources_as(final_dtype=torch.int64),
+    "int32 checkpoints": sources_as(checkpoint_dtype=torch.int32),
     "off by one chunk: an inclusive running sum": ssm_sources(inclusive=True),
     "chunks per request floor(E/64), not ceil": ssm_sources(floor=True),
     "no clamp: a final row names a row past h": ssm_sources(clamp=False),
@@ -231,6 +242,8 @@ def test_ssm_sources_rejects(mistake):
 
 
 def test_ssm_sources_messages():
+    assert "expected torch.int64" in judge_answer(NB, 2, WRONG_2["float checkpoints"]).message
+    assert "expected torch.bool" in judge_answer(NB, 2, WRONG_2["from_final as int64 0/1"]).message
     assert "expected h row 2" in judge_answer(NB, 2, ssm_sources(inclusive=True)).message
     assert "not a row of h" in judge_answer(NB, 2, ssm_sources(clamp=False)).message
     assert "final-row contract" in judge_answer(NB, 2, final_rows_at(-1)).message
@@ -248,7 +261,7 @@ def _final_when_whole_chunks(A, E):                  # "no checkpoint if the res
 
 
 def make_track(window_shift=0, all_rows=False, final_from_h=False, inclusive=False, no_prefix=False,
-               is_final=_final_when_equal, last_row=False, window_dtype=None, consume_h=False):
+               is_final=_final_when_equal, last_row=False, window_dtype=None, consume_h=False, clear_mask=False):
     """A naive track write; the flags make it wrong in one plausible way."""
     def track(conv_pool, ssm_pool, mixed_qkv, h, batch, W):
         mask = batch.track_mask_t
@@ -272,6 +285,8 @@ def make_track(window_shift=0, all_rows=False, final_from_h=False, inclusive=Fal
         ssm_pool[dst] = torch.where(final[:, None, None, None], ssm_pool[batch.working_slots_t[rows]], h[ckpt])
         if consume_h:                                # "h is scratch after the copy": zeroed for the next layer
             h.zero_()
+        if clear_mask:                               # "this layer's tracking is done": the host mask cleared
+            batch.track_mask[:] = [False] * len(batch.track_mask)
     return track
 
 
@@ -299,6 +314,7 @@ WRONG_3 = {
         make_track(last_row=True),
     "the conv windows copied through float16": make_track(window_dtype=torch.float16),
     "h zeroed after the copy (input mutation)": make_track(consume_h=True),
+    "the host track_mask cleared after the copy": make_track(clear_mask=True),
 }
 
 
@@ -317,6 +333,7 @@ def test_naive_track_messages():
     assert "conv pool" in judge_answer(NB, 3, make_track(window_shift=1)).message
     assert "not tracked" in judge_answer(NB, 3, make_track(all_rows=True)).message
     assert "ssm pool" in judge_answer(NB, 3, make_track(final_from_h=True)).message
+    assert "changed the batch's track_mask" in judge_answer(NB, 3, make_track(clear_mask=True)).message
 
 
 # --- exercise 4: predict the naive forward's syncs, then measure ---------------------------------
@@ -357,13 +374,15 @@ WRONG_4 = {
     "the PR's 11, whatever L": lambda L, tracked: 11 if tracked else 2,
     "six .cpu() forgotten (3 + 3L)": predict(per_forward=3),
     "a float, not a count": lambda L, tracked: float(predict()(L, tracked)),
+    "a numpy float, not a count": lambda L, tracked: np.float64(predict()(L, tracked)),
     "measured with the sniffer (forbidden)": predict_with_the_sniffer,
     "the check's oracle (forbidden)": predict_with_the_oracle,
 }
 
 
-def test_sync_prediction_accepts_the_measured_counts():
-    verdict = judge_answer(NB, 4, predict())
+@pytest.mark.parametrize("kind", [int, np.int64], ids=["int", "numpy int64"])
+def test_sync_prediction_accepts_the_measured_counts(kind):
+    verdict = judge_answer(NB, 4, lambda L, tracked: kind(predict()(L, tracked)))
     assert verdict.status == PASS, verdict.line()
 
 

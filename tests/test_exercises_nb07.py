@@ -62,6 +62,11 @@ WRONG_1 = {
 }
 
 
+def test_hoist_accepts_numpy_bools():
+    verdict = judge_answer(NB, 1, lambda expression: (hoist()(expression)[0], np.bool_(hoist()(expression)[1])))
+    assert verdict.status == PASS, verdict.line()
+
+
 def test_hoist_accepts_the_right_answer():
     verdict = judge_answer(NB, 1, hoist())
     assert verdict.status == PASS, verdict.line()
@@ -80,13 +85,14 @@ def test_hoist_messages():
 
 # --- the index build that exercise 2 needs (notebook 06's exercises 1 and 2) -----------------------
 
-def indices(shift=0, inclusive=False, clamp="tensor", swap_slots=False, final_at=None):
+def indices(shift=0, inclusive=False, clamp="tensor", swap_slots=False, final_at=None, floor=False):
     """The five indices; each flag makes them wrong in one plausible way."""
     def my_precomputed_indices(batch, rows, conv_width):
         cu = batch.cu_seqlens
         E = cu[1:] - cu[:-1]
         chunks = (E + 63) // 64
-        first = chunks.cumsum(0) - (0 if inclusive else chunks)
+        before = E // 64 if floor else chunks                 # floor: a ragged request's last chunk forgotten
+        first = before.cumsum(0) - (0 if inclusive else before)
         A = batch.track_lens_t[rows] - batch.prefix_lens_t[rows]
         checkpoint = first[rows] + A // 64
         if clamp == "tensor":
@@ -171,6 +177,7 @@ WRONG_2 = {
     "final-row contract: a final row's checkpoint past h (no clamp)": prepare(build=indices(clamp="none")),
     "final-row contract: a final row's checkpoint -1": prepare(build=indices(final_at=-1)),
     "track and working slots swapped": prepare(build=indices(swap_slots=True)),
+    "checkpoint offsets with floor(E/64), not ceil": prepare(build=indices(floor=True)),
     "syncing: the clamp's bound read with .item()": prepare(build=indices(clamp="item")),
 }
 
@@ -210,6 +217,10 @@ def masked_copy_minus_one(pool, src, dst, mask):      # -1 is the last slot, a r
     pool[torch.where(mask, dst, -1)] = src
 
 
+def masked_copy_three_dims(pool, src, dst, mask):    # the mask shaped for a conv pool [slots, D, W-1] only
+    pool[dst] = torch.where(mask[:, None, None], src, pool[dst])
+
+
 def masked_copy_all(pool, src, dst, mask):            # the mask forgotten
     pool[dst] = src
 
@@ -246,6 +257,7 @@ def masked_copy_numpy(pool, src, dst, mask):          # np.asarray(mask): a read
 WRONG_3 = {
     "untracked rows sent to slot -1, the last real slot": masked_copy_minus_one,
     "the mask forgotten: every row written": masked_copy_all,
+    "the mask broadcast for 3-D pools only": masked_copy_three_dims,
     "the mask inverted": masked_copy_inverted,
     "syncing: boolean index": masked_copy_boolean_index,
     "syncing: nonzero": masked_copy_nonzero,
@@ -298,8 +310,9 @@ def measured_by_the_oracle(L, tracked):
     return measured_syncs("precomputed", L, tracked)
 
 
-def test_precomputed_prediction_accepts_the_measured_counts():
-    verdict = judge_answer(NB, 4, predict())
+@pytest.mark.parametrize("kind", [int, np.int64], ids=["int", "numpy int64"])
+def test_precomputed_prediction_accepts_the_measured_counts(kind):
+    verdict = judge_answer(NB, 4, lambda L, tracked: kind(predict()(L, tracked)))
     assert verdict.status == PASS, verdict.line()
 
 

@@ -39,7 +39,8 @@ def read_mask(batch, how):
         return mask.tolist()
 
 
-def host_plan(masked=False, from_device=None, own_slot=False, shift=0, clamp=True, chunk_of=lambda a: a // 64):
+def host_plan(masked=False, from_device=None, own_slot=False, shift=0, clamp=True, chunk_of=lambda a: a // 64,
+              final_checkpoint=None, pop_plans=False):
     """sync_free's host plan; each flag makes it wrong in one plausible way."""
     def my_host_plan(batch, W):
         tracked = batch.track_mask if from_device is None else read_mask(batch, from_device)
@@ -53,6 +54,8 @@ def host_plan(masked=False, from_device=None, own_slot=False, shift=0, clamp=Tru
                 dst.append(plan.track_slot)
                 conv.append([start + plan.aligned - (W - 1) + j + shift for j in range(W - 1)])
                 c = offsets[i] + plan.aligned // 64
+                if final_checkpoint is not None and plan.aligned == plan.extend_len:
+                    c = final_checkpoint                   # a final row: its checkpoint is never read
                 ckpt.append(min(c, offsets[-1] - 1) if clamp else c)
                 final.append(int(plan.aligned == plan.extend_len))
                 chunks.append(chunk_of(plan.aligned))
@@ -62,6 +65,8 @@ def host_plan(masked=False, from_device=None, own_slot=False, shift=0, clamp=Tru
                 ckpt.append(0)
                 final.append(0)
                 chunks.append(-1)
+        if pop_plans:                                  # "planned": the plans emptied for the next forward
+            batch.plans.clear()
         return dst, conv, ckpt, final, chunks
     return my_host_plan
 
@@ -84,11 +89,15 @@ WRONG_1 = {
     "syncing: track_mask_t read with torch's modes switched off": host_plan(from_device="no_modes"),
     "chunks counted in cache chunks of 128, not kernel chunks of 64": host_plan(chunk_of=lambda a: a // 128),
     "the forbidden call: host_track_indices": host_plan_by_the_package,
+    "final-row contract: a final row's checkpoint -1": host_plan(final_checkpoint=-1, clamp=False),
+    "the batch's plans emptied after planning": host_plan(pop_plans=True),
 }
 
 
-def test_host_plan_accepts_the_right_answer():
-    verdict = judge_answer(NB, 1, host_plan())
+@pytest.mark.parametrize("final_checkpoint", [None, 0], ids=["o_i + A/64", "0 for a final row"])
+def test_host_plan_accepts_the_right_answers(final_checkpoint):
+    """A final row's checkpoint may be any row of h (notebooks 06 and 07's final-row contract)."""
+    verdict = judge_answer(NB, 1, host_plan(final_checkpoint=final_checkpoint))
     assert verdict.status == PASS, verdict.line()
 
 
@@ -109,15 +118,15 @@ def my_host_plan(batch, W):                 # exercise 1's answer, as the notebo
     return host_plan()(batch, W)
 
 
-def fill(pad="scratch", rebind=False, plan=my_host_plan, rows_only=False, swap=None):
+def fill(pad="scratch", rebind=False, plan=my_host_plan, rows_only=False, swap=None, pad_slot=0):
     """Fill the five buffers with the batch's plan; each flag makes it wrong in one way."""
     def my_fill_static(batch, W, dst, conv_positions, working, checkpoint, from_final):
         d, conv, ckpt, final, _ = plan(batch, W)
         work = list(batch.working_slots)
         n, rows = len(d), dst.shape[0]
         if pad == "scratch":
-            d, conv, work = d + [SCRATCH_SLOT] * (rows - n), conv + [[0] * (W - 1)] * (rows - n), work + [0] * (rows - n)
-            ckpt, final = ckpt + [0] * (rows - n), final + [0] * (rows - n)
+            d, conv = d + [SCRATCH_SLOT] * (rows - n), conv + [[0] * (W - 1)] * (rows - n)
+            work, ckpt, final = work + [pad_slot] * (rows - n), ckpt + [0] * (rows - n), final + [0] * (rows - n)
         elif pad == "zeros_everywhere_but_dst":       # dst of the padding rows: slot 1, a real slot
             d, conv, work = d + [1] * (rows - n), conv + [[0] * (W - 1)] * (rows - n), work + [0] * (rows - n)
             ckpt, final = ckpt + [0] * (rows - n), final + [0] * (rows - n)
@@ -163,6 +172,7 @@ def fill_by_the_package(batch, W, dst, conv_positions, working, checkpoint, from
 
 
 WRONG_2 = {
+    "padding rows read from slot -2": fill(pad_slot=-2),
     "only the batch's rows written: the last batch's rows replayed": fill(pad=None),
     "padding rows sent to slot 1, a real slot": fill(pad="zeros_everywhere_but_dst"),
     "new tensors instead of the buffers": fill(rebind=True),
@@ -178,8 +188,9 @@ WRONG_2 = {
 }
 
 
-def test_fill_static_accepts_the_right_answer():
-    verdict = judge_answer(NB, 2, fill())
+@pytest.mark.parametrize("pad_slot", [0, -1], ids=["scratch slot", "slot -1 (notebook 12's padding)"])
+def test_fill_static_accepts_the_right_answers(pad_slot):
+    verdict = judge_answer(NB, 2, fill(pad_slot=pad_slot))
     assert verdict.status == PASS, verdict.line()
 
 

@@ -6,6 +6,7 @@ judge makes the forbidden functions absent (the package's own bubble analysis) a
 
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 from exercise_judge import judge_answer
 
@@ -121,11 +122,13 @@ def test_gpu_lane_messages():
 
 def syncs(all_waits=False, async_copies=False, all_dtoh=False, window_dtoh=False, any_thread=False,
           which=-1, waits=WAITS, categories=("cuda_runtime", "cuda_driver"),
-          inside=lambda t0, ts, t1: t0 <= ts < t1):
-    """A sync-counting answer with one mistake switched on."""
+          inside=lambda t0, ts, t1: t0 <= ts < t1, range_categories=("user_annotation",)):
+    """A sync-counting answer with one mistake switched on (``range_categories=None``: the range
+    found by its name whatever its category)."""
     def my_trace_syncs(trace, range_name="prefill_forward"):
         events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
-        fwd = [e for e in events if e["name"] == range_name][which]
+        fwd = [e for e in events if e["name"] == range_name
+               and (range_categories is None or e.get("cat") in range_categories)][which]
         t0, t1 = fwd["ts"], fwd["ts"] + fwd["dur"]
         thread = (fwd["pid"], fwd["tid"])
         runtime = [e for e in events if e.get("cat") in categories]
@@ -168,6 +171,7 @@ WRONG_2 = {
     "a call exactly at the range's start left out": syncs(inside=lambda t0, ts, t1: t0 < ts < t1),
     "a call exactly at the range's end counted": syncs(inside=lambda t0, ts, t1: t0 <= ts <= t1),
     "the forbidden call: analyze_trace": syncs_by_the_package,
+    "the range found by name, the GPU's annotation taken": syncs(range_categories=None),
 }
 
 
@@ -297,8 +301,9 @@ WRONG_4 = {
 }
 
 
-def test_stretch_waits_accepts_the_right_answer():
-    verdict = judge_answer(NB, 4, stretch_waits)
+@pytest.mark.parametrize("kind", [int, np.int64], ids=["int", "numpy int64"])
+def test_stretch_waits_accepts_the_right_answer(kind):
+    verdict = judge_answer(NB, 4, lambda strategy, n: kind(stretch_waits(strategy, n)))
     assert verdict.status == PASS, verdict.line()
 
 

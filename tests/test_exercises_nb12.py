@@ -44,7 +44,8 @@ def fixed_plan(capacity="bound", pad_slot=-1, spread=False, unused="past", zero_
         chunk_rows = [(i, c) for i, L in enumerate(padded)
                       for c in range(max(1, (L + 63) // 64) if zero_row_chunk else (L + 63) // 64)]
         size = max_tokens // 64 + rows if capacity == "bound" else (max_tokens + 63) // 64
-        spare = {"past": (rows - 1, EMPTY_CHUNK), "chunk 0": (rows - 1, 0), "origin": (0, 0)}[unused]
+        spare = {"past": (rows - 1, EMPTY_CHUNK), "far past": (rows - 1, 2**30), "chunk 0": (rows - 1, 0),
+                 "origin": (0, 0), "past, row 0": (0, EMPTY_CHUNK)}[unused]
         chunk_rows = (chunk_rows + [spare] * size)[:size]
         if flat:
             chunk_rows = [x for row in chunk_rows for x in row]
@@ -107,6 +108,7 @@ WRONG_1 = {
     "the padding tokens spread over the zero-length rows": fixed_plan(spread=True),
     "unused chunk rows at chunk 0 of the last row": fixed_plan(unused="chunk 0"),
     "unused chunk rows at (0, 0)": fixed_plan(unused="origin"),
+    "unused chunk rows past the batch, but in row 0": fixed_plan(unused="past, row 0"),
     "a zero-length row given a chunk": fixed_plan(zero_row_chunk=True),
     "a flat chunk table": fixed_plan(flat=True),
     "no dummy row: max_requests rows, the padding nowhere": plan_without_dummy,
@@ -114,8 +116,10 @@ WRONG_1 = {
 }
 
 
-def test_fixed_plan_accepts_the_right_answer():
-    verdict = judge_answer(NB, 1, fixed_plan())
+@pytest.mark.parametrize("unused", ["past", "far past"], ids=["EMPTY_CHUNK", "2**30"])
+def test_fixed_plan_accepts_the_right_answer(unused):
+    """An unused row's chunk may be any index past every batch: EMPTY_CHUNK or larger."""
+    verdict = judge_answer(NB, 1, fixed_plan(unused=unused))
     assert verdict.status == PASS, verdict.line()
 
 
@@ -129,7 +133,8 @@ def test_fixed_plan_messages():
     assert "ceil(max_tokens/64)" in judge_answer(NB, 1, fixed_plan(capacity="ceil")).message
     assert "−1 makes the kernels start it from zeros" in judge_answer(NB, 1, fixed_plan(pad_slot=0)).message
     assert "one dummy row" in judge_answer(NB, 1, fixed_plan(spread=True)).message
-    assert "recompute" in judge_answer(NB, 1, fixed_plan(unused="chunk 0")).message
+    assert "not past the batch" in judge_answer(NB, 1, fixed_plan(unused="chunk 0")).message
+    assert "not the last row" in judge_answer(NB, 1, fixed_plan(unused="past, row 0")).message
     assert "rows of 0 tokens have none" in judge_answer(NB, 1, fixed_plan(zero_row_chunk=True)).message
     assert "pairs" in judge_answer(NB, 1, fixed_plan(flat=True)).message
     assert "max_requests + 1" in judge_answer(NB, 1, plan_without_dummy).message

@@ -1,12 +1,18 @@
-"""Sync-freeness by construction (mamba_edu.profiling.fake_device): a function runs on tensors
-without data, so every read of device data fails there, whatever op, thread or mode does it.
+"""Sync-freeness by construction (mamba_edu.profiling.fake_device): a function runs on ``cuda``
+tensors without data, so every read or host copy of device data is refused there, whatever op,
+thread or mode does it.
 
 The hidden reads below are the ones an op-list sniffer misses; each is tried on its own, then
 inside a right answer of notebook 06's exercise 1 through the grader's own path, where the
 verdict must be FAIL (and the same answer without the read must PASS).
 """
 
+import ctypes
+import os
+import signal
 import threading
+
+import numpy as np
 
 import pytest
 import torch
@@ -15,7 +21,7 @@ from exercise_judge import judge_answer
 from mamba_edu.exercises import nb06
 from mamba_edu.exercises.core import FAIL, PASS
 from mamba_edu.exercises.nb06 import random_tracked_batches
-from mamba_edu.profiling.fake_device import data_read, fake_copy
+from mamba_edu.profiling.fake_device import DEVICE, data_read, fake_copy, would_be_sync
 
 BATCH, ROWS, _ = random_tracked_batches(6)[0]
 
@@ -38,6 +44,11 @@ def in_a_thread(read):
 def modes_off(read):
     from torch.utils._python_dispatch import _disable_current_modes
     with _disable_current_modes():
+        return read()
+
+
+def dispatch_off(read):
+    with torch._C._DisableTorchDispatch():
         return read()
 
 
@@ -67,18 +78,40 @@ HIDDEN_READS = {
     "in a worker thread": lambda t: in_a_thread(lambda: int(t[-1])),
     "with torch's modes switched off": lambda t: modes_off(lambda: int(t[-1])),
     "the error caught": lambda t: swallowed(lambda: int(t[-1])),
+    # copies to the host: free on a CPU, a wait for the GPU on a GPU
+    ".to('cpu') and back": lambda t: t.to("cpu").cumsum(0).to(t.device),
+    ".cpu()": lambda t: swallowed(lambda: t.cpu()),
+    ".cpu().numpy()": lambda t: swallowed(lambda: t.cpu().numpy()),
+    "numpy.asarray": lambda t: swallowed(lambda: np.asarray(t)),
+    "numpy.from_dlpack in a worker thread": lambda t: in_a_thread(lambda: np.from_dlpack(t)),
+    ".numpy() in a worker thread": lambda t: in_a_thread(lambda: t.numpy()),
+    "data_ptr() and ctypes": lambda t: swallowed(lambda: ctypes.string_at(t.data_ptr(), 8)),
+    "apply_": lambda t: swallowed(lambda: t.clone().apply_(lambda v: v + 1)),
+    "host data indexed by device indices": lambda t: swallowed(lambda: torch.zeros(30)[t]),
+    ".cpu() with torch's dispatch switched off": lambda t: swallowed(lambda: dispatch_off(lambda: t.cpu())),
+    "int() with dispatch off, in a thread": lambda t: in_a_thread(lambda: dispatch_off(lambda: int(t[-1]))),
+    # a GPU refuses to mix: a tensor made without device= is a host tensor
+    "torch.arange(n) mixed with device data": lambda t: swallowed(lambda: torch.arange(len(t)) + t),
 }
 
 DATA_FREE = {
     "arithmetic": lambda t: (t[1:] - t[:-1]) * 2 + 1,
     "cumsum": lambda t: t.cumsum(0),
     "gather and index with tensors": lambda t: t[t.clamp(0, len(t) - 1)].gather(0, t.clamp(0, len(t) - 1)),
-    "scatter": lambda t: torch.zeros(len(t), dtype=t.dtype).scatter(0, t.clamp(0, len(t) - 1), t),
+    "scatter": lambda t: torch.zeros(len(t), dtype=t.dtype, device=t.device).scatter(0, t.clamp(0, len(t) - 1), t),
     "nonzero_static": lambda t: torch.nonzero_static(t > 3, size=len(t), fill_value=-1),
     "repeat_interleave with output_size": lambda t: torch.repeat_interleave(t.clamp(0, 2), t.clamp(0, 2),
                                                                            output_size=7),
     "a 0-d bound kept a tensor": lambda t: torch.minimum(t, t.sum() - 1),
     "host lists read": lambda t: sum([1, 2, 3]) + len(t),
+    "host tensors read": lambda t: int(torch.tensor([1, 2, 3]).cumsum(0)[-1]) + len(t),
+    "torch.arange(n, device=x.device)": lambda t: torch.arange(len(t), device=t.device) + t,
+    "new_zeros": lambda t: t.new_zeros(3).scatter_add(0, t.clamp(0, 2), t),
+    "torch.where": lambda t: torch.where(t > 3, t, 0),
+    "indexing with a device index tensor, slicing": lambda t: t[t.clamp(0, 3)][1:] - t[:-1],
+    "writing through a mask (masked_fill)": lambda t: t.clone().__setitem__(t > 3, 0),
+    "a 0-d host tensor mixed in": lambda t: t + torch.tensor(3),
+    "a host list uploaded": lambda t: torch.tensor([1, 2, 3, 4], device=t.device) + t,
 }
 
 
@@ -94,15 +127,41 @@ def test_data_free_ops_run(name):
 
 def test_an_error_that_is_not_a_read_propagates():
     with pytest.raises(RuntimeError):
-        data_read(lambda t: t + torch.zeros(7), torch.tensor([0, 5, 9, 20]))
+        data_read(lambda t: t + torch.zeros(7, device=t.device), torch.tensor([0, 5, 9, 20]))
 
 
-def test_fake_copies_keep_shapes_and_host_values_and_leave_the_original_alone():
+def test_the_verdict_names_the_copy():
+    assert data_read(lambda t: t.to("cpu"), torch.arange(3)) == "a copy of device data to the host (aten._to_copy)"
+
+
+def test_fake_copies_are_on_the_device_and_keep_host_values_and_leave_the_original_alone():
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     fake = fake_copy(BATCH, FakeTensorMode())
     assert isinstance(fake.cu_seqlens, FakeTensor) and fake.cu_seqlens.shape == BATCH.cu_seqlens.shape
+    assert fake.cu_seqlens.device == DEVICE and fake_copy(torch.device("cpu"), None) == DEVICE
     assert fake.extend_lens == BATCH.extend_lens and type(fake) is type(BATCH)
     assert not isinstance(BATCH.cu_seqlens, FakeTensor)
+
+
+# --- a crash of the data-less run is that exercise's verdict, not the end of the process ----------
+
+def crash_by_address(t):
+    """Read the data-less buffer through its storage's address (ctypes refuses address 0)."""
+    return ctypes.string_at(t.untyped_storage().data_ptr() + 4096, 8)
+
+
+@pytest.mark.parametrize("answer", [crash_by_address, lambda t: os.kill(os.getpid(), signal.SIGSEGV)])
+def test_a_crash_on_device_tensors_is_a_verdict(answer):
+    verdict = would_be_sync(answer, [torch.arange(4)])
+    assert verdict == f"the answer crashed on device tensors (signal {int(signal.SIGSEGV)})"
+
+
+def test_the_forked_run_sends_its_verdict_and_leaves_the_methods_as_they_were():
+    from torch._subclasses.fake_tensor import FakeTensor
+    assert would_be_sync(lambda t: t.cpu(), [torch.arange(4)]) == "a copy of device data to the host (aten._to_copy)"
+    assert would_be_sync(lambda t: t.cumsum(0), [torch.arange(4)]) is None
+    data_read(lambda t: t.numpy(), torch.arange(4))
+    assert "numpy" not in FakeTensor.__dict__ and "__getitem__" not in FakeTensor.__dict__
 
 
 # --- through a check: notebook 06, exercise 1 ---------------------------------------------------
@@ -114,7 +173,7 @@ def windows(read=None):
         if read is not None:
             read(cu)
         A = batch.track_lens_t[rows] - batch.prefix_lens_t[rows]
-        return (cu[rows] + A)[:, None] + torch.arange(-(conv_width - 1), 0)
+        return (cu[rows] + A)[:, None] + torch.arange(-(conv_width - 1), 0, device=cu.device)
     return my_conv_positions
 
 
@@ -124,11 +183,18 @@ def test_the_right_answer_passes_the_fake_device_check():
 
 
 @pytest.mark.parametrize("name", [".to('cpu') then read", ".type() then read", "torch.allclose", "in a worker thread",
-                                  "with torch's modes switched off", "the error caught",
-                                  "copy_ into a new tensor, then read", "bincount"])
+                                  "with torch's modes switched off", "the error caught", "bincount",
+                                  "copy_ into a new tensor, then read", ".cpu().numpy()", "numpy.from_dlpack in a worker thread",
+                                  "apply_", ".cpu() with torch's dispatch switched off",
+                                  "torch.arange(n) mixed with device data"])
 def test_a_hidden_read_fails_the_check(name):
     verdict = judge_answer(nb06.NOTEBOOK, 1, windows(HIDDEN_READS[name]))
-    assert verdict.status == FAIL and "read of device data" in verdict.message, verdict.line()
+    assert verdict.status == FAIL and "device data" in verdict.message, verdict.line()
+
+
+def test_a_crash_on_device_tensors_fails_that_exercise_only():
+    verdict = judge_answer(nb06.NOTEBOOK, 1, windows(crash_by_address))
+    assert verdict.status == FAIL and "crashed on device tensors" in verdict.message, verdict.line()
 
 
 # --- inputs are not outputs: an answer that overwrites what it was given fails ------------------
@@ -151,8 +217,8 @@ def inverse_in_place(L):
 
 def rows_into_the_mask(mask, size):
     rank = mask.long().cumsum(0) - 1
-    out = torch.full((size + 1,), -1, dtype=torch.long)
-    out.scatter_(0, torch.where(mask & (rank < size), rank, size), torch.arange(len(mask)))
+    out = torch.full((size + 1,), -1, dtype=torch.long, device=mask.device)
+    out.scatter_(0, torch.where(mask & (rank < size), rank, size), torch.arange(len(mask), device=mask.device))
     mask.zero_()
     return out[:size]
 
@@ -177,16 +243,6 @@ def test_check_seeds_are_fixed_in_a_notebook_and_fresh_per_grading_run(monkeypat
         monkeypatch.setenv(SEED_VARIABLE, salt)
         seen.add(check_seed(60))
     assert len(seen) == 3 and 60 not in seen
-
-
-def test_the_judge_environment_is_an_allow_list(monkeypatch, tmp_path):
-    from mamba_edu.exercises.core import SEED_VARIABLE
-    from mamba_edu.grading.grader import judge_environment
-    monkeypatch.setenv("GITHUB_TOKEN", "ghp_secret")
-    monkeypatch.setenv(SEED_VARIABLE, "12345")
-    monkeypatch.setenv("PATH", "/usr/bin")
-    env = judge_environment(tmp_path / "package", tmp_path / "private")
-    assert env["PATH"] == "/usr/bin" and "GITHUB_TOKEN" not in env and SEED_VARIABLE not in env
 
 
 # --- forbidden means absent: however the answer reaches the function -------------------------

@@ -56,3 +56,23 @@ def test_check_fails_on_nan_and_inf(bad):
 def test_check_fails_on_shape_mismatch_even_when_broadcastable():
     with pytest.raises(AssertionError, match=r"shape \(1, 3\) != expected \(3,\)"):
         check(torch.ones(1, 3), torch.ones(3))
+
+
+class ZeroDifference(torch.Tensor):
+    """A subclass whose difference with anything is zero: it would match every expected value."""
+
+    def __sub__(self, other):
+        return torch.zeros_like(torch.Tensor.as_subclass(self, torch.Tensor))
+
+
+@pytest.mark.parametrize("compare", [lambda a, b: check(a, b, name="sub"), rel_err])
+def test_a_tensor_subclass_is_refused_before_it_is_compared(compare):
+    cheat = torch.ones(3).as_subclass(ZeroDifference)
+    with pytest.raises(AssertionError, match="is a ZeroDifference, not a torch.Tensor"):
+        compare(cheat, torch.zeros(3))
+    with pytest.raises(AssertionError, match="FAIL sub: the result is a list, not a torch.Tensor"):
+        check([0.0, 0.0, 0.0], torch.zeros(3), name="sub")
+
+
+def test_a_parameter_is_a_tensor():
+    assert check(torch.nn.Parameter(torch.ones(2)), torch.ones(2), quiet=True) == 0.0

@@ -194,10 +194,12 @@ class Observed:
 
 def observe(fn, *args, fake: bool = False, writes: tuple[int, ...] = (), metered: tuple[str, ...] = ()) -> Observed:
     """Call ``fn(*args)`` under the sync sniffer (strict: a ``host_only`` block the answer opens
-    does not hide its syncs) and the op recorder. With ``fake``, ``fn`` first runs on copies of
-    its tensor arguments that have no data (:func:`mamba_edu.profiling.fake_device.data_read`):
-    a read of device data there is a sync by construction, whatever op, thread or mode did it,
-    and it joins ``sync_ops``. The tensors of every argument not in ``writes`` (positions the
+    does not hide its syncs) and the op recorder. With ``fake``, ``fn`` first runs, in a forked
+    child, on copies of its tensor arguments on a fake ``cuda`` device with no data (a
+    ``torch.device`` argument becomes that device;
+    :func:`mamba_edu.profiling.fake_device.would_be_sync`): a read or a host copy of device data
+    there is a sync by construction, whatever op, thread or mode did it, and a crash there is a
+    verdict too; it joins ``sync_ops``. The tensors of every argument not in ``writes`` (positions the
     exercise asks to write in place) must come back unchanged: an answer that overwrites its
     inputs fails, since the engine passes its own tensors. Every call of the package functions
     ``metered`` names (dotted), from any thread, is counted in ``metered_rows`` (the first run

@@ -107,13 +107,23 @@ def check_would_sync(fn) -> str:
 
 @exercise(NOTEBOOK, 2, "tracked rows without a sync", "my_tracked_rows")
 def check_tracked_rows(fn) -> str:
-    """Masks with no, some, all and more than ``size`` rows set; the answer must equal
-    ``nonzero_static``'s, be built without it (or ``nonzero``), and make no would-be sync."""
+    """Masks with no, some, all and more than ``size`` rows set, a ``size`` larger than the mask,
+    and a long mask with more than 2048 rows set (a place counted in bf16 or fp16 is wrong past
+    256 or 2048); the answer must equal ``nonzero_static``'s, be built without it (or
+    ``nonzero``), and make no would-be sync. Masks and sizes are drawn per grading run."""
     gen = torch.Generator().manual_seed(check_seed(0))
+
+    def draw(n: int, p: float, size: int) -> tuple[torch.Tensor, int]:
+        return torch.rand(n, generator=gen) < p, size
+
+    def between(lo: int, hi: int) -> int:
+        return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+
+    short = between(3, 9)
     cases = [(torch.zeros(5, dtype=torch.bool), 4), (torch.ones(5, dtype=torch.bool), 5),
-             (torch.tensor([False, True, False, True, True]), 4), (torch.tensor([True, True, False, True]), 2),
              (torch.ones(8, dtype=torch.bool), 3),
-             (torch.rand(37, generator=gen) < 0.3, 16)]
+             draw(between(4, 9), 0.6, between(1, 3)), draw(short, 0.5, short + between(1, 6)),
+             draw(between(20, 60), 0.3, between(5, 20)), draw(between(2600, 3000), 0.9, between(2100, 2600))]
     for mask, size in cases:
         seen = observe(fn, mask.clone(), size, fake=True)
         rows = seen.result
@@ -121,7 +131,7 @@ def check_tracked_rows(fn) -> str:
         if used:
             raise AssertionError(f"the answer calls {', '.join(sorted(used))}: build the rows without it")
         if seen.sync_count:
-            raise AssertionError(f"{seen.sync_count} would-be sync(s) for mask {mask.int().tolist()}: "
+            raise AssertionError(f"{seen.sync_count} would-be sync(s) for mask {mask.int().tolist()!s:.300}: "
                                  + ", ".join(seen.by_op))
         expected = torch.nonzero_static(mask, size=size, fill_value=-1).squeeze(1)
         if isinstance(rows, torch.Tensor) and rows.dtype != torch.int64:
@@ -129,6 +139,6 @@ def check_tracked_rows(fn) -> str:
                                  "are int64, as nonzero_static's)")
         if not isinstance(rows, torch.Tensor) or rows.shape != expected.shape or not torch.equal(rows, expected):
             got = rows.tolist() if isinstance(rows, torch.Tensor) else rows
-            raise AssertionError(f"mask {mask.int().tolist()}, size {size}: got {got}; "
-                                 f"expected {expected.tolist()}")
+            raise AssertionError(f"mask {mask.int().tolist()!s:.300}, size {size}: got {got!s:.300}; "
+                                 f"expected {expected.tolist()!s:.300}")
     return "same rows as nonzero_static (padding and truncation included), no would-be syncs"

@@ -55,7 +55,7 @@ _INVERSE_CASES = ((1, 0.1, None, torch.float32, 1e-5), (7, 0.1, None, torch.floa
 
 @exercise(NOTEBOOK, 1, "the triangular inverse by hand", "my_unit_lower_inverse",
           forbidden=("mamba_edu.gdn.chunked", "mamba_edu.kernels", "torch.linalg", "torch.inverse",
-                     "torch.triangular_solve"))
+                     "torch.triangular_solve", "numpy.linalg", "scipy.linalg"))
 def check_unit_lower_inverse(fn) -> str:
     """Chunk-like ``L`` (C = 1, 7 and 64; slow and fast decay; correlated keys; a bf16 ``L``);
     compare with a triangular solve in float64."""
@@ -108,29 +108,29 @@ def check_checkpoint_row(fn) -> str:
     every row named must hold the recurrence's state after that many tokens, and ``None`` is
     right exactly where no row holds it. Sequences whose length is a multiple of
     64 come before others (where ``L // 64 + 1`` rows per sequence shifts every later row), and
-    a row must be a Python ``int``."""
+    a row must be a Python ``int``. The rows held are worked out after the answers."""
     for seed, lengths in enumerate(([70, 5, 130, 64], [64, 128, 3, 65, 1])):
+        gen = torch.Generator().manual_seed(check_seed(20 + seed))
+        asked = [(n, tokens) for n, length in enumerate(lengths) for tokens in _token_counts(length, gen)]
+        answers = [fn(list(lengths), n, tokens) for n, tokens in asked]
         (q, k, v, g, beta), cu, ckpts = packed_checkpoints(lengths, 1, 1, 4, 4, seed=4 + seed)
         # What the run holds: rows offsets[n] … offsets[n+1]-1 are the states after 0, 64, 128, … tokens.
         offsets = checkpoint_offsets(lengths)
         held = {(n, 64 * j): offsets[n] + j for n in range(len(lengths))
                 for j in range(offsets[n + 1] - offsets[n])}
-        gen = torch.Generator().manual_seed(check_seed(20 + seed))
-        for n, length in enumerate(lengths):
-            start = int(cu[n])
-            for tokens in _token_counts(length, gen):
-                row, expected = fn(lengths, n, tokens), held.get((n, tokens))
-                if row is not None and type(row) is not int:
-                    raise AssertionError(f"my_checkpoint_row({lengths}, n={n}, tokens={tokens}) returned "
-                                         f"a {type(row).__name__}; expected an int or None")
-                if row != expected:
-                    raise AssertionError(f"my_checkpoint_row({lengths}, n={n}, tokens={tokens}) = {row!r}; "
-                                         f"expected {expected!r}")
-                if row is not None and tokens > 0:
-                    sl = slice(start, start + tokens)
-                    state = recurrent_gated_delta_rule(q[sl], k[sl], v[sl], g[sl], beta[sl],
-                                                       use_qk_l2norm=True).final_state[0]
-                    compare(ckpts[row], state, name=f"checkpoint row {row}")
+        for (n, tokens), row in zip(asked, answers):
+            start, expected = int(cu[n]), held.get((n, tokens))
+            if row is not None and type(row) is not int:
+                raise AssertionError(f"my_checkpoint_row({lengths}, n={n}, tokens={tokens}) returned "
+                                     f"a {type(row).__name__}; expected an int or None")
+            if row != expected:
+                raise AssertionError(f"my_checkpoint_row({lengths}, n={n}, tokens={tokens}) = {row!r}; "
+                                     f"expected {expected!r}")
+            if row is not None and tokens > 0:
+                sl = slice(start, start + tokens)
+                state = recurrent_gated_delta_rule(q[sl], k[sl], v[sl], g[sl], beta[sl],
+                                                   use_qk_l2norm=True).final_state[0]
+                compare(ckpts[row], state, name=f"checkpoint row {row}")
     return "the right row (or None) at every chunk edge, both ends and random prefixes of two packed batches"
 
 
@@ -151,9 +151,9 @@ def check_chunk(fn) -> str:
         g, beta = g[:, 0], beta[:, 0]
         S0 = torch.randn(K, V, generator=gen)
         scale = K ** -0.5
+        result = observe(fn, q, k, v, g, beta, S0, scale).result  # observe: the inputs come back unchanged
         ref = recurrent_gated_delta_rule(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
                                          scale=scale, initial_state=S0[None, None])
-        result = observe(fn, q, k, v, g, beta, S0, scale).result
         if not (isinstance(result, tuple) and len(result) == 2):
             raise AssertionError(f"my_chunk returned {type(result).__name__}; expected a tuple (O, S_next)")
         O, S_next = result

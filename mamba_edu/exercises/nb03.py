@@ -20,12 +20,15 @@ the package's kernel helpers.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import pkgutil
+import random
 import types
 from contextlib import ExitStack
 from unittest import mock
 
+import numpy as np
 import torch
 import triton
 
@@ -66,29 +69,60 @@ def _require_kernel(fn, name: str) -> None:
 # Exercise 1
 # ---------------------------------------------------------------------------------------------
 
+def _loads_outside(t: torch.Tensor, n_rows: int, outside: list):
+    """Under Triton's interpreter, which does not bound-check: note in ``outside`` every load of an
+    enabled lane that is not in rows ``0 … n_rows-1`` of the 2-D ``t`` (an unmasked row load reads
+    whatever lies past the tensor; on a GPU, an illegal address). Compiled kernels run unwatched."""
+    if not triton_interpreted():
+        return contextlib.nullcontext()
+    from triton.runtime.interpreter import InterpreterBuilder
+    load = InterpreterBuilder.create_masked_load
+    first = t.data_ptr()
+    end = first + ((n_rows - 1) * t.stride(0) + t.shape[1]) * t.element_size()
+
+    def watched(builder, ptrs, mask, *rest):
+        enabled = ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)]
+        if ((enabled < first) | (enabled >= end)).any():
+            outside.append(ptrs)
+        return load(builder, ptrs, mask, *rest)
+
+    return mock.patch.object(InterpreterBuilder, "create_masked_load", watched)
+
+
 @exercise(NOTEBOOK, 1, "a Triton L2-norm kernel", "my_l2norm_kernel", forbidden=("mamba_edu.kernels",))
 def check_l2norm_kernel(kernel) -> str:
     """Launch ``kernel[(cdiv(n_rows, ROWS),)](x, y, n_rows, x.stride(0), D, BD, ROWS)`` on column
     slices of wider matrices (row stride ≠ D), D not a power of two, n_rows not a multiple of
-    ROWS, one tiny row (Σx² < eps, where the place of eps decides), and guard rows after ``y``
-    that must stay untouched (an unmasked store would write there)."""
+    ROWS (drawn per grading run), one tiny row (Σx² < eps, where the place of eps decides), and
+    guard rows after ``y`` that must stay untouched (an unmasked store would write there). In the
+    interpreter, every load must stay inside x's rows (an unmasked row load reads past them)."""
     _require_triton(1)
     _require_kernel(kernel, "my_l2norm_kernel")
     dev = default_device()  # CUDA tensors on a GPU, CPU tensors in the interpreter
     gen = torch.Generator().manual_seed(check_seed(3))
-    for n_rows, D, ROWS in ((37, 24, 16), (9, 16, 4)):
+    rng = random.Random(check_seed(3))
+    for D, ROWS in ((24, 16), (16, 4)):
+        n_rows = ROWS * rng.randint(1, 3) + rng.randint(1, ROWS - 1)  # a last block part full
         wide = torch.randn(n_rows, D + 7, generator=gen)
         wide[1, :D] *= 1e-4  # Σx² ≈ 1e-7·D/10 < 1e-6: eps outside the root gives another row
-        x = wide.to(dev)[:, :D]  # a column slice: row stride D + 7
+        x = wide.to(dev, copy=True)[:, :D]  # a column slice: row stride D + 7
         guard = ROWS + 8
         y = torch.full((n_rows + guard, D), float("nan"), device=dev)
         BD = triton.next_power_of_2(D)
-        kernel[(triton.cdiv(n_rows, ROWS),)](x, y, n_rows, x.stride(0), D, BD, ROWS)
+        outside = []
+        with _loads_outside(x, n_rows, outside):
+            kernel[(triton.cdiv(n_rows, ROWS),)](x, y, n_rows, x.stride(0), D, BD, ROWS)
         case = f"n_rows={n_rows}, D={D}, ROWS={ROWS}, row stride {x.stride(0)}"
         if not torch.isnan(y[n_rows:]).all():
             raise AssertionError(f"{case}: the kernel wrote past row n_rows-1 of y (mask the rows "
                                  "and the columns of every store)")
-        compare(y[:n_rows], l2norm(x), tol=1e-5, name=f"exercise 1 ({case})", quiet=True)
+        if outside:
+            raise AssertionError(f"{case}: the kernel loaded elements outside rows 0 … n_rows-1 of x "
+                                 "(mask the rows and the columns of every load: on a GPU a load past "
+                                 "the tensor reads an illegal address)")
+        if not torch.equal(x.cpu(), wide[:, :D]):
+            raise AssertionError(f"{case}: the kernel changed x; write the rows into y only")
+        compare(y[:n_rows], l2norm(wide[:, :D]), tol=1e-5, name=f"exercise 1 ({case})", quiet=True)
     return "a Triton kernel; strided rows, a tiny row and partial tiles normalised like mamba_edu.gdn.l2norm"
 
 
@@ -162,13 +196,19 @@ def check_program_counts(fn) -> str:
     """Compare with the grids that ``gdn_prefill`` launches, at the real Qwen3-Next head shapes,
     the Qwen3.5 tensor-parallel-8 slice, the notebook's test batch, a batch of 64 sequence-head
     chains with V not a power of two, and batches on either side of the output kernel's V-tile
-    threshold. A kernel that is not launched must have no entry."""
+    threshold, and batches drawn per grading run (lengths on and off chunk boundaries, head
+    groups, K and V of several sizes). A kernel that is not launched must have no entry."""
     _require_triton(2)
+    rng = random.Random(check_seed(2))
     cases = [([8192], 16, 32, 128, 128), ([1024] * 8, 16, 32, 128, 128), ([512], 2, 8, 128, 128),
-             ([1, 63, 64, 65, 150], 2, 4, 16, 32), ([200, 64], 4, 8, 64, 64),
-             ([100, 30, 64, 5], 8, 16, 64, 96),
              # either side of the output kernel's tile rule: 256 and 264 (chunk, value head) tiles
-             ([2048], 4, 8, 128, 128), ([2112], 4, 8, 128, 128), ([64] * 11, 8, 24, 128, 128)]
+             ([2048], 4, 8, 128, 128), ([2112], 4, 8, 128, 128), ([64] * 11, 8, 24, 128, 128),
+             ([100, 30, 64, 5], 8, 16, 64, 96)]
+    for _ in range(5):
+        H = rng.choice([1, 2, 4, 8, 16])
+        cases.append(([64 * rng.randint(0, 20) + rng.choice([1, 63, 64, 65, rng.randint(1, 64)])
+                       for _ in range(rng.randint(1, 12))],
+                      H, H * rng.choice([1, 2, 4]), rng.choice([16, 64, 128]), rng.choice([32, 64, 96, 128])))
     keys = ("prepare", "scan", "output", "scan_steps")
     for lengths, H, HV, K, V in cases:
         want = _expected_counts(lengths, H, HV, K, V)
@@ -216,13 +256,13 @@ def check_recurrent_kernel(kernel) -> str:
         beta = torch.rand(T, HV, generator=gen)
         h0 = 0.1 * torch.randn(N, HV, K, V, generator=gen)
         scale = K ** -0.5
-        ref = recurrent_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=h0,
-                                         cu_seqlens=cu, use_qk_l2norm=False)
         o = _with_spare_row(torch.full((T, HV, V), float("nan")), dev)
         ht = torch.full((N, HV, K, V), float("nan"), device=dev)
-        args = [_with_spare_row(t, dev) for t in (q, k, v, g, beta)]
-        kernel[(N, HV)](*args, o, h0.to(dev), ht, torch.tensor(cu, dtype=torch.int32, device=dev),
+        args = [_with_spare_row(t, dev) for t in (q, k, v, g, beta)]  # copies: q … beta stay as drawn
+        kernel[(N, HV)](*args, o, h0.to(dev, copy=True), ht, torch.tensor(cu, dtype=torch.int32, device=dev),
                         scale, H, HV, K, V)
+        ref = recurrent_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=h0,
+                                         cu_seqlens=cu, use_qk_l2norm=False)
         case = f"lengths={lengths}, H={H}, HV={HV}, K={K}, V={V}"
         compare(o, ref.o, tol=1e-5, name=f"exercise 3 output o ({case})", quiet=True)
         compare(ht, ref.final_state, tol=1e-5, name=f"exercise 3 final states ({case})", quiet=True)
@@ -267,11 +307,11 @@ def check_chunk_step_kernel(kernel) -> str:
         h = torch.randn(NC, K, V, generator=gen)
         for t in (k, w, u, gamma):
             t[padding] = float("nan")                                        # never to be read
-        want_v, want_h = _chunk_step_reference(k, w, u, gamma, n, h)
-        dk, dw, du, dgamma, dn, dh = (t.to(dev) for t in (k, w, u, gamma, n, h))
+        dk, dw, du, dgamma, dn, dh = (t.to(dev, copy=True) for t in (k, w, u, gamma, n, h))
         v_new = torch.full((NC, C, V), float("nan"), device=dev)
         h_next = torch.full((NC, K, V), float("nan"), device=dev)
         kernel[(NC,)](dk, dw, du, dgamma, dn, dh, v_new, h_next, C, K, V)
+        want_v, want_h = _chunk_step_reference(k, w, u, gamma, n, h)  # from the inputs as drawn
         case = f"C={C}, K={K}, V={V}, tokens per chunk {lengths}"
         if not torch.equal(dh.cpu(), h):
             raise AssertionError(f"{case}: the kernel changed h; write the new state into h_next")

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import random
+
 import torch
 
 from mamba_edu.exercises.core import check_seed, checker, exercise, observe
@@ -18,8 +20,13 @@ from mamba_edu.kernels import build_chunk_meta
 NOTEBOOK = "04_varlen_batches_and_conv"
 check = checker(NOTEBOOK)
 
-#: Batches whose lengths sit on both sides of every chunk boundary (1, 63, 64, 65, 128, 129 …).
-_BATCHES = ([1], [64], [65], [64, 65], [1, 63, 64, 65, 128, 129, 150, 300], [200, 7, 128])
+def _batches() -> list[list[int]]:
+    """Two fixed batches, then batches drawn per grading run whose lengths sit on both sides of
+    chunk boundaries (64·m − 1, 64·m, 64·m + 1) or anywhere between them."""
+    rng = random.Random(check_seed(4))
+    drawn = [[max(1, 64 * rng.randint(0, 4) + rng.choice([-1, 0, 1, rng.randint(2, 62)]))
+              for _ in range(rng.randint(1, 8))] for _ in range(4)]
+    return [[1], [64, 65], *drawn]
 
 
 def _values(t, name: str) -> list:
@@ -40,7 +47,8 @@ def check_chunk_meta(fn) -> str:
     import mamba_edu
 
     device = mamba_edu.default_device()
-    for lengths in _BATCHES:
+    batches = _batches()
+    for lengths in batches:
         seen = observe(fn, list(lengths), device, fake=True)
         out = seen.result
         if not (isinstance(out, tuple | list) and len(out) == 3):
@@ -62,13 +70,15 @@ def check_chunk_meta(fn) -> str:
         for name in ("cu_seqlens", "chunk_offsets", "chunk_indices"):
             if got[name] != want[name]:
                 raise AssertionError(f"lengths={lengths}: {name} = {got[name]}; expected {want[name]}")
-    return f"{len(_BATCHES)} batches match build_chunk_meta, 0 would-be syncs"
+    return f"{len(batches)} batches match build_chunk_meta, 0 would-be syncs"
 
 
-#: Exercise 2's batches: (W, lengths, rows of padding after the last sequence, dtype). A CUDA-graph
-#: bucket pads ``x`` past the batch's tokens; the states are copies, in ``prev``'s dtype.
-_CONV_CASES = ((4, [1, 10, 2, 3, 4], 0, torch.float32), (3, [2, 1, 7], 5, torch.float32),
-               (4, [1], 0, torch.float32), (4, [3, 1, 5], 3, torch.bfloat16))
+#: Exercise 2's batches: (W, lengths, rows of padding after the last sequence, dtype of prev, dtype
+#: of x). A CUDA-graph bucket pads ``x`` past the batch's tokens; the states are copies, in
+#: ``prev``'s dtype, also where ``x`` has another (bf16 values are exact in fp32).
+_CONV_CASES = ((4, [1, 10, 2, 3, 4], 0, torch.float32, torch.float32), (3, [2, 1, 7], 5, torch.float32, torch.float32),
+               (4, [1], 0, torch.float32, torch.float32), (4, [3, 1, 5], 3, torch.bfloat16, torch.bfloat16),
+               (4, [2, 6], 2, torch.float32, torch.bfloat16), (3, [1, 4], 0, torch.bfloat16, torch.float32))
 
 
 @exercise(NOTEBOOK, 2, "the conv states a packed batch leaves", "my_conv_states",
@@ -77,22 +87,23 @@ def check_conv_states(fn) -> str:
     """``fn(prev [N, D, W−1], x [T + pad, D], lengths)`` -> ``[N, D, W−1]``: compared bit for bit
     with the reference conv's final states, for batches that mix sequences shorter and longer than
     W−1 (W = 4 and 3), padding rows after the last sequence (tokens of no sequence), a bf16
-    batch, with no would-be sync."""
+    batch and batches whose ``prev`` and ``x`` differ in dtype, with no would-be sync."""
     gen = torch.Generator().manual_seed(check_seed(6))
     D = 5
-    for W, lengths, pad, dtype in _CONV_CASES:
+    for W, lengths, pad, dtype, x_dtype in _CONV_CASES:
         N, T = len(lengths), sum(lengths)
         prev = torch.randn(N, D, W - 1, generator=gen).to(dtype)
-        x = torch.randn(T + pad, D, generator=gen).to(dtype)
+        x = torch.randn(T + pad, D, generator=gen).to(x_dtype)
         weight = torch.randn(D, W, generator=gen)
+        seen = observe(fn, prev.clone(), x.clone(), list(lengths), fake=True)
+        got = seen.result
         cu = [0]
         for n in lengths:
             cu.append(cu[-1] + n)
         # the states are copies: the float32 conv's are prev's and x's values exactly
         finals = causal_conv1d(x[:T].float(), weight, cu_seqlens=cu, initial_states=prev.float())[1].to(dtype)
-        seen = observe(fn, prev, x, list(lengths), fake=True)
-        got = seen.result
-        case = f"W={W}, lengths={lengths}, {pad} padding row(s) after them, {str(dtype)[6:]}"
+        kinds = str(dtype)[6:] if dtype == x_dtype else f"{str(dtype)[6:]} prev, {str(x_dtype)[6:]} x"
+        case = f"W={W}, lengths={lengths}, {pad} padding row(s) after them, {kinds}"
         if seen.sync_count:
             raise AssertionError(f"{case}: {seen.sync_count} would-be host sync(s) "
                                  f"({', '.join(seen.by_op)}); the lengths are a Python list already")

@@ -31,9 +31,9 @@ def check_plan(fn) -> str:
     for cc in (64, 128, 256):
         for prefix in (0, 64, 100):
             for extend in (1, 63, 64, 65, 127, 128, 129, 191, 192, 255, 256, 257, 300, 512, 700):
+                got = fn(prefix, extend, cc)
                 ref = plan_tracking(prefix, extend, cc, track_slot=1)
                 want = (ref.tracked, ref.aligned, ref.from_final, ref.checkpoint)
-                got = fn(prefix, extend, cc)
                 if not (isinstance(got, tuple | list) and len(got) == 4):
                     raise AssertionError("return a tuple (tracked, A, from_final, checkpoint)")
                 if any(w is not None and type(g) is not type(w) for g, w in zip(got, want)):
@@ -67,11 +67,23 @@ def _random_cache(rng: random.Random, pool: StatePool) -> tuple[RadixCache, list
     return cache, base, slots
 
 
+def _tree(root) -> list[tuple]:
+    """Every node of the tree below ``root`` with what a lookup must leave as it was: its edge, its
+    snapshot slot, its children and its locks (recency aside: a lookup may touch the path)."""
+    out, stack = [], [root]
+    while stack:
+        node = stack.pop()
+        out.append((node, node.tokens, node.slot, dict(node.children), list(node.holders)))
+        stack.extend(node.children.values())
+    return out
+
+
 @exercise(NOTEBOOK, 2, "how far a prefix hit can go", "my_match",
           forbidden=("mamba_edu.serving.prefix_cache.RadixCache.match",))
 def check_match(fn) -> str:
     """Random radix caches; ``fn(cache.root, prompt, max_length)`` must return the
-    ``(length, slot)`` of :meth:`RadixCache.match` (``(0, None)`` on a miss)."""
+    ``(length, slot)`` of :meth:`RadixCache.match` (``(0, None)`` on a miss), asked after the
+    answer, and leave the tree as it was (no lock left held, no edge, slot or child changed)."""
     rng = random.Random(check_seed(5))
     pool = StatePool(1, 64, conv_dim=2, conv_width=2, value_heads=1, key_dim=1, value_dim=1)
     n = 0
@@ -81,8 +93,16 @@ def check_match(fn) -> str:
             common = rng.randint(0, 40)
             prompt = base[:common] + [rng.randrange(3) for _ in range(rng.randint(1, 6))]
             max_length = rng.choice([len(prompt) - 1, rng.randint(0, len(prompt))])
-            ref = cache.match(prompt, max_length=max_length)
+            before = _tree(cache.root)
             got = fn(cache.root, list(prompt), max_length)
+            after = _tree(cache.root)
+            if after != before:
+                locks = sum(len(holders) for *_, holders in after) - sum(len(holders) for *_, holders in before)
+                raise AssertionError(f"prompt {prompt} with max_length={max_length}: the lookup changed the tree"
+                                     + (f" (it left {locks} lock(s) held: a lookup locks nothing, or releases "
+                                        "what it locks)" if locks else " (edges, slots or children)")
+                                     + "; the cache is shared by every request: leave it as it was")
+            ref = cache.match(prompt, max_length=max_length)
             if not (isinstance(got, tuple | list) and len(got) == 2):
                 raise AssertionError("return a tuple (length, slot)")
             if tuple(got) != (ref.length, ref.slot):
@@ -98,11 +118,20 @@ def check_match(fn) -> str:
 # Exercise 3: predict, then measure
 # ---------------------------------------------------------------------------------------------
 
-#: (first, second, Cc) of exercise 3's check: a hit, a prompt one token short of its snapshot, an
-#: untracked first request, a longer first request and a shorter second one, other cache chunks.
-HIT_CASES = ((130, 200, 64), (128, 128, 64), (128, 129, 64), (63, 200, 64), (64, 100, 64),
-             (300, 200, 128), (300, 500, 128), (200, 150, 64), (256, 257, 256), (255, 400, 128),
-             (500, 400, 64), (190, 191, 64))
+def hit_cases() -> list[tuple[int, int, int]]:
+    """The twelve (first, second, Cc) of exercise 3's check: a prompt exactly its snapshot's
+    length, one token longer, an untracked first request, one exactly ``Cc`` long, then eight
+    drawn per grading run (cache
+    chunks 64, 128 and 256; first requests on and off their boundaries; second ones shorter,
+    equal, one token longer and longer; at most 520 tokens)."""
+    rng = random.Random(check_seed(53))
+    cases = [(128, 128, 64), (128, 129, 64), (63, 200, 64), (64, 100, 64)]
+    for _ in range(8):
+        cc = rng.choice([64, 128, 256])
+        first = max(1, cc * rng.randint(0, 500 // cc) + rng.choice([-1, 0, 1, rng.randint(2, cc - 2)]))
+        second = max(1, first + rng.choice([-rng.randint(1, 100), 0, 1, rng.randint(2, 520 - first)]))
+        cases.append((first, second, cc))
+    return cases
 
 
 def _small_model():
@@ -131,8 +160,9 @@ def measured_hit(first: int, second: int, cache_chunk: int) -> int:
 @exercise(NOTEBOOK, 3, "predict a prefix hit's length", "my_hit_prediction",
           forbidden=("mamba_edu.serving", "mamba_edu.engine"))
 def check_hit_prediction(fn) -> str:
-    """``fn(first, second, Cc)`` must equal the measured hit exactly, for every case of :data:`HIT_CASES`."""
-    for first, second, cc in HIT_CASES:
+    """``fn(first, second, Cc)`` must equal the measured hit exactly, for every case of :func:`hit_cases`."""
+    cases = hit_cases()
+    for first, second, cc in cases:
         said = fn(first, second, cc)
         if isinstance(said, bool) or not isinstance(said, int):
             raise AssertionError(f"the prediction for first = {first}, second = {second}, Cc = {cc} is "
@@ -142,4 +172,4 @@ def check_hit_prediction(fn) -> str:
             raise AssertionError(f"first request {first} tokens, second {second} tokens of the same prompt, "
                                  f"Cc = {cc}: you predicted a hit of {said} tokens, the engine takes {got} from "
                                  "the cache (tolerance 0)")
-    return f"your prediction equals the measured hit for {len(HIT_CASES)} (first, second, Cc) (tolerance 0)"
+    return f"your prediction equals the measured hit for {len(cases)} (first, second, Cc) (tolerance 0)"

@@ -22,8 +22,10 @@ with notebooks 07 and 08.
 
 from __future__ import annotations
 
+import numbers
 import random
 
+import numpy as np
 import torch
 
 from mamba_edu.exercises.core import check_seed, checker, exercise, observe
@@ -82,6 +84,30 @@ def random_tracked_batches(seed: int, n: int = 25):
     return out
 
 
+def host_fields(batch) -> dict:
+    """Copies of the batch's host fields (all but its device tensors: lists of ints, bools, ranges
+    and frozen plans, so a copy of each list is a copy of its values), for
+    :func:`check_host_fields` to compare after the answer ran."""
+    return {name: list(value) if isinstance(value, list) else value
+            for name, value in ((name, getattr(batch, name)) for name in batch.__dataclass_fields__)
+            if not isinstance(value, torch.Tensor)}
+
+
+def check_host_fields(batch, before: dict, what: str) -> None:
+    """Raise if the answer changed a host field of ``batch`` since :func:`host_fields` copied them
+    (:func:`~mamba_edu.exercises.core.observe` compares its device tensors): the engine reads them
+    again after the answer, so an answer must leave them as they were."""
+    changed = [name for name, value in before.items() if getattr(batch, name) != value]
+    if changed:
+        raise AssertionError(f"the answer changed the batch's {', '.join(changed)} {what}: the engine reads "
+                             "the batch again after it; leave its host lists as they were")
+
+
+def is_count(said) -> bool:
+    """A whole number, Python's or numpy's, and not a bool (``True == 1``)."""
+    return isinstance(said, numbers.Integral) and not isinstance(said, bool | np.bool_)
+
+
 def _no_syncs(seen, what: str) -> None:
     if seen.sync_count:
         raise AssertionError(f"{what} made {seen.sync_count} would-be host syncs "
@@ -106,9 +132,11 @@ def check_conv_positions(fn) -> str:
     n = 0
     for batch, rows, what in random_tracked_batches(6):
         for width in (2, 4, 5):
-            ref = sglang_track_metadata(batch, width)
+            before = host_fields(batch)
             seen = observe(fn, batch, rows.clone(), width, fake=True)
+            check_host_fields(batch, before, what)
             _no_syncs(seen, "the window build")
+            ref = sglang_track_metadata(batch, width)
             got = _tensor(seen.result, "conv_positions", ref.conv_positions.shape, what)
             if got.dtype != torch.int64:
                 raise AssertionError(f"conv_positions has dtype {got.dtype}; expected torch.int64 (a packed "
@@ -155,20 +183,27 @@ def check_sources_contract(checkpoint, final, ref, rows, n_rows_h: int, what: st
 @exercise(NOTEBOOK, 2, "the SSM sources, without a sync", "my_ssm_sources",
           forbidden=("mamba_edu.serving.tracking", "mamba_edu.serving.backend", "mamba_edu.gdn.varlen"))
 def check_ssm_sources(fn) -> str:
-    """Random batches: ``fn(batch, rows) -> (checkpoint, from_final)`` with no sync, keeping
-    :data:`FINAL_ROW_CONTRACT`; the SSM copy with them must equal naive's."""
+    """Random batches: ``fn(batch, rows) -> (checkpoint, from_final)`` with no sync, an int64 and
+    a bool tensor (as the statement asks: no conversion here), keeping :data:`FINAL_ROW_CONTRACT`;
+    the SSM copy with them must equal naive's."""
     gen = torch.Generator().manual_seed(check_seed(61))
     n = 0
     for batch, rows, what in random_tracked_batches(7):
+        before = host_fields(batch)
+        seen = observe(fn, batch, rows.clone(), fake=True)
+        check_host_fields(batch, before, what)
+        _no_syncs(seen, "the source build")
         ref = sglang_track_metadata(batch, 4)
         n_rows_h = sum((e + 63) // 64 for e in batch.extend_lens)
-        seen = observe(fn, batch, rows.clone(), fake=True)
-        _no_syncs(seen, "the source build")
         got = seen.result
         if not (isinstance(got, (tuple, list)) and len(got) == 2):
             raise AssertionError("return a tuple of 2 tensors: (checkpoint, from_final)")
-        checkpoint = _tensor(got[0], "checkpoint", ref.checkpoint.shape, what).long()
-        final = _tensor(got[1], "from_final", ref.from_final.shape, what).bool()
+        checkpoint = _tensor(got[0], "checkpoint", ref.checkpoint.shape, what)
+        final = _tensor(got[1], "from_final", ref.from_final.shape, what)
+        for name, t, dtype in (("checkpoint", checkpoint, torch.int64), ("from_final", final, torch.bool)):
+            if t.dtype != dtype:
+                raise AssertionError(f"{name} has dtype {t.dtype}; expected {dtype} (the statement's: the "
+                                     f"copy indexes with checkpoint and selects with from_final) {what}")
         check_sources_contract(checkpoint, final, ref, rows, n_rows_h, what)
         h = torch.randn(n_rows_h, 2, 3, 3, generator=gen)
         pool = torch.randn(1 + 2 * len(batch.extend_lens), 2, 3, 3, generator=gen)
@@ -213,6 +248,10 @@ def check_naive_track(fn) -> str:
     for case, (prefix, extend, cc, W) in enumerate(shapes):
         batch = toy_batch(prefix, extend, cache_chunk=cc, seed=case)
         mixed_qkv, h, conv, ssm = _toy_layer(batch, W, D, HV, K, V, gen)
+        got_conv, got_ssm, before = conv.clone(), ssm.clone(), host_fields(batch)
+        observe(fn, got_conv, got_ssm, mixed_qkv, h, batch, W, writes=(0, 1))  # the pools, in place
+        what = f"(prefix_lens {prefix}, extend_lens {extend}, cache chunk {cc}, W {W})"
+        check_host_fields(batch, before, what)
         want_conv, want_ssm = conv.clone(), ssm.clone()
         naive = get_strategy("naive")
         md = ForwardMetadata(batch, W, chunk_meta=None)
@@ -223,9 +262,6 @@ def check_naive_track(fn) -> str:
         track = naive.ssm_indices(md, track)
         if track is not None:
             LinearAttentionBackend._track_ssm(want_ssm, h, track)
-        got_conv, got_ssm = conv.clone(), ssm.clone()
-        observe(fn, got_conv, got_ssm, mixed_qkv, h, batch, W, writes=(0, 1))  # the pools, in place
-        what = f"(prefix_lens {prefix}, extend_lens {extend}, cache chunk {cc}, W {W})"
         for name, got, want in (("conv", got_conv, want_conv), ("ssm", got_ssm, want_ssm)):
             wrong = [s for s in range(got.shape[0]) if not torch.equal(got[s], want[s])]
             if wrong:
@@ -263,7 +299,7 @@ def check_prediction(fn, strategy: str, layers=(1, 3, 36, 45)) -> str:
     for tracked in (True, False):
         for L in layers:
             said = fn(L, tracked)
-            if isinstance(said, bool) or not isinstance(said, int):
+            if not is_count(said):
                 raise AssertionError(f"the prediction for L = {L}, tracked = {tracked} is {said!r}; "
                                      "expected a whole number of syncs (an int)")
             got = measured_syncs(strategy, L, tracked)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import torch
 
 from mamba_edu.exercises.core import check_seed, checker, exercise, observe
@@ -106,14 +107,14 @@ def check_hoist(fn) -> str:
         if place not in PLACES:
             raise AssertionError(f"my_hoist({expression!r}) gave the place {place!r}; expected \"forward\" "
                                  "(the same in every layer: computed once) or \"layer\"")
-        if not isinstance(syncs, bool):
+        if not isinstance(syncs, bool | np.bool_):
             raise AssertionError(f"my_hoist({expression!r}) gave the sync verdict {syncs!r}; expected True or False")
         want_place, want_syncs = _measured_hoist(expression)
         if place != want_place:
             wrong.append(f"{expression} (you said {place!r}: "
                          + ("its result is the same in every layer of the forward)" if want_place == "forward"
                             else "two layers of one forward give different results)"))
-        elif syncs != want_syncs:
+        elif bool(syncs) != want_syncs:
             wrong.append(f"{expression} ({'a' if want_syncs else 'no'} would-be sync, you said {syncs})")
     if wrong:
         raise AssertionError(f"{len(wrong)} of {len(HOIST_QUIZ)} wrong: " + "; ".join(wrong))
@@ -163,14 +164,23 @@ class _LearnerPrecomputed(TrackingStrategy):
         md.track = TrackIndices(dst.long(), conv.long(), working.long(), checkpoint.long(), final.bool())
 
 
-def _engine_workload(prompt):
+def _engine_workload(prompt, rng: random.Random):
+    """Four prefills over ``prompt`` (600 tokens), their lengths drawn from ``rng``: a request whose
+    length is not a multiple of 64 before a tracked one (whose checkpoint row is then off by one
+    with floor(E/64) rows per request), a prefix hit tracked at its end (a final row last in its
+    batch: o_i + A/64 is past h), a batch with nothing tracked, and a final row before a hit
+    tracked at a checkpoint and an untracked row."""
     from mamba_edu.engine import Request
 
-    return ([Request("a", prompt[:130]), Request("b", prompt[:40])],   # a tracked at 128 (h[2]), b not
-            [Request("c", prompt[:256])],                              # hit at 128, tracked at 256 (final)
-            [Request("d", prompt[300:350]), Request("e", prompt[:20])],  # nothing tracked (e: a short hit miss)
-            [Request("f", prompt[400:464]), Request("g", prompt[:200]),   # f final at 64; g hit at 128, h[1] at 192
-             Request("h", prompt[350:390])])                               # h not tracked
+    def odd(lo: int, hi: int) -> int:  # a length in [lo, hi] that is not a multiple of 64
+        return rng.choice([n for n in range(lo, hi + 1) if n % 64])
+
+    a = odd(129, 190)
+    return ([Request("b", prompt[300:300 + odd(1, 100)]), Request("a", prompt[:a])],   # b ragged, a tracked
+            [Request("c", prompt[:64 * rng.randint(3, 4)])],                          # a hit at 128, final
+            [Request("d", prompt[300:300 + odd(1, 63)]), Request("e", prompt[:rng.randint(1, 63)])],  # none tracked
+            [Request("f", prompt[440:440 + 64 * rng.randint(1, 2)]),                   # f final at its end
+             Request("g", prompt[:odd(192, 300)]), Request("h", prompt[400:400 + odd(1, 40)])])
 
 
 @exercise(NOTEBOOK, 2, "your PrecomputedTracking in the engine", "my_prepare",
@@ -184,13 +194,13 @@ def check_prepare(fn) -> str:
 
     torch.manual_seed(check_seed(0))
     model = build_model("tiny", device="cpu")
-    prompt = torch.randint(0, model.config.vocab, (500,), generator=torch.Generator().manual_seed(check_seed(7))).tolist()
+    prompt = torch.randint(0, model.config.vocab, (600,), generator=torch.Generator().manual_seed(check_seed(7))).tolist()
     theirs = Engine(model, strategy="precomputed", max_requests=3)
     mine = Engine(model, strategy="precomputed", max_requests=3)
     strategy = _LearnerPrecomputed(fn)
     mine.backend.strategy = strategy
     forwards = 0
-    for reqs in _engine_workload(prompt):
+    for reqs in _engine_workload(prompt, random.Random(check_seed(72))):
         outs = []
         for engine in (theirs, mine):
             batch = engine.prepare_prefill(reqs)
@@ -215,7 +225,8 @@ def check_prepare(fn) -> str:
 
 @exercise(NOTEBOOK, 3, "a masked copy without a sync", "my_masked_copy")
 def check_masked_copy(fn) -> str:
-    """Random pools: ``fn(pool, src, dst, mask)`` must leave ``pool[dst[i]] = src[i]`` for every row
+    """Random pools, 3-D (a conv pool ``[slots, D, W-1]``) and 4-D (an SSM pool ``[slots, HV, K,
+    V]``) in turn: ``fn(pool, src, dst, mask)`` must leave ``pool[dst[i]] = src[i]`` for every row
     with ``mask[i]`` and every other slot but the scratch slot as it was, with no sync."""
     gen = torch.Generator().manual_seed(check_seed(73))
     rng = random.Random(check_seed(73))
@@ -225,16 +236,17 @@ def check_masked_copy(fn) -> str:
         n = len(mask_list)
         slots = 2 * n + 3                                  # scratch, rows' slots, slots nobody names
         dst = torch.tensor(rng.sample(range(1, slots - 1), n))
-        pool = torch.randn(slots, 2, 3, generator=gen)
-        src = torch.randn(n, 2, 3, generator=gen)
+        inner = (2, 3) if case % 2 else (2, 3, 4)
+        pool = torch.randn(slots, *inner, generator=gen)
+        src = torch.randn(n, *inner, generator=gen)
         mask = torch.tensor(mask_list, dtype=torch.bool)
+        got = pool.clone()
+        seen = observe(fn, got, src.clone(), dst.clone(), mask.clone(), fake=True, writes=(0,))
         want = pool.clone()
         for i in range(n):
             if mask_list[i]:
                 want[int(dst[i])] = src[i]
-        got = pool.clone()
-        seen = observe(fn, got, src.clone(), dst.clone(), mask.clone(), fake=True, writes=(0,))
-        what = f"(mask {mask_list}, dst {dst.tolist()}, {slots} slots)"
+        what = f"(mask {mask_list}, dst {dst.tolist()}, {slots} slots of shape {list(inner)})"
         if seen.sync_count:
             raise AssertionError(f"the copy made {seen.sync_count} would-be host syncs ({', '.join(sorted(seen.by_op))}) "
                                  f"{what}: the host must not look at the mask")

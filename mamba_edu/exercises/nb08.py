@@ -19,7 +19,7 @@ import random
 import torch
 
 from mamba_edu.exercises.core import check_seed, checker, exercise, observe
-from mamba_edu.exercises.nb06 import toy_batch
+from mamba_edu.exercises.nb06 import FINAL_ROW_CONTRACT, check_host_fields, host_fields, toy_batch
 from mamba_edu.kernels import build_chunk_meta, gdn_prefill
 from mamba_edu.serving import SCRATCH_SLOT, LinearAttentionBackend
 from mamba_edu.serving.tracking import TrackIndices, host_track_indices, track_indices_on_host
@@ -35,7 +35,9 @@ _FIELDS = ("dst", "conv_positions", "checkpoint", "from_final", "chunks")
           forbidden=("mamba_edu.serving.tracking",))
 def check_host_plan(fn) -> str:
     """Random batches (tracked at a checkpoint or the final state, untracked, after a prefix);
-    compare with ``host_track_indices`` field by field; reading a device tensor is a sync."""
+    compare with ``host_track_indices`` field by field, but for a final row's checkpoint, which
+    may be any row of h (notebooks 06 and 07's final-row contract); reading a device tensor is a
+    sync."""
     rng = random.Random(check_seed(9))
     for trial in range(30):
         size = rng.randint(1, 6)
@@ -43,22 +45,31 @@ def check_host_plan(fn) -> str:
         prefix = [rng.choice([0, 0, 64]) for _ in range(size)]
         W = rng.randint(2, 5)
         batch = toy_batch(prefix, extend, cache_chunk=rng.choice([64, 128]), seed=trial)
-        want = host_track_indices(batch, W)
+        before = host_fields(batch)
         seen = observe(fn, batch, W, fake=True)
         got = seen.result
+        what = f"(extend_lens {extend}, prefix_lens {prefix}, track_mask {batch.track_mask}, W {W})"
+        check_host_fields(batch, before, what)
+        want = host_track_indices(batch, W)
         if seen.sync_count:
             raise AssertionError(f"the plan made {seen.sync_count} would-be host syncs "
                                  f"({', '.join(sorted(seen.by_op))}): build it from the batch's host lists "
                                  "(extend_lens, token_ranges, plans), not from its device tensors")
         if not isinstance(got, (tuple, list)) or len(got) != 5:
             raise AssertionError("return a tuple of 5 lists: (dst, conv_positions, checkpoint, from_final, chunks)")
-        what = f"(extend_lens {extend}, prefix_lens {prefix}, track_mask {batch.track_mask}, W {W})"
+        n_rows_h = sum((e + 63) // 64 for e in extend)
         for name, g in zip(_FIELDS, got):
             w = getattr(want, name)
             g = [[int(x) for x in row] for row in g] if name == "conv_positions" else [int(x) for x in g]
             if len(g) != len(w):
                 raise AssertionError(f"{name} has {len(g)} entries; expected one per row ({len(w)}): untracked "
                                      f"rows keep their place and write the scratch slot {SCRATCH_SLOT} {what}")
+            if name == "checkpoint":  # a final row may name any row of h
+                final = [bool(f) and tracked for f, tracked in zip(want.from_final, batch.track_mask)]
+                if any(f and not 0 <= c < n_rows_h for c, f in zip(g, final)):
+                    raise AssertionError(f"checkpoint = {g}: a final row's checkpoint is not a row of h "
+                                         f"({n_rows_h} rows). The final-row contract: {FINAL_ROW_CONTRACT} {what}")
+                g = [w_c if f else c for c, w_c, f in zip(g, w, final)]
             if g != w:
                 raise AssertionError(f"{name} = {g}; expected {w} {what}")
     return "30 random batches match host_track_indices, one entry per row, 0 syncs"
@@ -89,7 +100,9 @@ def check_fill_static(fn) -> str:
     """Build the two copies once over fixed buffers (what a CUDA graph records), then for each of
     several batches of different sizes: ``fn`` fills the buffers in place (0 syncs), the copies are
     replayed on static inputs, and every pool slot but the scratch slot must equal ``sync_free``'s
-    copies of that batch alone."""
+    copies of that batch alone (computed after ``fn`` returned). A row past the batch may read its
+    state from slot −1 (notebook 12's slot for padding rows): only its destination must be the
+    scratch slot."""
     W, D, HV, K, V = 4, 3, 2, 3, 3
     gen = torch.Generator().manual_seed(check_seed(82))
     buffers = _static_buffers(W)
@@ -110,12 +123,14 @@ def check_fill_static(fn) -> str:
         mixed_qkv.copy_(torch.randn(STATIC_TOKENS, D, generator=gen))
         h.copy_(torch.randn(STATIC_CHECKPOINTS, HV, K, V, generator=gen))
         ssm[1:1 + len(extend)] = torch.randn(len(extend), HV, K, V, generator=gen)  # the "final states"
+        before = host_fields(batch)
+        seen = observe(fn, batch, W, *buffers, fake=True, writes=(2, 3, 4, 5, 6))
+        what = f"(batch {trial + 1}: extend_lens {extend}, prefix_lens {prefix}, track_mask {batch.track_mask})"
+        check_host_fields(batch, before, what)
         want_conv, want_ssm = conv.clone(), ssm.clone()
         ref = track_indices_on_host(batch, host_track_indices(batch, W), "cpu")
         LinearAttentionBackend._track_conv(want_conv, mixed_qkv[:T], ref)
         LinearAttentionBackend._track_ssm(want_ssm, h[:NT], ref)
-        seen = observe(fn, batch, W, *buffers, fake=True, writes=(2, 3, 4, 5, 6))
-        what = f"(batch {trial + 1}: extend_lens {extend}, prefix_lens {prefix}, track_mask {batch.track_mask})"
         if seen.sync_count:
             raise AssertionError(f"filling the buffers made {seen.sync_count} would-be host syncs "
                                  f"({', '.join(sorted(seen.by_op))}) {what}: a sync cannot be captured; "
@@ -128,7 +143,8 @@ def check_fill_static(fn) -> str:
         if not (0 <= int(buffers[1].min()) and int(buffers[1].max()) < STATIC_TOKENS
                 and 0 <= int(buffers[3].min()) and int(buffers[3].max()) < STATIC_CHECKPOINTS
                 and 0 <= int(buffers[0].min()) and int(buffers[0].max()) < slots
-                and 0 <= int(buffers[2].min()) and int(buffers[2].max()) < slots):
+                and 0 <= int(buffers[2][:len(extend)].min()) and -1 <= int(buffers[2].min())
+                and int(buffers[2].max()) < slots):
             raise AssertionError(f"an index in the buffers is outside the static inputs or the pool {what}: "
                                  f"dst {buffers[0].tolist()}, conv_positions {buffers[1].tolist()}, working "
                                  f"{buffers[2].tolist()}, checkpoint {buffers[3].tolist()}")
@@ -168,7 +184,7 @@ def _scanned_once(rows: list, T: int, what: str) -> None:
 def check_fused_scan(fn) -> str:
     """Packed batches with rows tracked at a checkpoint, at the final state, and untracked
     (chunk −1, destination the scratch slot); compare every pool slot with ``gdn_prefill``'s
-    in-kernel tracking (torch path), require that nothing but None is returned, and that
+    in-kernel tracking (torch path, run after the answer), require that nothing but None is returned, and that
     ``recurrent_gated_delta_rule`` scanned each token once (every call counted, any thread)."""
     gen = torch.Generator().manual_seed(check_seed(12))
     H, HV, K, V = 1, 2, 8, 8
@@ -181,14 +197,14 @@ def check_fused_scan(fn) -> str:
         v = torch.randn(T, HV, V, generator=gen)
         g, beta = -torch.rand(T, HV, generator=gen) * 0.2, torch.rand(T, HV, generator=gen)
         pool = torch.randn(6, HV, K, V, generator=gen)
+        got = pool.clone()
+        seen = observe(fn, q, k, v, g, beta, got, list(lengths), list(working), list(track), list(chunks),
+                       writes=(5,), metered=(SCAN,))  # the pool, in place; the inputs come back unchanged
         want = pool.clone()
         meta = build_chunk_meta(lengths, "cpu")
         gdn_prefill(q, k, v, g, beta, state_pool=want, meta=meta, state_indices=working,
                     track_slots=torch.tensor(track),
                     track_chunks=torch.tensor(chunks), backend="torch")
-        got = pool.clone()
-        seen = observe(fn, q, k, v, g, beta, got, list(lengths), list(working), list(track), list(chunks),
-                       writes=(5,), metered=(SCAN,))  # the pool, in place
         out = seen.result
         if out is not None:
             raise AssertionError(f"returned {type(out).__name__}: the fused write returns nothing (no h)")

@@ -1,41 +1,86 @@
-"""Sync-free by construction: run a function on CUDA tensors that have no data.
+"""Sync-free by construction: run a function on ``cuda`` tensors that have no data.
 
-A device-to-host sync is a read of data the host does not have. Under PyTorch's
-``FakeTensorMode`` a tensor on a fake ``cuda`` device has a shape, a dtype and strides but no
-values, and the mode runs on a CPU-only torch. Every read of its values fails: ``.item()``,
-``.tolist()``, ``bool()``, ``int()``, ``.to("cpu")`` followed by a read, ``nonzero``, boolean
-masks, ``allclose``, ``bincount``, ``unique``, ``repeat_interleave`` without ``output_size``. It
-fails in another thread too, and with torch's dispatch modes switched off, because the tensor
-itself has nothing to give. Ops whose output shape is known without the data (``cumsum``,
-``gather``, ``scatter``, ``nonzero_static``, ``repeat_interleave(output_size=…)``) run.
+A device-to-host sync is the host waiting for device data. :func:`data_read` runs a function once
+on data-less copies of its tensor arguments: ``FakeTensor``\\ s on a fake ``cuda`` device (shape,
+dtype, strides, no values; a CPU-only torch runs them as ``meta``). Whatever needs the values on
+the host is refused there (the answer gets an error) and written down, whichever op, thread or
+mode asks, however the answer handles the error:
 
-So "``fn`` makes no sync" becomes "``fn`` runs without its data" (what ``torch.compile`` calls
-data-independent): :func:`data_read` runs ``fn`` once on fake copies of its tensor arguments
-(the course's device tensors: on a CPU they stand in for the GPU's) and reports the first read,
-or ``None``. Host values (Python ints and lists, a batch's CPU mirrors) stay real; tensors the
-function makes are fake too, so a tensor built from host values must stay host values (a Python
-list) to be read. (A fake ``cuda`` device would also work, but a CPU-only torch cannot index
-tensors on it.) The values themselves are then checked on real tensors, separately.
+* a read: ``.item()``, ``.tolist()``, ``bool()``, ``int()``, ``nonzero``, a boolean mask,
+  ``unique``, ``repeat_interleave`` without ``output_size`` (``DataDependentOutputException``);
+* a copy to the host: ``.cpu()``, ``.to("cpu")``, ``copy_`` into a host tensor, any op that takes
+  device data and gives a host tensor, and the methods that hand data or its address over without
+  an op: ``numpy``, ``__array__``, ``__dlpack__``, ``data_ptr``, ``apply_``, ``map_``, ``map2_``;
+* a host tensor (not 0-dim) mixed with device data, which fails on a GPU: make it with ``device=``;
+* a call of :data:`GUARDED`, :data:`TO_HOST` or :data:`READS` on device data with torch's Python
+  dispatch switched off (``torch._C._DisableTorchDispatch``), which no mode sees.
 
-:func:`mamba_edu.profiling.count_syncs` stays the instrument that counts syncs where they happen;
-this is the judge that cannot be walked around.
+Host values stay real: Python ints and lists, and every tensor the function makes on the host, so
+host computation reads its values as freely as on a GPU. The function's ``device`` argument, if
+any (a ``torch.device``), becomes the fake device. Ops whose output shape needs no values
+(``cumsum``, ``gather``, ``scatter``, ``nonzero_static``, ``repeat_interleave(output_size=…)``)
+run.
+
+A CPU-only torch has no ``cuda`` device guard, which the Python bindings of a few ``Tensor``
+methods open before any op runs (:data:`GUARDED`: indexing, ``int()``, ``float()``, ``copy_``,
+``new_tensor`` …). For such a call the fake tensors report ``meta`` and the results it makes get
+the fake device back.
+
+The run is in a forked child (where ``os.fork`` exists), so that an answer that crashes there
+(``ctypes`` reading a data-less buffer) costs its exercise, not the notebook: the child sends
+its verdict back through a pipe. The values themselves are checked on real tensors, separately;
+:func:`mamba_edu.profiling.count_syncs` stays the instrument that counts syncs where they happen.
+Like any check that runs Python, an answer that looks at its arguments' types can tell this run
+from the real one, and one that switches torch's dispatch off and then calls a method not in the
+lists above gets an error but no verdict; the judge catches sync-making code, not a program
+written to fool it. ``docs/judging.md`` tells the whole story.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import faulthandler
+import functools
 import logging
+import os
+import select
+import signal
+import sys
 from typing import Callable
 
 import torch
 
+#: The device the data-less tensors are on.
+DEVICE = torch.device("cuda", 0)
+#: Where torch's own code is: its calls with the dispatch switched off are the mode's, not the answer's.
+TORCH_DIR = os.path.dirname(torch.__file__)
+#: Tensor methods whose C++ binding opens a device guard for their tensor (no ``cuda`` one in a
+#: CPU-only torch): they run with the fake tensors reporting ``meta``.
+GUARDED = ("__getitem__", "__setitem__", "__int__", "__float__", "__index__", "__complex__",
+           "__invert__", "copy_", "new", "new_tensor", "nonzero")
+#: Tensor methods that give the host device data, or its address, without an op.
+TO_HOST = ("numpy", "__array__", "__dlpack__", "data_ptr", "apply_", "map_", "map2_")
+#: The other Tensor methods that bring device data to the host (through an op, which torch's
+#: dispatch switched off would hide from the mode).
+READS = ("item", "__bool__", "cpu", "to")
+#: The longest verdict the forked run sends back, and how long it may take.
+VERDICT_BYTES, TIMEOUT_S = 1000, 120
+
+
+class HostCopy(RuntimeError):
+    """Device data refused to the host (the answer sees this error; the verdict is kept)."""
+
+
 def fake_copy(obj, mode):
     """``obj`` with every tensor inside it (also in lists, tuples, dicts and dataclasses)
-    replaced by a tensor of ``mode``: same device, shape, dtype and strides, no data.
-    Everything else is returned as it is."""
+    replaced by a tensor of ``mode`` on :data:`DEVICE` (same shape, dtype and strides, no data),
+    and every ``torch.device`` by :data:`DEVICE`. Everything else is returned as it is."""
+    if isinstance(obj, torch.device):
+        return DEVICE
     if isinstance(obj, torch.Tensor):
         with mode:
-            return torch.empty_strided(obj.shape, obj.stride(), dtype=obj.dtype, device=obj.device)
+            return torch.empty_strided(obj.shape, obj.stride(), dtype=obj.dtype, device=DEVICE)
     if isinstance(obj, (list, tuple)):
         out = [fake_copy(x, mode) for x in obj]
         return type(obj)(*out) if hasattr(obj, "_fields") else type(obj)(out)
@@ -47,57 +92,168 @@ def fake_copy(obj, mode):
     return obj
 
 
+def _on_device(t) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+    return isinstance(t, FakeTensor) and t.fake_device.type != "cpu"
+
+
 def _read_recorder():
-    """A ``FakeTensorMode`` that also writes down every read it refuses, from any thread: a
-    fake tensor dispatches to its own mode wherever it is used, so an answer that catches the
-    error (or reads in a worker thread) is still seen."""
-    from torch._subclasses.fake_tensor import (DataDependentOutputException,
-                                               DynamicOutputShapeException, FakeTensorMode)
+    """A ``FakeTensorMode`` that runs host ops for real and writes down every refusal, from any
+    thread: a fake tensor dispatches to its own mode wherever it is used, so an answer that
+    catches the error (or reads in a worker thread) is still seen."""
+    from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
+                                               FakeTensor, FakeTensorDeviceMismatchError, FakeTensorMode)
+    from torch.utils._pytree import arg_tree_leaves, tree_leaves
 
     class ReadRecorder(FakeTensorMode):
+        avoid_device_init = True  # with a CUDA torch too: the forked run must not touch the GPU
+
         def __init__(self):
-            super().__init__(allow_non_fake_inputs=True)  # a tensor the answer keeps in a global
-            self.reads: list[str] = []
+            super().__init__(allow_non_fake_inputs=True)  # host tensors, a tensor kept in a global
+            self.syncs: list[str] = []
+
+        def refuse(self, verdict: str, error: type = HostCopy):
+            self.syncs.append(verdict)
+            raise error(verdict)
 
         def dispatch(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            inputs = arg_tree_leaves(*args, **kwargs)
+            op, device_data = str(func.overloadpacket), any(map(_on_device, inputs))
+            to = torch.device(kwargs.get("device") or "cpu").type
+            if to == "cpu" and not any(isinstance(t, FakeTensor) for t in inputs):
+                return func(*args, **kwargs)  # host data: real, as on a GPU
+            if device_data and kwargs.get("device") is not None and to == "cpu":
+                self.refuse(f"a copy of device data to the host ({op})")
             try:
-                return super().dispatch(func, types, args, kwargs)
-            except (DataDependentOutputException, DynamicOutputShapeException):
-                self.reads.append(str(func))
-                raise
+                out = super().dispatch(func, types, args, kwargs)
+            except (DataDependentOutputException, DynamicOutputShapeException) as err:
+                self.refuse(f"a read of device data to the host ({op}: a value, or a size that "
+                            "depends on values)", type(err))
+            except FakeTensorDeviceMismatchError as err:
+                self.refuse(f"a host tensor mixed with device data ({op}): on a GPU that is an error; "
+                            "make it with device=", type(err))
+            if device_data and any(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in tree_leaves(out)):
+                self.refuse(f"a copy of device data to the host ({op})")
+            return out
     return ReadRecorder()
 
 
+@contextlib.contextmanager
+def _device_methods(mode):
+    """While the block runs, the :data:`GUARDED`, :data:`TO_HOST` and :data:`READS` methods of fake
+    tensors are wrapped: on a device tensor a :data:`TO_HOST` one is refused, so is any of them
+    with torch's Python dispatch switched off, and a :data:`GUARDED` one runs with the fake
+    tensors of its arguments on ``meta`` (its results get the fake device back)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._pytree import tree_leaves
+
+    def wrapped(name):
+        method = getattr(torch.Tensor, name)
+
+        @functools.wraps(method)
+        def call(self, *args, **kwargs):
+            if (_on_device(self) and torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Python)
+                    and not sys._getframe(1).f_code.co_filename.startswith(TORCH_DIR)):  # not the mode's own
+                mode.refuse(f"device data read with torch's dispatch switched off (Tensor.{name})")
+            if _on_device(self) and name in TO_HOST:
+                mode.refuse(f"a copy of device data to the host (Tensor.{name})")
+            moved = [t for t in tree_leaves((self, args, kwargs)) if _on_device(t)] if name in GUARDED else []
+            for t in moved:
+                t.fake_device = torch.device("meta")
+            try:
+                out = method(self, *args, **kwargs)
+            finally:
+                for t in moved:
+                    t.fake_device = DEVICE
+            for t in tree_leaves(out) if moved else ():
+                if isinstance(t, FakeTensor) and t.fake_device.type == "meta":
+                    t.fake_device = DEVICE
+            return out
+        return call
+
+    names = GUARDED + TO_HOST + READS
+    saved = {name: FakeTensor.__dict__.get(name) for name in names}
+    for name in names:
+        setattr(FakeTensor, name, wrapped(name))
+    try:
+        yield
+    finally:
+        for name, method in saved.items():
+            if method is None:
+                delattr(FakeTensor, name)
+            else:
+                setattr(FakeTensor, name, method)
+
+
 def data_read(fn: Callable[..., object], *args) -> str | None:
-    """Run ``fn(*args)`` with every tensor argument replaced by one without data. Returns
-    ``None`` if it read nothing, else what it read, e.g. ``"aten._local_scalar_dense.default (a
-    value or a data-dependent size read to the host)"``. An error that is not a read (a shape
-    mismatch, say) propagates."""
+    """Run ``fn(*args)`` with every tensor argument replaced by one without data on the fake
+    device, here, in this process. Returns ``None`` if it kept device data on the device, else
+    the first refusal, e.g. ``"a copy of device data to the host (aten._to_copy)"``. Any other
+    error (a shape mismatch, say) propagates."""
     mode = _read_recorder()
     fake = [fake_copy(a, mode) for a in args]
     error = None
     log = logging.getLogger("torch._subclasses.fake_tensor")
     level, log.level = log.level, logging.CRITICAL  # it logs each refused op as an error
     try:
-        with mode:  # what the function creates is fake too: no real buffer to copy a value into
+        with _device_methods(mode), mode:  # what the function creates on the device is fake too
             fn(*fake)
-    except Exception as exc:  # noqa: BLE001 - a read is the verdict; any other error is re-raised
+    except Exception as exc:  # noqa: BLE001 - a refusal is the verdict; any other error is re-raised
         error = exc
     finally:
         log.setLevel(level)
-    if mode.reads:
-        return f"{mode.reads[0]} (a value or a data-dependent size read to the host)"
+    if mode.syncs:
+        return mode.syncs[0]
     if error is not None:
         raise error
     return None
 
 
-def would_be_sync(fn: Callable[..., object], args) -> str | None:
-    """:func:`data_read` for the exercise checks: the read as a would-be sync (one line), or
-    None. An error the data-less run meets that is not a read is left to the real run, which
-    meets it too (a genuine bug) or not (an op without a data-less form: not a read)."""
+def _verdict(fn, args) -> str | None:
+    """:func:`data_read`, an error that is not a refusal counted as none (see :func:`would_be_sync`)."""
     try:
-        read = data_read(fn, *args)
-    except Exception:  # noqa: BLE001 - see the docstring
+        return data_read(fn, *args)
+    except BaseException:  # noqa: BLE001 - see would_be_sync
         return None
-    return None if read is None else f"a read of device data: {read}"
+
+
+def _in_child(fn, args) -> str | None:
+    """:func:`_verdict` in a forked child, which sends it back through a pipe; a child that dies
+    or does not finish is a verdict too."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never back into the caller's code, never flush the parent's buffers
+        try:
+            os.close(read_end)
+            import resource
+            faulthandler.disable()  # a crash is the parent's verdict, not a traceback on stderr
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            torch.set_num_threads(1)  # the parent's thread pool did not survive the fork
+            verdict = _verdict(fn, args)
+            os.write(write_end, ("=" + (verdict or "")).encode()[:VERDICT_BYTES])
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        done = select.select([pipe], [], [], TIMEOUT_S)[0]
+        sent = pipe.read(VERDICT_BYTES).decode(errors="replace") if done else None
+    if sent is None:
+        os.kill(pid, signal.SIGKILL)
+    status = os.waitpid(pid, 0)[1]
+    if sent is None:
+        return f"the answer did not finish on device tensors within {TIMEOUT_S} s"
+    if sent.startswith("=") and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+        return sent[1:] or None
+    how = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+           else f"exit status {os.WEXITSTATUS(status)}")
+    return f"the answer crashed on device tensors ({how})"
+
+
+def would_be_sync(fn: Callable[..., object], args) -> str | None:
+    """:func:`data_read` for the exercise checks, in a forked child where the platform has
+    ``os.fork``: the first would-be sync (one line), or None. An error the data-less run meets
+    that is not a refusal is left to the real run, which meets it too (a genuine bug) or not (an
+    op without a data-less form: not a sync). A crash of the child is a verdict: "the answer
+    crashed on device tensors (signal 11)"."""
+    return _in_child(fn, args) if hasattr(os, "fork") else _verdict(fn, args)

@@ -19,6 +19,7 @@ import pytest
 nbformat = pytest.importorskip("nbformat")  # the notebook tests need it; a bare GPU machine lacks it
 
 from mamba_edu.exercises.core import REGISTRY
+from mamba_edu.grading.containment import landlock_abi
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = ROOT / "tests" / "hostile_notebooks"
@@ -112,11 +113,11 @@ def test_more_cheat_verdicts(shared_run):
 
 
 def test_the_docs_say_what_is_not_guaranteed():
-    """A notebook that fakes its own results inside its judge (patching the checks, reading the
-    check's frames, returning a tensor subclass that compares equal) is not stopped: the judge runs
-    the notebook in its own process. docs/teaching.md says so, and where to grade instead."""
+    """A notebook that fakes its own results inside its judge (reading the check's frames or the
+    report's secret) is not stopped, only flagged: the judge runs the notebook in its own process.
+    docs/teaching.md says so, and where to grade instead."""
     text = " ".join((ROOT / "docs" / "teaching.md").read_text().split())
-    assert "**Not guaranteed:** a notebook written to fake its own results inside its judge process" in text
+    assert "**Not guaranteed:** a notebook written to fake *its own* results inside its judge process" in text
     assert "the container recipe below" in text
 
 
@@ -166,7 +167,10 @@ def test_killing_its_parent_costs_the_notebook_alone(tmp_path):
     shutil.copy(SOLUTIONS / "01_gated_deltanet_recurrence.ipynb", tmp_path)
     result, report = _grade(tmp_path)
     killed, good = report["notebooks"]
-    assert killed["status"] == "zero" and "died" in killed["reason"], killed
+    if landlock_abi() >= 6:  # Landlock scopes signals: the kill is refused, the notebook graded
+        assert killed["status"] == "graded" and killed["passed"] == 0, killed
+    else:
+        assert killed["status"] == "zero" and "died" in killed["reason"], killed
     assert good["status"] == "graded" and good["passed"] == good["total"] == N01, good
     assert result.returncode == 1 and report["passed"] == N01
     assert report["total"] == N01 + len(REGISTRY["00_start_here"])

@@ -14,6 +14,8 @@ grader loaded.
 
 from __future__ import annotations
 
+import builtins
+import functools
 import os
 import sys
 import types
@@ -126,10 +128,10 @@ class Pristine:
         for name, (module, namespace) in self.modules.items():
             now = vars(module)
             changed += [f"{name}.{k}" for k, v in namespace.items()
-                        if now.get(k, _GONE) is not v and (callable(v) or callable(now.get(k)))]
-            added = [k for k in now if k not in namespace and not isinstance(now[k], types.ModuleType)]
-            if name.startswith("mamba_edu"):
-                changed += [f"{name}.{k} (added)" for k in added if callable(now[k])]
+                        if now.get(k, _GONE) is not v and (_code(v) or _code(now.get(k)))]
+            if name.startswith("mamba_edu"):  # (Triton's interpreter adds names of its own: they stay)
+                added = [k for k in now if k not in namespace and (_notebooks(now[k]) or hasattr(builtins, k))]
+                changed += [f"{name}.{k} (added)" for k in added]
                 for k in added:
                     del now[k]
             now.update(namespace)
@@ -146,3 +148,15 @@ class Pristine:
 
 
 _GONE = object()
+
+
+def _notebooks(value) -> bool:
+    """Made by the notebook's cells (IPython runs them as ``__main__``)."""
+    return getattr(value, "__module__", None) == "__main__"
+
+
+def _code(value) -> bool:
+    """A function, method or class: what a patch replaces (a cache the package fills, even with a
+    callable model, is not one)."""
+    return isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
+                              functools.partial))

@@ -130,7 +130,8 @@ class Pristine:
             changed += [f"{name}.{k}" for k, v in namespace.items()
                         if now.get(k, _GONE) is not v and (_code(v) or _code(now.get(k)))]
             if name.startswith("mamba_edu"):  # (Triton's interpreter adds names of its own: they stay)
-                added = [k for k in now if k not in namespace and (_notebooks(now[k]) or hasattr(builtins, k))]
+                added = [k for k in now if k not in namespace and not k.startswith("__")
+                         and (_notebooks(now[k]) or hasattr(builtins, k))]
                 changed += [f"{name}.{k} (added)" for k in added]
                 for k in added:
                     del now[k]

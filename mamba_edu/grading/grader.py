@@ -192,12 +192,14 @@ def environment_state(folders: list[Path]) -> dict[str, tuple]:
 
 
 class Environment:
-    """Where judges are not confined (no Landlock, or ``--sandbox``'s bubblewrap), the state of
-    :func:`watched_folders` between notebooks: a change is the last notebook's, which then gets
-    0, and every later notebook of the run is not graded (the environment can no longer be
-    trusted: restore it, then grade again)."""
+    """What one grading run's notebooks share: the package as it was when the run began (each
+    judge imports a private copy of it) and, where judges are not confined (no Landlock, or
+    ``--sandbox``'s bubblewrap), the state of :func:`watched_folders` between notebooks: a change
+    is the last notebook's, which then gets 0, and every later notebook of the run is not graded
+    (the environment can no longer be trusted: restore it, then grade again)."""
 
     def __init__(self, confined: bool):
+        self.package = _package_snapshot()
         self.folders = [] if confined else watched_folders()
         self.state, self.broken, self.lock = environment_state(self.folders), "", threading.Lock()
 
@@ -369,7 +371,6 @@ def grade_paths(paths: list[Path], timeout: int, sandbox: bool = False, report=N
     become_subreaper()  # what a judge leaves behind comes back here, to be killed
     with _WORKERS_LOCK:
         _WORKERS.update(children())  # the caller's own children are not the notebooks' to lose
-    snapshot = _package_snapshot()
     environment = environment or Environment(CONFINED and not sandbox)
     results = []
     for path in paths:
@@ -385,7 +386,7 @@ def grade_paths(paths: list[Path], timeout: int, sandbox: bool = False, report=N
         else:
             workdir = Path(tempfile.mkdtemp(prefix="mamba_edu-package-"))
             try:
-                result = run_judge(path, raw, timeout, sandbox, private_package(snapshot, workdir), limits,
+                result = run_judge(path, raw, timeout, sandbox, private_package(environment.package, workdir), limits,
                                    fresh_seed() if seed is None else seed)
             except Exception as err:  # noqa: BLE001 - the grader's own trouble with this notebook
                 result = NotebookResult(path.name, "zero", f"the grader could not grade it: {type(err).__name__}: {err}")

@@ -23,7 +23,7 @@ export TRITON_INTERPRET ?= 1
 export MPLBACKEND ?= Agg
 endif
 
-.PHONY: setup check-python demo test test-extra test-all lab notebooks lock clean help
+.PHONY: setup check-python demo test test-extra test-all lab lab-solutions lab-quiet notebooks lock clean help
 
 setup: $(STAMP)
 
@@ -38,18 +38,31 @@ check-python:
 	  echo "$(VENV) was made with $$($(PY) --version 2>&1); mamba_edu needs Python >= 3.11: make clean, then make setup PYTHON=python3.11" >&2; \
 	  exit 1; }
 
+# Each phase says what it does, also in a pipe or a log (no terminal): pip's own progress bar is
+# on (--progress-bar on) and the phases are numbered; pip lists what it collects as it goes.
+PIP     := $(PY) -m pip install --progress-bar on
+N_PINNED = $(shell grep -c '^[A-Za-z0-9]' requirements-pinned.txt)
+
 $(STAMP): pyproject.toml requirements-pinned.txt constraints-cuda.txt | check-python
+	@echo "==> setup 1/4: creating the virtual environment $(VENV) with $(PYTHON)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PIP) -q --upgrade pip
 ifneq ($(TORCH_INDEX),)
-	$(PY) -m pip install -q --retries 1 --timeout 30 --no-deps --index-url $(TORCH_INDEX) "torch==$(TORCH_VERSION)" \
+	@echo "==> setup 2/4: torch $(TORCH_VERSION), CPU-only, from $(TORCH_INDEX) (about 0.2 GB)"
+	$(PIP) --retries 1 --timeout 30 --no-deps --index-url $(TORCH_INDEX) "torch==$(TORCH_VERSION)" \
 	  || echo "note: $(TORCH_INDEX) was not reachable; torch comes from the default index instead"
+else
+	@echo "==> setup 2/4: torch comes with the pinned set (PyPI's build)"
 endif
-	$(PY) -m pip install -q -r requirements-pinned.txt
-	$(PY) -m pip install -q --no-deps -e .
+	@echo "==> setup 3/4: the pinned set, $(N_PINNED) packages (requirements-pinned.txt; already installed ones are kept)"
+	$(PIP) -r requirements-pinned.txt
+	@echo "==> setup 4/4: mamba_edu itself, editable"
+	$(PIP) -q --no-deps -e .
+	@echo "==> setup done: $(VENV) is ready"
 	touch $@
 
 demo: $(STAMP)
+	@echo "==> demo: python -m mamba_edu demo (the math, the four strategies, a timeline)"
 	$(PY) -m mamba_edu demo
 
 # make test: every unit test of the package and nbval over the learner notebooks, in about 5 min
@@ -64,6 +77,7 @@ PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -p no:cacheprovider -q
 NBVAL  := --nbval-lax --nbval-current-env
 
 test: $(STAMP)
+	@echo "==> test: unit tests and nbval over the learner notebooks, two pytest processes (about 5 min)"
 	$(PY) scripts/run_tests.py $(PYTEST_ARGS)
 
 test-extra: $(STAMP)
@@ -77,17 +91,30 @@ test-all: test test-extra
 notebooks: $(STAMP)
 	$(PY) -m mamba_edu.exercises.stubs --execute
 
-# JupyterLab on the notebooks. As root (containers, cloud machines) Jupyter refuses to start
+# JupyterLab on the notebooks: `make lab` is the learner's view, the notebooks and docs/ with
+# notebooks/solutions/ hidden from the file browser (hide_globs); `make lab-solutions` is the
+# instructor's, everything shown. As root (containers, cloud machines) Jupyter refuses to start
 # without --allow-root, so it is added when `id -u` is 0 and only then. The announcements plugin
 # (its "Would you like to get notified about official Jupyter news?" pop-up and update checks)
 # is disabled in this .venv, and news_url=None fetches no news feed: nothing asks, nothing is
 # fetched from the internet at start. `jupyter labextension enable ...` undoes it.
 LAB_AS_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-lab: $(STAMP)
+LAB := $(VENV)/bin/jupyter lab --LabApp.news_url=None $(LAB_AS_ROOT)
+# jupyter_server's own hidden names, plus solutions: the learner does not see the answers.
+LEARNER_HIDE := --ContentsManager.hide_globs="['__pycache__', '*.pyc', '*.pyo', '.DS_Store', '*~', 'solutions']"
+
+lab: lab-quiet
+	@echo "==> lab: JupyterLab on the learner notebooks and docs/ (notebooks/solutions/ hidden; make lab-solutions shows them)"
+	$(LAB) $(LEARNER_HIDE) --ServerApp.default_url=/lab/tree/notebooks/00_start_here.ipynb
+
+lab-solutions: lab-quiet
+	@echo "==> lab-solutions: JupyterLab on everything, notebooks/solutions/ included (for instructors)"
+	$(LAB) --ServerApp.default_url=/lab/tree/notebooks/solutions/00_start_here.ipynb
+
+lab-quiet: $(STAMP)
 	-@$(VENV)/bin/jupyter labextension disable --level=sys_prefix \
 		@jupyterlab/apputils-extension:announcements >/dev/null 2>&1
-	$(VENV)/bin/jupyter lab --LabApp.news_url=None $(LAB_AS_ROOT) notebooks
 
 # Recompile requirements-pinned.txt, constraints-cuda.txt and requirements-ci.txt from
 # requirements.in and requirements-ci.in against PyPI (needs the network; uv comes from the CI set).
@@ -104,7 +131,8 @@ help:
 	@echo "make test       unit tests + nbval over the learner notebooks, about 5 min on 2 cores (skips listed with reasons)"
 	@echo "make test-extra the slower rest: solutions, no-Triton venv, hostile grading, 2-rank TP, PyPI, learner copy"
 	@echo "make test-all   both, as CI (.ci/run) runs them"
-	@echo "make lab        open JupyterLab on the notebooks (works as root, no news pop-up)"
+	@echo "make lab        open JupyterLab on the learner notebooks and docs/ (solutions hidden; works as root, no news pop-up)"
+	@echo "make lab-solutions  the same with notebooks/solutions/ shown (for instructors)"
 	@echo "make notebooks  regenerate the learner notebooks from the solutions and execute both"
 	@echo "make lock       recompile the pinned set from requirements.in (needs PyPI)"
 	@echo "make clean      remove .venv and the pytest cache"

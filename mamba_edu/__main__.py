@@ -3,7 +3,7 @@
 
 Exit status: 0 = everything ran and every check passed; 1 = a check or a measurement failed;
 2 = a usage error, or nothing could run here (the message says why, e.g. bench-kernels without
-a GPU); 130 = interrupted (Ctrl-C).
+a GPU); 130 = interrupted (Ctrl-C); 141 = the reader of the output went away (``| head``).
 
 ``--version`` and ``--help`` import no command module and no torch: only the command that runs is
 imported, when it runs.
@@ -35,6 +35,9 @@ COMMANDS = {
     "bench-buckets": ("mamba_edu.benchmarks.buckets",
                       "fresh-batch prefill: eager vs a captured token bucket in each capture mode "
                       "(needs a GPU)"),
+    "bench-host": ("mamba_edu.benchmarks.host",
+                   "host cost of one eager prefill per strategy, the CUDA path emulated on a CPU: "
+                   "Triton launches, torch ops, Python calls per GPU kernel"),
     "grade": ("mamba_edu.grading.cli", "execute submitted notebooks and grade their exercises"),
     "trace": ("mamba_edu._cli_trace",
               "bubble summary and PNG timeline of any torch.profiler trace, offline"),
@@ -155,6 +158,18 @@ def main(argv=None) -> int:
         print(f"\n{prog_name()}: interrupted (Ctrl-C); partial results, if any, stay where they "
               "were written", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _closed_pipe()
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout went away (``... | head``): end quietly, as ``cat`` does, with 141
+    (128 + SIGPIPE). stdout is pointed at /dev/null first, so that Python's flush at exit does
+    not raise the same error again."""
+    import os
+
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 141
 
 
 if __name__ == "__main__":

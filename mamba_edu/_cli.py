@@ -20,6 +20,11 @@ from pathlib import Path
 
 NEUTRAL_PROG = "mamba-edu"
 DEVICES = ("auto", "cpu", "cuda")
+# The names of mamba_edu.model.config.PRESETS and mamba_edu.serving.STRATEGIES, for the options'
+# choices: importing those packages imports torch, which would make every --help take seconds.
+# tests/test_cli.py checks that they are the same.
+PRESET_NAMES = ("tiny", "qwen3-next", "qwen3.5", "qwen3.5-tp8")
+STRATEGY_NAMES = ("naive", "precomputed", "sync_free", "fused")
 
 
 def prog_name() -> str:

@@ -1,8 +1,9 @@
 """``mamba-edu trace PATH``: the bubble summary of a trace and its PNG timeline, offline.
 
 PATH is a Chrome/Perfetto trace written by torch.profiler (``.json`` or ``.json.gz``, e.g. a
-committed ``data/runs/<case>/<strategy>.pt.trace.json.gz``), or a folder of them: then every
-trace in it becomes one row of the figure, on one time axis. The numbers are those of
+committed ``data/runs/<case>/<strategy>.pt.trace.json.gz``), a folder of them, or a folder of
+such folders (``data/runs``: one per case): every trace becomes one row of the figure, on one
+time axis, labelled with its folder when there are several. The numbers are those of
 :func:`mamba_edu.profiling.analyze_trace` (wall time of the forward, GPU busy, idle fraction,
 bubbles, syncs); the figure is :func:`mamba_edu.profiling.plots.plot_timelines`. Nothing here
 needs a GPU or a network: it is what to use where TensorBoard's profiler page cannot load its
@@ -18,18 +19,19 @@ import sys
 from pathlib import Path
 
 from mamba_edu._cli import check_out_dir, non_negative_int, positive_float, prog_name, say
-from mamba_edu.profiling.summary import STEP_PREFIX, analyze_file, report, trace_files
-from mamba_edu.profiling.trace_files import TraceError
-from mamba_edu.profiling.traces import FORWARD_RANGE
+
+# mamba_edu.profiling is imported by check_args and run, not here: it imports torch, and --help
+# must answer at once.
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("path", type=Path,
-                   help="a trace (.json or .json.gz) or a folder of them, e.g. "
-                        "data/runs/launch_bound_1x512")
+                   help="a trace (.json or .json.gz), a folder of them (data/runs/"
+                        "launch_bound_1x512) or a folder of such folders (data/runs)")
     p.add_argument("--range", dest="range_name", default=None, metavar="NAME",
-                   help=f"the record_function range of one forward; default: {FORWARD_RANGE} if "
-                        f"present, else the trace's {STEP_PREFIX}N step")
+                   help="the record_function range of one forward; default: the one "
+                        "record_trace opens around a forward if present, else the trace's last "
+                        "profiler step")
     p.add_argument("--index", type=int, default=-1,
                    help="which occurrence of the range (-1 = the last)")
     p.add_argument("--threshold-us", type=positive_float, default=5.0,
@@ -46,9 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
     if not args.path.exists():
         p.error(f"{args.path}: no such file or folder")
-    args.files = trace_files(args.path)
+    args.files = traces_under(args.path)
     if not args.files:
-        p.error(f"{args.path}: no trace files (*.json, *.json.gz) in this folder")
+        p.error(f"{args.path}: no trace files (*.json, *.json.gz) in this folder or the folders in it")
     if args.out is None:
         args.out = Path("out/trace") / f"{args.path.name.split('.')[0] or 'trace'}.png"
     elif args.out.is_dir():
@@ -61,6 +63,17 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse
     if args.plot:
         check_out_dir(p, args.out.parent, given=args.out)
     return args
+
+
+def traces_under(path: Path) -> list[Path]:
+    """The traces of ``path`` (a file, or a folder's own traces); for a folder that holds none,
+    those of the folders in it, folder by folder (a runs folder: one per case)."""
+    from mamba_edu.profiling.summary import trace_files
+
+    files = trace_files(path)
+    if files or not path.is_dir():
+        return files
+    return [f for sub in sorted(path.iterdir()) if sub.is_dir() for f in trace_files(sub)]
 
 
 #: Rows the timeline draws at most: one subplot per trace costs time that grows faster than
@@ -80,7 +93,11 @@ def printable(text: str) -> str:
 def run(args: argparse.Namespace) -> int:
     """Analyse every trace, print the summaries, draw the figure. Returns 0, or 2 when a trace
     cannot be read or has no range to analyse (the message says why)."""
+    from mamba_edu.profiling.summary import analyze_file, report
+    from mamba_edu.profiling.trace_files import TraceError
+
     analyses = []
+    folders = {path.parent for path in args.files}
     for path in args.files:
         try:  # every per-file problem is a TraceError with a one-line message
             a = analyze_file(path, args.range_name, index=args.index,
@@ -88,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
         except TraceError as err:
             print(printable(f"{prog_name()} trace: {path}: {err}"), file=sys.stderr)
             return 2
+        if len(folders) > 1:  # naive of one case, naive of the next: say which
+            a.label = f"{path.parent.name}/{a.label}"
         analyses.append((path, a))
         if args.json:
             say(json.dumps({"path": str(path), "range": a.range_name, **a.summary()}))

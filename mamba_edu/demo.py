@@ -3,29 +3,26 @@
 1. The math: the chunked (WY) GDN form against the token-by-token recurrence.
 2. The lesson: the four tracking strategies side by side on one prefill — syncs per forward
    (counted by the sniffer), median time, and the pools they leave (identical).
-3. The picture: the CPU/GPU timeline of one prefill per strategy, recorded live on a GPU or,
-   without one, drawn from the H200 traces committed in the repository's ``data/runs/``
-   (``--traces DIR`` points at a copy). Where there are none (an installed wheel), from this
-   run's own CPU traces. The printed line and the figure's title say which.
+3. The picture: the CPU/GPU timeline of one prefill per strategy, recorded by this run and
+   titled with its device (``--traces DIR`` draws a folder of recorded traces instead, e.g. the
+   repository's ``data/runs``). The report ends with the files written and what each shows.
+
+Heavy imports (torch, the model, the engine) sit inside the functions that use them, so that
+``demo --help`` answers at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import sys
 from pathlib import Path
 
-import torch
+from mamba_edu._cli import (DEVICES, PRESET_NAMES, STRATEGY_NAMES, HelpFormatter, check_out_dir,
+                            positive_int, prog_name, resolve_device, say, wrap)
 
-from mamba_edu._cli import (DEVICES, HelpFormatter, check_out_dir, positive_int, prog_name,
-                            resolve_device, say, wrap)
-from mamba_edu._runtime import data_dir
-from mamba_edu.gdn import chunk_gated_delta_rule, cu_offsets, gdn_gating, recurrent_gated_delta_rule
-from mamba_edu.model.config import PRESETS
-from mamba_edu.serving import STRATEGIES
-from mamba_edu.testing import rel_err
-H200_RUNS = data_dir() / "runs"
-H200_CASE = "launch_bound_1x512"
+CASE = "launch_bound_1x512"  # the case folder --traces looks for in a runs folder
 # The job per device: (preset, prompt lengths). On a CPU a tiny model in the Triton interpreter.
 DEFAULT_JOB = {"cuda": ("qwen3.5-tp8", (512,)), "cpu": ("tiny", (130, 200, 40))}
 CPU_TIMING_NOTE = ("   CPU timings: nothing waits for a GPU here, so the syncs are counted but cost "
@@ -36,6 +33,12 @@ CPU_TIMING_NOTE = ("   CPU timings: nothing waits for a GPU here, so the syncs a
 def reference_report(device: torch.device, seed: int = 0) -> dict:
     """Recurrent vs chunked GDN on one packed batch: 4 sequences (1, 63, 64, 200 tokens),
     H=2 key / HV=4 value heads, K=V=32, Qwen3-Next gating, q/k L2 norm, random initial states."""
+    import torch
+
+    from mamba_edu.gdn import (chunk_gated_delta_rule, cu_offsets, gdn_gating,
+                               recurrent_gated_delta_rule)
+    from mamba_edu.testing import rel_err
+
     gen = torch.Generator().manual_seed(seed)
     lengths = [1, 63, 64, 200]
     T, H, HV, K, V = sum(lengths), 2, 4, 32, 32
@@ -62,15 +65,21 @@ def strategy_report(device: torch.device, preset: str, lengths: tuple[int, ...],
     output differs in the last bits and the difference grows layer by layer: on the H200 the SSM
     states differed by 4e-3 (relative) after the second GDN layer and 1.9e-2 over all 45 (logits
     1.8e-2); it is compared with :data:`FUSED_GPU_TOL`. With ``trace_dir`` (on a GPU) one forward
-    per strategy is also recorded there. ``progress`` shows a tqdm bar (one step per forward).
+    per strategy is also recorded there. ``progress`` shows a tqdm bar (one step per forward);
+    without it (a pipe, a log) one line per strategy says what runs.
     """
+    import torch
+    from tqdm import tqdm
+
     from mamba_edu.benchmarks.timing import Prefills, median_ms
     from mamba_edu.engine import Engine
     from mamba_edu.model import build_model
     from mamba_edu.profiling import count_syncs, record_trace
-    from tqdm import tqdm
+    from mamba_edu.serving import STRATEGIES
+    from mamba_edu.testing import rel_err
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    say(f"   building the {preset!r} model ({dtype}) on {device}")
     model = build_model(preset, device=device, dtype=dtype, seed=seed)
     rows, pools = [], []
     per_strategy = 2 + repeats + (3 if trace_dir is not None else 0)  # record_trace: 3 calls
@@ -78,6 +87,9 @@ def strategy_report(device: torch.device, preset: str, lengths: tuple[int, ...],
                disable=not progress, leave=False, file=sys.stdout)
     for strategy in STRATEGIES:
         bar.set_postfix_str(strategy)
+        if not progress:
+            say(f"   {strategy}: {per_strategy} forwards (warm-up, sync count, {repeats} timed"
+                f"{', 3 profiled' if trace_dir is not None else ''})")
         prefills = Prefills(Engine(model, strategy=strategy, max_requests=len(lengths)), lengths, seed)
 
         def fresh(prefills=prefills):  # the next batch, one tick of the bar per forward
@@ -107,88 +119,87 @@ FUSED_GPU_TOL = 5e-2  # bf16 chunk states in the output kernel, compounded over 
 
 
 def committed_traces(traces: Path) -> Path | None:
-    """The folder of committed H200 traces of :data:`H200_CASE` under ``traces`` (a ``runs``
-    folder holding ``launch_bound_1x512/``, or that case folder itself), or ``None``."""
-    for folder in (traces / H200_CASE, traces):
-        if (folder / "naive.pt.trace.json.gz").exists():
+    """The folder of recorded traces under ``traces``: a runs folder holding :data:`CASE`, or a
+    folder of ``*.pt.trace.json.gz`` itself; ``None`` when there are none."""
+    for folder in (traces / CASE, traces):
+        if any(folder.glob("*.pt.trace.json.gz")):
             return folder
     return None
 
 
-def timeline_figure(out: Path, trace_dir: Path | None, traces: Path = H200_RUNS,
-                    device_type: str = "cuda") -> tuple[Path, str] | None:
-    """The per-strategy timeline and where its traces come from: live traces in ``trace_dir``
-    (this run's, on ``device_type``), else the committed H200 ones found under ``traces`` (see
-    :func:`committed_traces`); ``None`` when there are none."""
+def device_name(device: torch.device) -> str:
+    """What the figure's title names: the GPU's model, or the CPU's architecture and cores."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
+
+
+def timeline_figure(out: Path, files: list[Path], title: str) -> Path | None:
+    """``out/timeline.png``: one prefill per trace in ``files`` (those that exist), one row
+    each, labelled with its strategy; ``None`` when none exists."""
     from mamba_edu.profiling import analyze_trace
     from mamba_edu.profiling.plots import plot_timelines
+    from mamba_edu.profiling.summary import label_of
 
-    live = trace_dir is not None
-    if live:
-        files = {s: trace_dir / f"{s}.json.gz" for s in STRATEGIES}
-        if device_type == "cuda":
-            title = source = "recorded live by this run on this GPU"
-        else:
-            title = "recorded live by this run on the CPU: CPU ops only, no GPU"
-            source = (f"drawn from this run's own CPU traces ({trace_dir}): CPU ops and host "
-                      "syncs only, no GPU timeline. The H200 figure needs the repository's "
-                      "data/runs/ (--traces DIR)")
-    else:  # the bench also recorded the graph-replayed sync-free strategies
-        folder = committed_traces(traces)
-        if folder is None:
-            return None
-        names = ["naive", "precomputed", "sync_free", "sync_free_graph", "fused", "fused_graph"]
-        files = {n.replace("_graph", "+graph"): folder / f"{n}.pt.trace.json.gz" for n in names}
-        title = f"{H200_CASE}, committed traces recorded on an H200, not this run"
-        source = (f"drawn from the committed H200 traces in {folder} (preset qwen3.5-tp8, one "
-                  "512-token prompt), not from this run")
-    analyses = [analyze_trace(f, label=label) for label, f in files.items() if f.exists()]
+    analyses = [analyze_trace(f, label=label_of(f)) for f in files if f.exists()]
     if not analyses:
         return None
     out.mkdir(parents=True, exist_ok=True)
     path = out / "timeline.png"
-    plot_timelines(analyses, path, title=f"one prefill per strategy ({title})")
-    return path, source
+    plot_timelines(analyses, path, title=title)
+    return path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The demo's options (shared by ``mamba-edu demo`` and ``python -m mamba_edu.demo``)."""
     parser.add_argument("--device", choices=DEVICES, default="auto",
                         help="where to run; auto = cuda when a GPU is visible, else cpu")
-    parser.add_argument("--preset", choices=["auto", *PRESETS], default="auto",
+    parser.add_argument("--preset", choices=["auto", *PRESET_NAMES], default="auto",
                         help="model preset; auto = qwen3.5-tp8 (one 512-token prompt) on a GPU, "
                              "tiny (prompts of 130, 200, 40 tokens) on a CPU")
     parser.add_argument("--repeats", type=positive_int, default=5,
                         help="timed forwards per strategy (the median is shown)")
     parser.add_argument("--out", type=Path, default=Path("out/demo"),
-                        help="folder for the figure (and live traces on a GPU)")
-    parser.add_argument("--traces", type=Path, default=H200_RUNS, metavar="DIR",
-                        help="committed H200 traces to draw when no GPU records live ones: a runs "
-                             f"folder holding {H200_CASE}/ (default: the repository's data/runs "
-                             "when run from a clone; none in an installed wheel)")
+                        help="folder for the figure and this run's traces")
+    parser.add_argument("--traces", type=Path, default=None, metavar="DIR",
+                        help="draw these recorded traces instead of this run's: a folder of "
+                             f"*.pt.trace.json.gz, or a runs folder holding {CASE}/ (the "
+                             "repository's data/runs: an older H200 run); default: this run's")
     parser.add_argument("--tp", type=positive_int, default=1, metavar="N",
                         help="tensor parallelism: N > 1 starts N ranks on this machine (gloo on the "
                              "CPU, NCCL on N GPUs) and checks them against the 1-rank model instead "
                              "(preset auto = tiny; docs/tensor_parallel.md)")
     parser.add_argument("--no-progress", dest="progress", action="store_false",
-                        help="no progress bar (it is also off when stdout is not a terminal)")
+                        help="no progress bar, one line per strategy instead (also when stdout is "
+                             "not a terminal)")
     return parser
 
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
-    """Usage errors (exit 2) before any work: the device, the output folder."""
+    """Usage errors (exit 2) before any work: the device, the output folder, the traces to
+    draw, and whether the preset fits the device's free memory."""
     args.device = resolve_device(parser, args.device)
     check_out_dir(parser, args.out)
+    if args.traces is not None:
+        if not args.traces.exists():
+            parser.error(f"--traces {args.traces}: no such folder")
+        if committed_traces(args.traces) is None:
+            parser.error(f"--traces {args.traces}: no *.pt.trace.json.gz in it or in {CASE}/ under it")
     if args.tp > 1:
         check_tp_args(parser, args)
-    elif args.preset != "auto":
+    else:
+        args.preset = DEFAULT_JOB[args.device.type][0] if args.preset == "auto" else args.preset
         check_fits(parser, args.preset, args.device)
     return args
 
 
 def check_fits(parser: argparse.ArgumentParser, preset: str, device: torch.device) -> None:
     """A usage error, before anything is allocated, when the preset's weights alone exceed the
-    memory the device has free."""
+    memory the device has free (sized on a model without data: no memory is taken)."""
+    import torch
+
     from mamba_edu._runtime import free_memory_bytes
     from mamba_edu.model.hybrid import weight_bytes
 
@@ -205,6 +216,8 @@ def check_tp_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     the GPUs visible (one rank per GPU)."""
     from mamba_edu.model.config import get_config
     from mamba_edu.tp import check_tp
+
+    import torch
 
     preset = "tiny" if args.preset == "auto" else args.preset
     if reasons := check_tp(get_config(preset), args.tp):
@@ -236,48 +249,74 @@ def run(args: argparse.Namespace) -> int:
         from mamba_edu.tp.check import report
 
         return report(args.tp, args.device.type, "tiny" if args.preset == "auto" else args.preset)
-    device = args.device
-    on_gpu = device.type == "cuda"
-    preset, lengths = DEFAULT_JOB[device.type]
-    if args.preset != "auto":
-        preset = args.preset
-    progress = args.progress and sys.stdout.isatty()
-
+    device, preset = args.device, args.preset
+    lengths = DEFAULT_JOB[device.type][1]
     say(f"mamba_edu demo on {device}")
+    say("\n1. GDN math: chunked (WY) form vs token-by-token recurrence")
     ref = reference_report(device)
-    say(f"\n1. GDN math: chunked (WY) form vs token-by-token recurrence, lengths {ref['lengths']}: "
-        f"max relative error {ref['err']:.1e} -> {'PASS' if ref['err'] < 1e-5 else 'FAIL'}")
+    say(f"   lengths {ref['lengths']}: max relative error {ref['err']:.1e} -> "
+        f"{'PASS' if ref['err'] < 1e-5 else 'FAIL'}")
 
     say(f"\n2. Tracking strategies on preset {preset!r}, prompts {list(lengths)}, "
         f"median of {args.repeats} forwards:")
-    # Live traces on a GPU; on a CPU only where no committed H200 traces are found (a wheel).
-    own_traces = on_gpu or committed_traces(args.traces) is None
-    trace_dir = args.out / "traces" if own_traces else None
-    rows = strategy_report(device, preset, lengths, args.repeats, trace_dir, progress=progress)
+    trace_dir = args.out / "traces" if args.traces is None else None
+    rows = strategy_report(device, preset, lengths, args.repeats, trace_dir,
+                           progress=args.progress and sys.stdout.isatty())
+    print_rows(rows, device)
+
+    say("\n3. Timeline figure")
+    written = draw(args, trace_dir)
+    ok = passed(ref, rows)
+    say("\nPASS: same states from every strategy; syncs drop from per layer to none" if ok
+        else "\nFAIL: see the table above")
+    say("\nFiles written:" if written else "\nNo files written.")
+    for path, what in written:
+        say(f"   {path}  {what}")
+    return 0 if ok else 1
+
+
+def print_rows(rows: list[dict], device: torch.device) -> None:
+    """The strategy table of step 2 (and, on a CPU, why its times do not rank the strategies)."""
     say(f"   {'strategy':<12} {'tracked':>7} {'syncs/forward':>13} {'forward ms':>10}  "
         "pools vs naive's (max relative error)")
     for r in rows:
         say(f"   {r['strategy']:<12} {r['tracked']:>7} {r['syncs']:>13} {r['ms']:>10.1f}  "
             f"{'same' if r['pools_match_naive'] else 'DIFFERENT'} ({r['err']:.1e})")
-    if not on_gpu:
+    if device.type == "cpu":
         say(CPU_TIMING_NOTE)
 
-    figure = timeline_figure(args.out, trace_dir, args.traces, device.type)
-    if figure is not None:
-        path, source = figure
-        say(f"\n3. Timeline figure: {path}\n   {source}")
+
+def draw(args: argparse.Namespace, trace_dir: Path | None) -> list[tuple[Path, str]]:
+    """Step 3: the timeline of this run's traces in ``trace_dir``, or of ``--traces``; returns
+    the files written, each with what it shows."""
+    if trace_dir is not None:
+        where = device_name(args.device)
+        files = [trace_dir / f"{s}.json.gz" for s in STRATEGY_NAMES]
+        title = f"one prefill per strategy, recorded by this run on {where}"
     else:
-        say(f"\n3. Timeline figure: skipped, no H200 traces in {args.traces} and no traces of "
-            "this run. The H200 ones are in the repository's data/runs/ (a clone), not in an "
-            "installed wheel: pass --traces DIR pointing at a copy of data/runs, or run on a GPU "
-            "to record live ones.")
+        folder = committed_traces(args.traces)
+        files = sorted(folder.glob("*.pt.trace.json.gz"))
+        title = f"one prefill per trace in {folder}, not this run"
+    path = timeline_figure(args.out, files, title)
+    say(f"   {title}" + ("" if path is not None else ": no traces, no figure"))
+    if path is None:
+        return []
+    gpu = args.device.type == "cuda" or trace_dir is None
+    shows = ("the GPU busy and idle per strategy, the host syncs marked" if gpu else
+             "CPU ops and host syncs per strategy: there is no GPU lane on a CPU")
+    written = [(path, f"the timeline: {shows}")]
+    if trace_dir is not None:
+        written.append((trace_dir, "the profiler traces drawn there (one per strategy): "
+                                   f"{prog_name()} trace {trace_dir}, or https://ui.perfetto.dev"))
+    return written
+
+
+def passed(ref: dict, rows: list[dict]) -> bool:
+    """Every check of the report: the math, the pools, the syncs falling from per layer to none."""
     by = {r["strategy"]: r for r in rows}
-    ok = (ref["err"] < 1e-5 and all(r["pools_match_naive"] for r in rows)
-          and by["naive"]["syncs"] > by["precomputed"]["syncs"] > 0
-          and by["sync_free"]["syncs"] == by["fused"]["syncs"] == 0)
-    say("\nPASS: same states from every strategy; syncs drop from per layer to none" if ok
-        else "\nFAIL: see the table above")
-    return 0 if ok else 1
+    return (ref["err"] < 1e-5 and all(r["pools_match_naive"] for r in rows)
+            and by["naive"]["syncs"] > by["precomputed"]["syncs"] > 0
+            and by["sync_free"]["syncs"] == by["fused"]["syncs"] == 0)
 
 
 if __name__ == "__main__":

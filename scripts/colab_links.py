@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """"Open in Colab" links for the notebooks, from the repository's address in ``pyproject.toml``.
 
-    python scripts/colab_links.py           # write README.md's Colab block and the notebooks' tops
-    python scripts/colab_links.py --check   # exit 1 when either is not what this would write
+    .venv/bin/python scripts/colab_links.py           # write README.md's Colab block and the notebooks' tops
+    .venv/bin/python scripts/colab_links.py --check   # exit 1 when either is not what this would write
+
+It runs in the course's environment (``make setup``'s ``.venv``: Python >= 3.11 and nbformat);
+another Python is told so in one line.
 
 The address is set in one place, ``pyproject.toml``::
 
@@ -20,16 +23,16 @@ From it this script writes
 
 The install cell does nothing where ``import mamba_edu`` works (CI, ``make lab``). Where it fails,
 in Colab it clones the repository (the notebooks read its ``data/``) and installs it; elsewhere it
-prints what to run. Without an address there are no links: README.md says how to set one, and
-the install cell says so too. Cells whose source is already right keep their outputs.
+prints what to run. Without an address there are no links: README.md says how to set one (the
+install cell, which learners read, only says what to run). Cells whose source is already right keep their outputs.
 ``tests/test_colab.py`` runs ``--check``.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 import sys
-import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,13 +45,15 @@ BADGE_AFTER_HEAD = re.compile(r"\A([^\n]*)\n\n\[!\[Open In Colab\]\("
                               + re.escape(BADGE_SVG) + r"\)\]\([^)\n]*\)")
 GITHUB = re.compile(r"^https://github\.com/([A-Za-z0-9][A-Za-z0-9-]*)/([A-Za-z0-9._-]+?)"
                     r"(?:\.git)?/?$")
-SET_IT = ("set `[project.urls] Repository` in `pyproject.toml`, then run "
-          "`python scripts/colab_links.py`")
+RUN_IT = ".venv/bin/python scripts/colab_links.py"
+SET_IT = f"set `[project.urls] Repository` in `pyproject.toml`, then run `{RUN_IT}`"
 
 
 def repository(root: Path = ROOT) -> str | None:
     """``https://github.com/<owner>/<repo>`` from ``[project.urls] Repository``, or ``None`` when it
     is not set. Raises ``ValueError`` for an address Colab cannot open (not a GitHub repository)."""
+    import tomllib
+
     project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
     url = (project.get("urls") or {}).get("Repository")
     if not url:
@@ -106,10 +111,8 @@ INSTALL_NO_ADDRESS = """\
 try:
     import mamba_edu
 except ImportError:
-    print("mamba_edu is not installed for this kernel: in a clone of the repository run "
-          "`pip install -e .` (docs/install.md), then restart the kernel. No install in "
-          "Colab yet: its address is not set (set [project.urls] Repository in "
-          "pyproject.toml, then run python scripts/colab_links.py).")"""
+    print("mamba_edu is not installed for this kernel: in a clone of the course run "
+          "`pip install -e .` (or `make lab`), then restart the kernel.")"""
 
 INSTALL = """\
 # In Colab this installs the course; where mamba_edu is installed it does nothing.
@@ -186,6 +189,10 @@ def main(argv=None, root: Path = ROOT) -> int:
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 if a file is not what this script would write")
     args = parser.parse_args(argv)
+    if missing := [m for m in ("tomllib", "nbformat") if importlib.util.find_spec(m) is None]:
+        print(f"colab_links: this Python ({sys.executable}) lacks {', '.join(missing)}: run "
+              f"{RUN_IT} (make setup makes .venv)", file=sys.stderr)
+        return 2
     try:
         want = expected(root)
     except ValueError as err:
@@ -194,7 +201,7 @@ def main(argv=None, root: Path = ROOT) -> int:
     stale = [p for p, text in want.items() if p.read_text(encoding="utf-8") != text]
     if args.check:
         for path in stale:
-            print(f"{path.relative_to(root)} is out of date: run python scripts/colab_links.py",
+            print(f"{path.relative_to(root)} is out of date: run {RUN_IT}",
                   file=sys.stderr)
         return 1 if stale else 0
     for path in stale:

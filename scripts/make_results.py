@@ -775,6 +775,35 @@ rotated rounds (± half the spread). Each run compares only within itself.
 {chr(10).join(blocks)}"""
 
 
+def section_host() -> str:
+    """The host cost of one eager prefill, the CUDA path emulated on a CPU, before and after the
+    lean engine (mamba_edu.benchmarks.host): counts are exact, times are the CPU's."""
+    runs = [rel for rel in ("bench/host_before.json", "bench/host_after.json") if (DATA / rel).exists()]
+    if not runs:
+        return ""
+    rows = []
+    for rel in runs:
+        d = load(rel)
+        for strategy in STRATEGIES:
+            r = d["results"][strategy]
+            rows.append([f"`{d['meta']['commit']}`", strategy, r["launches"], r["gpu_ops"], r["syncs"],
+                         r["py_calls"], f(r["py_calls_per_gpu_op"], 1), f(r["host_python_us_per_gpu_op"], 1)])
+    meta = load(runs[0])["meta"]
+    return f"""## Host cost per eager prefill (CUDA path emulated on a CPU)
+
+`{meta['preset']}`, {' × '.join(map(str, meta['lengths']))} tokens, {meta['dtype']}: the engine's Python
+and Triton's launch path run for real, torch ops on data-less tensors on a fake `cuda` device,
+the C launcher stubbed (`python -m mamba_edu bench-host`). GPU ops = Triton launches + torch ops
+that launch a kernel + uploads; Python calls counted with `sys.setprofile`; µs per op is the
+host time outside the fake dispatch, on {meta['device']} (the counts are exact, the times are
+this CPU's). Target for `fused`: at most 30 Python calls per GPU op.
+
+{chr(10).join(run_line(rel) for rel in runs)}
+
+{table(["commit", "strategy", "Triton launches", "GPU ops", "syncs", "Python calls", "calls / op", "python µs / op"], rows)}
+"""
+
+
 def section_prefill_experiments() -> str:
     inv = load("benchmarks/inverse_blocks/inverse_blocks.json")
     inv_rows = []
@@ -1049,7 +1078,7 @@ def section_other() -> str:
 
 def results_md() -> str:
     READ.clear()
-    sections = [section_targets(), section_ttft(), section_tests(), section_kernels(), section_references(), section_sm90_resources(), section_variant_prediction(), section_buckets(), section_stages(), section_breakdown(), section_capture_modes(), section_replay_overhead(),
+    sections = [section_targets(), section_ttft(), section_tests(), section_kernels(), section_references(), section_sm90_resources(), section_variant_prediction(), section_buckets(), section_stages(), section_breakdown(), section_capture_modes(), section_replay_overhead(), section_host(),
                 section_prefill_experiments(),
                 section_layer_floor(), section_conv(), section_replay(), section_pdl(), section_serving(),
                 section_traces()]

@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     parser.add_argument("--record", action="store_true",
                         help=f"measure each file's time and rewrite {DURATIONS.relative_to(ROOT)}")
     args, pytest_args = parser.parse_known_args(argv)
-    paths = sorted((ROOT / "tests").glob("test_*.py")) + sorted((ROOT / "notebooks").glob("*.ipynb"))
+    paths = sorted((ROOT / "tests").glob("**/test_*.py")) + sorted((ROOT / "notebooks").glob("*.ipynb"))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     base = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--nbval-lax",
             "--nbval-current-env", "-m", "not extra", *pytest_args]

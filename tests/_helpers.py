@@ -21,15 +21,15 @@ def run_main(capsys, *argv) -> tuple[int, str, str]:
 
 def call_during_decode(engine, call):
     """Run ``call()`` in this thread while another thread's ``engine.decode(1)`` is inside the
-    model (held there until ``call`` returns or raises); returns what ``call`` returned."""
+    model (held there by a forward hook until ``call`` returns or raises); returns what ``call``
+    returned."""
     started, release = threading.Event(), threading.Event()
-    real = engine._run_model
 
-    def slow(batch):
+    def hold(module, args):
         started.set()
         release.wait(10)
-        return real(batch)
-    engine._run_model = slow
+
+    handle = engine.model.register_forward_pre_hook(hold)
     worker = threading.Thread(target=lambda: engine.decode(1))
     worker.start()
     started.wait(10)
@@ -38,45 +38,7 @@ def call_during_decode(engine, call):
     finally:
         release.set()
         worker.join()
-        engine._run_model = real
-
-
-def cache_nodes(cache):
-    """Every node of a RadixCache as (path tokens, slot, locks held, recency), in path order:
-    its contents, its locks and the order in which it would evict."""
-    out, stack = [], [(cache.root, ())]
-    while stack:
-        node, path = stack.pop()
-        path = path + node.tokens
-        out.append((path, node.slot, tuple(id(h) for h in node.holders), node.last_used))
-        stack.extend((c, path) for c in node.children.values())
-    return sorted(out, key=lambda x: (x[0], x[1] or -1))
-
-
-def full_state(engine) -> dict:
-    """Everything a failed engine call must leave as it was: both pool tensors (every slot, free
-    ones and the scratch slot included), the free list and the owners, the cache's tree (with
-    locks and recency), the running and pending requests, the live batches (their statuses and
-    track slots) and the stats."""
-    pool = engine.pool
-    return dict(
-        conv=pool.conv.clone(), ssm=pool.ssm.clone(), free=list(pool._free),
-        owners={s: id(o) for s, o in pool._owner.items()}, cache=cache_nodes(engine.cache),
-        running={rid: (r.working_slot, list(r.track_slots), r.next_track, list(r.tokens), id(r.kv),
-                       r.next_token.tolist()) for rid, r in engine.running.items()},
-        pending=dict(engine.pending),
-        live=[(id(b), b.status, b.track_slot_lists) for b in engine._live],
-        stats=vars(engine.stats).copy())
-
-
-def assert_same_state(before: dict, engine) -> None:
-    """``engine`` is exactly in the ``before`` state (:func:`full_state`)."""
-    after = full_state(engine)
-    for name in ("conv", "ssm"):
-        assert torch.equal(before[name], after[name]), f"{name} states changed"
-    for name in before:
-        if name not in ("conv", "ssm"):
-            assert before[name] == after[name], f"{name} changed: {before[name]} -> {after[name]}"
+        handle.remove()
 
 
 def check_prefill_against_reference(inputs, lengths, o, ckpt, pool, pool0, slots, track, meta,

@@ -3,7 +3,7 @@
 Every case is a call that must be refused. A case is
 
 * **clear**  : it raises ``ValueError``/``TypeError`` (``PoolExhausted``, or ``RuntimeError`` for
-  the thread guard) whose message matches the case's pattern (names the argument or problem),
+  the one-call-at-a-time guard) whose message matches the case's pattern (names the argument or problem),
   and, for engine cases, leaves the engine's state exactly as before;
 * **vague**  : it raises one of those types, but the message does not say what was wrong;
 * **silent** : it returns (a wrong result or a corrupted state), or it raised but changed state;
@@ -41,7 +41,7 @@ from mamba_edu.model import build_model  # noqa: E402
 from mamba_edu.serving import (LinearAttentionBackend, PoolExhausted, RadixCache,  # noqa: E402
                                StatePool, plan_tracking)
 from mamba_edu.serving.planning import plan_decode  # noqa: E402
-from mamba_edu.serving.prepared import PreparedPrefill  # noqa: E402
+from mamba_edu.engine import PreparedPrefill  # noqa: E402
 
 CLEAR_TYPES = (ValueError, TypeError, PoolExhausted)
 CASES: list[tuple[str, object, str]] = []  # (name, thunk() -> engine or None after the call, pattern)
@@ -155,7 +155,7 @@ def _reuse(e):
     e.forward_prefill(b)
 
 
-for method in ("forward_prefill", "finish_prefill", "abort_prefill", "reset_prefill", "capture_prefill"):
+for method in ("forward_prefill", "finish_prefill", "abort_prefill", "capture_prefill"):
     for label, arg in [("None", None), ("a list", []), ("a ForwardBatch-like dict", {"rids": ["x"]}),
                        ("an int", 3)]:
         engine_case(f"{method} of {label}", "Bucket" if method == "capture_prefill" else "PreparedPrefill",
@@ -220,14 +220,14 @@ engine_case("cache.insert KV of too many layers", "per attention layer",
             lambda e: e.cache.insert(P[300:310], e._spare, _kv_like(e, 10) * 3),
             setup=lambda e: setattr(e, "_spare", e.pool.alloc(1)[0]))
 
-# ---- the thread guard -----------------------------------------------------------------------
+# ---- one call at a time ---------------------------------------------------------------------
 def _second_thread(e):
     """A call from a second thread while the first thread's call is running."""
     call_during_decode(e, lambda: e.release(["run"]))
 
 
 CASES.append(("second thread's call while a decode runs",
-              lambda: (busy_engine(), None), "another thread"))
+              lambda: (busy_engine(), None), "another call of this Engine is running"))
 
 # ---- serving parts --------------------------------------------------------------------------
 plain_case("StatePool conv_width 1", "conv_width", lambda: StatePool(1, 2, 4, 1, 1, 4, 4))
@@ -257,7 +257,7 @@ META = build_chunk_meta(LEN, "cpu")
 
 
 def _prefill(**over):
-    args = dict(X, state_pool=random_pool(4, 2, 16, 16), meta=META, state_indices=[0, 1], backend="torch")
+    args = dict(X, state_pool=random_pool(4, 2, 16, 16), meta=META, state_indices=[0, 1], impl="torch")
     args.update(over)
     return gdn_prefill(**args)
 
@@ -300,7 +300,7 @@ for label, over, pat in [
         ("q int", dict(q=X["q"].to(torch.int32)), "q"), ("g int", dict(g=X["g"].to(torch.int64)), "g"),
         ("q on meta device", dict(q=X["q"].to("meta")), "q|k|device"),
         ("raw gates half given", dict(g=None, beta=None, a=X["g"]), "a, b, A_log and dt_bias"),
-        ("backend None", dict(backend=None), "backend"),
+        ("impl None", dict(impl=None), "impl"),
         ("activation-like kwarg", dict(output_norm=(torch.zeros(75, 32),)), "output_norm")]:
     plain_case(f"gdn_prefill {label}", pat, lambda over=over: _prefill(**over))
 
@@ -329,7 +329,7 @@ for label, over, pat in [("x int", dict(x=torch.zeros(75, 8, dtype=torch.int64))
                          ("meta of other T", dict(meta=build_chunk_meta([74], "cpu")), "meta|state_indices")]:
     def conv(over=over):
         args = dict(x=torch.zeros(75, 8), weight=torch.zeros(8, 4), conv_pool=torch.zeros(2, 8, 3),
-                    meta=META, state_indices=[0, 1], backend="torch")
+                    meta=META, state_indices=[0, 1], impl="torch")
         args.update(over)
         return conv1d_prefill(**args)
     plain_case(f"conv1d_prefill {label}", pat, conv)
@@ -362,10 +362,10 @@ def _written_index_reaches_kernel(write):
     meta, idx = build_chunk_meta_with_indices(LEN, "cpu", state_indices=[0, 1])
     pool = random_pool(4, 2, 16, 16)
     want = pool.clone()
-    gdn_prefill(**X, state_pool=want, meta=meta, state_indices=[0, 1], backend="torch")
+    gdn_prefill(**X, state_pool=want, meta=meta, state_indices=[0, 1], impl="torch")
     write(idx["state_indices"])
     got = pool.clone()
-    gdn_prefill(**X, state_pool=got, meta=meta, **idx, backend="torch")
+    gdn_prefill(**X, state_pool=got, meta=meta, **idx, impl="torch")
     if not torch.equal(got, want):
         raise AssertionError("a write around the version counter reached the kernel")
     raise ValueError("ok: the kernels read their private copy (written value ignored)")
@@ -377,7 +377,7 @@ plain_case("index written via .numpy()", "private copy",
            lambda: _written_index_reaches_kernel(lambda t: t.numpy().__setitem__(0, 3)))
 plain_case("index written in place", "changed in place", lambda: (lambda m: (
     m[1]["state_indices"].add_(1), gdn_prefill(**X, state_pool=random_pool(4, 2, 16, 16), meta=m[0],
-                                                **m[1], backend="torch")))(
+                                                **m[1], impl="torch")))(
     build_chunk_meta_with_indices(LEN, "cpu", state_indices=[0, 1])))
 
 # ---- the references (gdn) -------------------------------------------------------------------
@@ -443,7 +443,7 @@ def judge(name, fn, pattern) -> tuple[str, str]:
         call()
     except CLEAR_TYPES + (RuntimeError,) as err:
         if isinstance(err, RuntimeError) and not isinstance(err, PoolExhausted) \
-                and "another thread" not in str(err):
+                and "another call of this Engine" not in str(err):
             return "crash", f"{type(err).__name__}: {err}"
         if engine is not None:
             after = state(engine)

@@ -5,7 +5,7 @@ import re
 import pytest
 import torch
 
-from mamba_edu import demo
+from mamba_edu import data_dir, demo
 from mamba_edu.__main__ import main
 from mamba_edu.engine import Engine, Request
 from mamba_edu.model import build_model
@@ -58,8 +58,15 @@ def test_demo_runs_and_passes(tmp_path, capsys):
     if not ON_GPU:
         assert "CPU timings: nothing waits for a GPU" in report
         assert "vary from run to run" in report
-    if demo.committed_traces(demo.H200_RUNS) is not None or ON_GPU:
-        assert (tmp_path / "timeline.png").stat().st_size > 10_000
+    assert (tmp_path / "timeline.png").stat().st_size > 10_000
+    assert f"recorded by this run on {demo.device_name(device)}" in report
+    # the files written, each with what it shows, end the report
+    assert report.rstrip().endswith(f"{tmp_path / 'traces'}  the profiler traces drawn there "
+                                    f"(one per strategy): mamba-edu trace {tmp_path / 'traces'}, "
+                                    "or https://ui.perfetto.dev")
+    assert f"{tmp_path / 'timeline.png'}  the timeline:" in report
+    # piped (no TTY): one line per strategy instead of a bar
+    assert all(f"   {s}: " in report for s in STRATEGIES)
 
 
 def test_cli_rejects_unknown_command(capsys):
@@ -74,7 +81,7 @@ def fake_reports(monkeypatch, different: str | None = None):
     monkeypatch.setattr(demo, "reference_report", lambda device: {"lengths": [1], "err": 0.0})
     rows = [{"strategy": s, "syncs": n, "ms": 1.0, "tracked": 2, "err": 0.0 if s != different else 0.5,
              "pools_match_naive": s != different}
-            for s, n in zip(demo.STRATEGIES, (18, 2, 0, 0))]
+            for s, n in zip(STRATEGIES, (18, 2, 0, 0))]
     monkeypatch.setattr(demo, "strategy_report", lambda *a, **k: rows)
 
 
@@ -82,57 +89,43 @@ def fake_reports(monkeypatch, different: str | None = None):
 def test_demo_fails_when_pools_differ(tmp_path, capsys, monkeypatch, different):
     """Exit 1 and a FAIL line when one strategy leaves other states than naive's."""
     fake_reports(monkeypatch, different)
-    missing = tmp_path / "no-data"
-    assert main(["demo", "--out", str(tmp_path / "out"), "--traces", str(missing)]) == 1
+    assert main(["demo", "--out", str(tmp_path / "out")]) == 1
     report = capsys.readouterr().out
     assert dict((m[0], m[4]) for m in ROW.findall(report))[different] == "DIFFERENT"
     assert "FAIL: see the table above" in report and "PASS" not in report.replace("-> PASS", "")
 
 
-@pytest.mark.skipif(ON_GPU, reason="on a GPU the timeline is recorded live")
-def test_demo_without_data_says_where_the_traces_are(tmp_path, capsys, monkeypatch):
-    """Installed from a wheel there is no data/: the demo still passes and says why no figure."""
-    fake_reports(monkeypatch)
+def test_demo_refuses_missing_traces_in_one_line(tmp_path, capsys):
     missing = tmp_path / "no-data" / "runs"
-    assert main(["demo", "--out", str(tmp_path / "out"), "--traces", str(missing)]) == 0
-    report = capsys.readouterr().out
-    assert f"skipped, no H200 traces in {missing}" in report
-    assert "not in an installed wheel" in report and "--traces DIR" in report
-    assert not (tmp_path / "out" / "timeline.png").exists()
+    with pytest.raises(SystemExit) as exit_:
+        main(["demo", "--out", str(tmp_path / "out"), "--traces", str(missing)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"--traces {missing}: no such folder" in err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("usage:") is False
 
 
-@pytest.mark.skipif(ON_GPU, reason="on a GPU the timeline is recorded live")
-def test_demo_traces_accepts_a_runs_folder_or_a_case_folder(tmp_path, capsys, monkeypatch):
-    if demo.committed_traces(demo.H200_RUNS) is None:
+def test_demo_traces_draws_a_recorded_folder_instead_of_this_run(tmp_path, capsys, monkeypatch):
+    runs = data_dir() / "runs"
+    if demo.committed_traces(runs) is None:
         pytest.skip("data/ is not in this checkout")
     fake_reports(monkeypatch)
-    case = demo.H200_RUNS / demo.H200_CASE
-    for traces in (demo.H200_RUNS, case):
+    for traces in (runs, runs / demo.CASE):
         out = tmp_path / traces.name
         assert main(["demo", "--out", str(out), "--traces", str(traces)]) == 0
-        assert f"3. Timeline figure: {out / 'timeline.png'}" in capsys.readouterr().out
-        assert (out / "timeline.png").stat().st_size > 10_000
+        report = capsys.readouterr().out
+        assert f"one prefill per trace in {runs / demo.CASE}, not this run" in report
+        assert (out / "timeline.png").stat().st_size > 10_000 and not (out / "traces").exists()
 
 
-@pytest.mark.skipif(ON_GPU, reason="on a GPU the timeline is recorded live")
-def test_demo_says_the_figure_is_drawn_from_the_committed_h200_traces(tmp_path, capsys, monkeypatch):
-    if demo.committed_traces(demo.H200_RUNS) is None:
-        pytest.skip("data/ is not in this checkout")
-    fake_reports(monkeypatch)
-    assert main(["demo", "--out", str(tmp_path)]) == 0
-    report = capsys.readouterr().out
-    assert "drawn from the committed H200 traces in" in report and "not from this run" in report
+def test_demo_refuses_a_preset_larger_than_the_free_memory_before_building_it(tmp_path, capsys,
+                                                                               monkeypatch):
+    """qwen3-next on a CPU with less memory free than its weights: one line, exit 2, no model."""
+    import mamba_edu._runtime as runtime
 
-
-@pytest.mark.skipif(ON_GPU, reason="on a GPU the timeline is recorded live")
-def test_demo_without_committed_traces_draws_its_own_run_and_says_so(tmp_path, capsys):
-    """As from a wheel (no data/): the figure comes from this run's CPU traces, labelled so."""
-    missing = tmp_path / "no-data" / "runs"
-    out = tmp_path / "out"
-    assert main(["demo", "--out", str(out), "--traces", str(missing), "--repeats", "1"]) == 0
-    report = capsys.readouterr().out
-    assert f"3. Timeline figure: {out / 'timeline.png'}" in report
-    assert "drawn from this run's own CPU traces" in report and "no GPU timeline" in report
-    assert (out / "timeline.png").stat().st_size > 10_000
-    assert sorted(p.name for p in (out / "traces").iterdir()) == sorted(
-        f"{s}.json.gz" for s in STRATEGIES)
+    monkeypatch.setattr(runtime, "free_memory_bytes", lambda device: 2**30)
+    monkeypatch.setattr(demo, "strategy_report", lambda *a, **k: pytest.fail("built a model"))
+    with pytest.raises(SystemExit) as exit_:
+        main(["demo", "--preset", "qwen3-next", "--device", "cpu", "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and "--preset qwen3-next needs about" in err[-1]
+    assert "1.0 GiB free" in err[-1]

@@ -354,7 +354,7 @@ def fused_by_the_package(q, k, v, g, beta, pool, lengths, working, track_slots, 
     from mamba_edu.kernels import build_chunk_meta, gdn_prefill
     gdn_prefill(q, k, v, g, beta, state_pool=pool, meta=build_chunk_meta(lengths, "cpu"),
                 state_indices=list(working), track_slots=torch.tensor(track_slots),
-                track_chunks=torch.tensor(track_chunks), backend="torch")
+                track_chunks=torch.tensor(track_chunks), impl="torch")
 
 
 WRONG_3 = {

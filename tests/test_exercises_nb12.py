@@ -65,7 +65,7 @@ def plan_without_dummy(lengths, working_slots, max_tokens, max_requests):
 
 def plan_by_the_package(lengths, working_slots, max_tokens, max_requests):
     from mamba_edu.kernels.metadata import chunk_table
-    from mamba_edu.serving.bucket import Bucket
+    from mamba_edu.engine import Bucket
     bucket = Bucket(max_tokens, max_requests)
     padded = list(lengths) + [max_tokens - sum(lengths)] + [0] * (bucket.rows - len(lengths) - 1)
     flat = chunk_table(padded, bucket.chunk_capacity)
@@ -138,7 +138,7 @@ def test_fixed_plan_messages():
     assert "rows of 0 tokens have none" in judge_answer(NB, 1, fixed_plan(zero_row_chunk=True)).message
     assert "pairs" in judge_answer(NB, 1, fixed_plan(flat=True)).message
     assert "max_requests + 1" in judge_answer(NB, 1, plan_without_dummy).message
-    assert "mamba_edu.serving.bucket" in judge_answer(NB, 1, plan_by_the_package).message  # its first forbidden call
+    assert "mamba_edu.engine.bucket" in judge_answer(NB, 1, plan_by_the_package).message  # its first forbidden call
 
 
 @pytest.mark.parametrize("bucket_size, lengths", [((256, 3), [65, 65, 65]), ((256, 3), [150, 40]),
@@ -149,7 +149,7 @@ def test_the_reference_is_what_the_bucket_uploads(bucket_size, lengths):
     from mamba_edu.engine import Engine, Request
     from mamba_edu.kernels.metadata import host_values
     from mamba_edu.model import build_model
-    from mamba_edu.serving.bucket import Bucket
+    from mamba_edu.engine import Bucket
 
     bucket = Bucket(*bucket_size)
     engine = Engine(build_model("tiny", device="cpu"), strategy="fused", max_requests=bucket.max_requests)

@@ -89,7 +89,7 @@ def test_a_triton_launch_raises_a_clear_error(no_triton_python):
             "x = torch.randn(4, 32); w = torch.ones(32)\n"
             "print(tuple(rms_norm(x, w, 1e-6).shape))\n"
             "try:\n"
-            "    rms_norm(x, w, 1e-6, backend='triton')\n"
+            "    rms_norm(x, w, 1e-6, impl='triton')\n"
             "except (TritonUnavailable, ValueError) as err:\n"
             "    print(type(err).__name__, err)\n")
     done = run(no_triton_python, "-c", code)

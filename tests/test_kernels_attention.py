@@ -11,7 +11,7 @@ from mamba_edu.kernels import attention
 from mamba_edu.kernels.attention import causal_attention
 from mamba_edu.testing import rel_err
 
-BACKENDS = [pytest.param("triton", marks=pytest.mark.skipif(
+IMPLS = [pytest.param("triton", marks=pytest.mark.skipif(
     not triton_interpreted(), reason="Triton on CPU tensors needs TRITON_INTERPRET=1")), "torch"]
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 
@@ -68,14 +68,14 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("strided", [False, True], ids=["packed", "strided"])
 @pytest.mark.parametrize("n_seqs, Lq, Lk, Hq, Hkv, D", CASES)
-def test_matches_fp64_reference(n_seqs, Lq, Lk, Hq, Hkv, D, strided, dtype, backend):
+def test_matches_fp64_reference(n_seqs, Lq, Lk, Hq, Hkv, D, strided, dtype, impl):
     q, k, v = inputs(n_seqs, Lq, Lk, Hq, Hkv, D, strided=strided, dtype=dtype)
     assert all((t.stride(0) > t[0].numel()) == strided for t in (q, k))
-    out = causal_attention(q, k, v, n_seqs, backend=backend)
+    out = causal_attention(q, k, v, n_seqs, impl=impl)
     assert out.shape == q.shape and out.dtype == dtype and out.is_contiguous()
     assert rel_err(out, reference(q, k, v, n_seqs)) <= TOL[dtype]
 
@@ -87,42 +87,42 @@ def test_every_block_shape(blocks, n_seqs, Lq, Lk, monkeypatch):
     """Each (BM, BN) that :func:`_config` picks on a GPU, at any batch shape, in the interpreter."""
     monkeypatch.setattr(attention, "_config", lambda D, Lq, heads: (*blocks, 4, 2))
     q, k, v = inputs(n_seqs, Lq, Lk, 4, 2, 16, strided=True)
-    out = causal_attention(q, k, v, n_seqs, backend="triton")
+    out = causal_attention(q, k, v, n_seqs, impl="triton")
     assert rel_err(out, reference(q, k, v, n_seqs)) <= 1e-5
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_explicit_scale(backend):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_explicit_scale(impl):
     q, k, v = inputs(2, 9, 30, 4, 2, 16)
-    out = causal_attention(q, k, v, 2, 0.7, backend=backend)
+    out = causal_attention(q, k, v, 2, 0.7, impl=impl)
     assert rel_err(out, reference(q, k, v, 2, 0.7)) <= 1e-5
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_wrong_mask_would_fail(backend):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_wrong_mask_would_fail(impl):
     """The tolerance separates: the diagonal one key off moves the result far past it."""
     q, k, v = inputs(2, 33, 40, 4, 2, 16)
-    out = causal_attention(q, k, v, 2, backend=backend)
+    out = causal_attention(q, k, v, 2, impl=impl)
     assert rel_err(out, reference(q, k, v, 2)) <= 1e-5
     for wrong in (-1, 1):
         assert rel_err(out, reference(q, k, v, 2, diagonal=wrong)) > 1e-2
 
 
-@pytest.mark.parametrize("backend", ["auto", "torch"])
-def test_torch_path_is_the_models_expression_bit_for_bit(backend):
+@pytest.mark.parametrize("impl", ["auto", "torch"])
+def test_torch_path_is_the_models_expression_bit_for_bit(impl):
     """Fresh prompts of one length: one causal SDPA call over ``[N, heads, L, D]``; a prompt after
     a prefix: SDPA with the boolean ``tril(P)`` mask (mamba_edu/model/layers.py)."""
     q, k, v = inputs(3, 20, 20, 4, 2, 16, strided=True)
     q4, k4, v4 = (t.unflatten(0, (3, -1)).transpose(1, 2) for t in (q, k, v))
     fresh = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, enable_gqa=True)
-    out = causal_attention(q, k, v, 3, backend=backend)
+    out = causal_attention(q, k, v, 3, impl=impl)
     assert torch.equal(out, fresh.transpose(1, 2).flatten(0, 1))
 
     q, k, v = inputs(1, 5, 40, 4, 2, 16)
     mask = torch.ones(5, 40, dtype=torch.bool).tril(35)
     q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
     after_prefix = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, enable_gqa=True)
-    assert torch.equal(causal_attention(q, k, v, backend=backend), after_prefix[0].transpose(0, 1))
+    assert torch.equal(causal_attention(q, k, v, impl=impl), after_prefix[0].transpose(0, 1))
 
 
 @pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1")
@@ -132,7 +132,7 @@ def test_torch_path_is_the_models_expression_bit_for_bit(backend):
        seed=st.integers(0, 2**16))
 def test_property_any_batch(n_seqs, Lq, prefix, heads, D, seed):
     q, k, v = inputs(n_seqs, Lq, Lq + prefix, *heads, D, strided=bool(seed % 2), seed=seed)
-    out = causal_attention(q, k, v, n_seqs, backend="triton")
+    out = causal_attention(q, k, v, n_seqs, impl="triton")
     assert rel_err(out, reference(q, k, v, n_seqs)) <= 1e-5
 
 
@@ -164,7 +164,7 @@ def _qkv(T=8, Hq=4, D=16, Tk=None, Hkv=2, **kw):
     (lambda: causal_attention(*_qkv(Hkv=0)), "k must have a number of heads that divides"),
     (lambda: causal_attention(*_qkv(), scale="0.25"), "scale must be a finite Python float"),
     (lambda: causal_attention(*_qkv(), scale=float("nan")), "scale must be a finite Python float"),
-    (lambda: causal_attention(*_qkv(), backend="cudnn"), "backend must be"),
+    (lambda: causal_attention(*_qkv(), impl="cudnn"), "impl must be"),
 ])
 def test_rejects_bad_inputs(call, message):
     with pytest.raises(ValueError, match=message):
@@ -175,14 +175,14 @@ def test_rejects_bad_inputs(call, message):
 @pytest.mark.parametrize("D", [8, 48, 512])
 def test_triton_refuses_other_head_dims(D):
     with pytest.raises(ValueError, match=r"q must have a head dim D in \[16, 32, 64, 128, 256\]"):
-        causal_attention(*_qkv(D=D), backend="triton")
-    assert causal_attention(*_qkv(D=D), backend="torch").shape == (8, 4, D)  # SDPA takes any D
+        causal_attention(*_qkv(D=D), impl="triton")
+    assert causal_attention(*_qkv(D=D), impl="torch").shape == (8, 4, D)  # SDPA takes any D
 
 
 @pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1")
 def test_interpreter_refuses_bf16_naming_the_argument():
     with pytest.raises(ValueError, match="q has dtype bfloat16"):
-        causal_attention(*_qkv(dtype=torch.bfloat16), backend="triton")
+        causal_attention(*_qkv(dtype=torch.bfloat16), impl="triton")
 
 
 # ---------------------------------------------------------------------------------- GPU (bf16)
@@ -213,7 +213,7 @@ def _sdpa_fp32(q, k, v, n_seqs):
 def test_gpu_bf16_matches_fp32_sdpa(n_seqs, Lq, Lk, Hq, Hkv, D, strided):
     q, k, v = inputs(n_seqs, Lq, Lk, Hq, Hkv, D, strided=strided, device="cuda",
                      dtype=torch.bfloat16)
-    out = causal_attention(q, k, v, n_seqs, backend="triton")
+    out = causal_attention(q, k, v, n_seqs, impl="triton")
     assert out.dtype == torch.bfloat16 and out.is_contiguous() and out.isfinite().all()
     assert rel_err(out, _sdpa_fp32(q, k, v, n_seqs)) <= 1e-2
 

@@ -10,7 +10,7 @@ from mamba_edu import triton_interpreted
 from mamba_edu.kernels.inputs import random_pool
 from mamba_edu.testing import rel_err
 
-BACKENDS = [pytest.param("triton", marks=pytest.mark.skipif(
+IMPLS = [pytest.param("triton", marks=pytest.mark.skipif(
     not triton_interpreted(), reason="Triton on CPU tensors needs TRITON_INTERPRET=1")), "torch"]
 
 
@@ -24,15 +24,15 @@ def _decode_inputs(N, H, HV, K, V, seed=0):
     return q, k, v, a, b, A_log, dt_bias
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_decode_matches_recurrence(backend):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_decode_matches_recurrence(impl):
     N, H, HV, K, V = 4, 2, 4, 16, 32
     slots = [5, -1, 0, 3]  # row 1 is padding
     q, k, v, a, b, A_log, dt_bias = _decode_inputs(N, H, HV, K, V)
     pool = random_pool(6, HV, K, V)
     pool0 = pool.clone()
     o = gdn_decode(q, k, v, a, b, A_log, dt_bias, state_pool=pool,
-                   state_indices=torch.tensor(slots), backend=backend)
+                   state_indices=torch.tensor(slots), impl=impl)
     h0 = torch.stack([pool0[s] if s >= 0 else torch.zeros_like(pool0[0]) for s in slots])
     g, beta = gdn_gating(A_log, a, b, dt_bias)
     ref = recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
@@ -51,15 +51,15 @@ def _conv_case(lengths, D=40, W=4, seed=0):
     return x, weight, bias
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_conv_prefill_matches_reference(backend):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_conv_prefill_matches_reference(impl):
     lengths = [1, 2, 63, 64, 65, 150]  # includes sequences shorter than W−1
     slots = [6, 1, 4, 0, 3, 7]
     x, weight, bias = _conv_case(lengths)
     pool = torch.randn(9, x.shape[1], 3)
     pool0 = pool.clone()
     meta, idx = build_chunk_meta_with_indices(lengths, "cpu", state_indices=slots)
-    y = conv1d_prefill(x, weight, bias, conv_pool=pool, meta=meta, **idx, backend=backend)
+    y = conv1d_prefill(x, weight, bias, conv_pool=pool, meta=meta, **idx, impl=impl)
     cu = [0]
     for n in lengths:
         cu.append(cu[-1] + n)
@@ -119,7 +119,7 @@ def test_conv_prefill_every_launch_gpu_bf16():
     _check_conv_launches("cuda", torch.bfloat16, 1e-2)
 
 
-def _check_tracked_windows(lengths, slots, track_slots, track_chunks, device, dtype, backend):
+def _check_tracked_windows(lengths, slots, track_slots, track_chunks, device, dtype, impl):
     """The ``fused`` strategy's conv snapshot: ``conv_pool[track_slots[n]]`` must equal the conv
     state after the first ``min(64·chunk, L)`` tokens, i.e. the final state of the reference run
     on that prefix alone; every other slot keeps its value or gets the final state."""
@@ -128,7 +128,7 @@ def _check_tracked_windows(lengths, slots, track_slots, track_chunks, device, dt
     meta, idx = build_chunk_meta_with_indices(lengths, device, state_indices=slots, track_slots=track_slots,
                             track_chunks=track_chunks)
     pool = pool0.clone()
-    conv1d_prefill(x, weight, bias, conv_pool=pool, meta=meta, **idx, backend=backend)
+    conv1d_prefill(x, weight, bias, conv_pool=pool, meta=meta, **idx, impl=impl)
     starts = [sum(lengths[:n]) for n in range(len(lengths))]
     expected = pool0.clone()
     for n, (start, length) in enumerate(zip(starts, lengths)):
@@ -144,11 +144,11 @@ def _check_tracked_windows(lengths, slots, track_slots, track_chunks, device, dt
     assert torch.equal(pool, expected)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_conv_prefill_saves_tracked_windows(backend):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_conv_prefill_saves_tracked_windows(impl):
     # windows at token 0 (the old state), 64 = L (the final state), 128 < L, and past L (final)
     _check_tracked_windows([2, 63, 64, 130, 150], [6, 1, 4, 0, 3], [8, -1, 2, 5, 7],
-                           [0, -1, 1, 2, 3], "cpu", torch.float32, backend)
+                           [0, -1, 1, 2, 3], "cpu", torch.float32, impl)
 
 
 @pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1")
@@ -176,20 +176,20 @@ def test_conv_prefill_continues_a_prefix():
     whole, _ = causal_conv1d(x, weight, bias)
     pool = torch.zeros(2, 24, 3)
     first = conv1d_prefill(x[:70], weight, bias, conv_pool=pool,
-                           meta=build_chunk_meta([70], "cpu"), state_indices=[1], backend="triton")
+                           meta=build_chunk_meta([70], "cpu"), state_indices=[1], impl="triton")
     second = conv1d_prefill(x[70:], weight, bias, conv_pool=pool,
-                            meta=build_chunk_meta([30], "cpu"), state_indices=[1], backend="triton")
+                            meta=build_chunk_meta([30], "cpu"), state_indices=[1], impl="triton")
     assert rel_err(torch.cat([first, second]), whole) <= 1e-6
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_conv_decode_matches_reference(backend):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_conv_decode_matches_reference(impl):
     x, weight, bias = _conv_case([5], D=40, seed=3)
     slots = [2, -1, 0, 4, 1]
     pool = torch.randn(6, 40, 3)
     pool0 = pool.clone()
     y = conv1d_decode(x, weight, bias, conv_pool=pool, state_indices=torch.tensor(slots),
-                      backend=backend)
+                      impl=impl)
     state = torch.stack([pool0[s] if s >= 0 else torch.zeros(40, 3) for s in slots])
     y_ref, new_state = causal_conv1d_update(x, state, weight, bias)
     assert rel_err(y, y_ref) <= 1e-5
@@ -213,7 +213,7 @@ def test_decode_gpu_bf16_and_sync_free():
     torch.cuda.synchronize()
     ref_pool = pool0.clone()
     ref = gdn_decode(*[t.float().cpu() for t in args], state_pool=ref_pool.cpu(),
-                     state_indices=torch.tensor(slots), backend="torch")
+                     state_indices=torch.tensor(slots), impl="torch")
     assert rel_err(o, ref) <= 5e-3
     torch.cuda.set_sync_debug_mode("error")
     try:

@@ -12,7 +12,7 @@ from mamba_edu.kernels.fused_ops import add_rms_norm, gated_rms_norm, rms_norm, 
 from mamba_edu.model.layers import rope_tables
 from mamba_edu.testing import rel_err
 
-BACKENDS = [pytest.param("triton", marks=pytest.mark.skipif(
+IMPLS = [pytest.param("triton", marks=pytest.mark.skipif(
     not triton_interpreted(), reason="Triton on CPU tensors needs TRITON_INTERPRET=1")), "torch"]
 EPS = 1e-6
 
@@ -78,8 +78,8 @@ def _cases(T, pad, device="cpu", dtype=torch.float32):
     }
 
 
-def _call(name, fn, args, backend):
-    return fn(*args, EPS, backend=backend) if "norm" in name else fn(*args, backend=backend)
+def _call(name, fn, args, impl):
+    return fn(*args, EPS, impl=impl) if "norm" in name else fn(*args, impl=impl)
 
 
 def _pairs(out, ref):
@@ -89,23 +89,23 @@ def _pairs(out, ref):
 NAMES = ["rms_norm", "add_rms_norm", "gated_rms_norm", "silu_mul", "rope"]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("T, pad", [(5, 0), (70, 0), (70, 6)])
-def test_matches_torch_expression(name, T, pad, backend):
+def test_matches_torch_expression(name, T, pad, impl):
     fn, ref_fn, args = _cases(T, pad)[name]
     assert all(a.is_contiguous() for a in args) == (pad == 0)
-    out, ref = _call(name, fn, args, backend), ref_fn(*args)
+    out, ref = _call(name, fn, args, impl), ref_fn(*args)
     for a, b in _pairs(out, ref):
         assert a.shape == b.shape and a.dtype == b.dtype and a.is_contiguous()
         assert rel_err(a, b) <= 1e-5
 
 
-@pytest.mark.parametrize("backend", ["auto", "torch"])
+@pytest.mark.parametrize("impl", ["auto", "torch"])
 @pytest.mark.parametrize("name", NAMES)
-def test_torch_path_is_the_expression_bit_for_bit(name, backend):
+def test_torch_path_is_the_expression_bit_for_bit(name, impl):
     fn, ref_fn, args = _cases(70, 6)[name]
-    for a, b in _pairs(_call(name, fn, args, backend), ref_fn(*args)):
+    for a, b in _pairs(_call(name, fn, args, impl), ref_fn(*args)):
         assert torch.equal(a, b)
 
 
@@ -114,7 +114,7 @@ def test_add_rms_norm_fp16_sum_is_exact():
     """fp16: ``s`` is ``x + delta`` rounded as torch rounds it, and ``n`` is the norm of that ``s``."""
     x, delta = _randn(33, 40, dtype=torch.float16) * 30, _randn(33, 40, seed=2, dtype=torch.float16)
     w = _weight(40, dtype=torch.float16)
-    s, n = add_rms_norm(x, delta, w, EPS, backend="triton")
+    s, n = add_rms_norm(x, delta, w, EPS, impl="triton")
     assert torch.equal(s, x + delta)
     assert rel_err(n, ref_rms_norm(s.float(), w.float())) <= 1e-3
 
@@ -125,7 +125,7 @@ def test_add_rms_norm_fp16_sum_is_exact():
        pad=st.integers(0, 9), seed=st.integers(0, 2**16))
 def test_property_rms_norm_any_shape(T, D, pad, seed):
     x, w = _randn(T, D, seed=seed, pad=pad), _weight(D, seed=seed + 1)
-    assert rel_err(rms_norm(x, w, EPS, backend="triton"), ref_rms_norm(x, w)) <= 1e-5
+    assert rel_err(rms_norm(x, w, EPS, impl="triton"), ref_rms_norm(x, w)) <= 1e-5
 
 
 # ---------------------------------------------------------------------------------- validation
@@ -154,7 +154,7 @@ def test_property_rms_norm_any_shape(T, D, pad, seed):
     (lambda: rope(torch.zeros(4, 2, 8), torch.zeros(4, 1, 4, dtype=torch.float16),
                   _tables(4, 8)[1]), "cos must have dtype in"),
     (lambda: rope(torch.zeros(4, 2, 7), *_tables(4, 8)), "x must have an even last dim"),
-    (lambda: rms_norm(torch.zeros(4, 8), torch.ones(8), EPS, backend="cuda"), "backend must be"),
+    (lambda: rms_norm(torch.zeros(4, 8), torch.ones(8), EPS, impl="cuda"), "impl must be"),
 ])
 def test_rejects_bad_inputs(call, message):
     with pytest.raises(ValueError, match=message):
@@ -164,7 +164,7 @@ def test_rejects_bad_inputs(call, message):
 @pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1")
 def test_interpreter_refuses_bf16_naming_the_argument():
     with pytest.raises(ValueError, match="gate_up has dtype bfloat16"):
-        silu_mul(torch.zeros(4, 8, dtype=torch.bfloat16), backend="triton")
+        silu_mul(torch.zeros(4, 8, dtype=torch.bfloat16), impl="triton")
 
 
 # ---------------------------------------------------------------------------------- GPU (bf16)

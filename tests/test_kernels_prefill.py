@@ -33,15 +33,15 @@ def _tracked_state(ref, meta, n, chunk):
     return ref.final_state[n] if chunk == meta.counts[n] else ref.checkpoints[meta.offsets[n] + chunk]
 
 
-@pytest.mark.parametrize("backend", [pytest.param("triton", marks=interpreted), "torch"])
-def test_prefill_matches_reference(backend):
+@pytest.mark.parametrize("impl", [pytest.param("triton", marks=interpreted), "torch"])
+def test_prefill_matches_reference(impl):
     inputs = random_prefill_inputs(LENGTHS, H, HV, K, V, seed=0)
     pool = random_pool(SLOTS, HV, K, V)
     pool0 = pool.clone()
     meta, idx = build_chunk_meta_with_indices(LENGTHS, "cpu", state_indices=STATE_SLOTS, track_slots=TRACK_SLOTS,
                             track_chunks=TRACK_CHUNKS)
     o, ckpt = gdn_prefill(**inputs, state_pool=pool, meta=meta, **idx, output_checkpoints=True,
-                          backend=backend)
+                          impl=impl)
     ref = _reference(inputs, pool0, LENGTHS, STATE_SLOTS)
     assert rel_err(o, ref.o) <= 1e-4
     assert rel_err(ckpt, ref.checkpoints) <= 1e-4
@@ -76,7 +76,7 @@ def test_prefill_with_infinite_decay_matches_the_recurrence(gating):
     pool = random_pool(2, 2, 16, 16)
     pool0 = pool.clone()
     meta, idx = build_chunk_meta_with_indices(lengths, "cpu", state_indices=slots)
-    o, _ = gdn_prefill(x["q"], x["k"], x["v"], **gates, state_pool=pool, meta=meta, **idx, backend="triton")
+    o, _ = gdn_prefill(x["q"], x["k"], x["v"], **gates, state_pool=pool, meta=meta, **idx, impl="triton")
     ref = recurrent_gated_delta_rule(x["q"], x["k"], x["v"], ref_g, ref_beta, initial_state=pool0[slots],
                                      cu_seqlens=cu_offsets(lengths), use_qk_l2norm=True)
     assert torch.isfinite(o).all() and torch.isfinite(pool).all()
@@ -93,7 +93,7 @@ def test_prefill_one_sequence_no_extras_mha():
     pool0 = pool.clone()
     meta = build_chunk_meta(lengths, "cpu")
     o, ckpt = gdn_prefill(**inputs, state_pool=pool, state_indices=torch.tensor([2]), meta=meta,
-                          backend="triton")
+                          impl="triton")
     ref = _reference(inputs, pool0, lengths, [2], checkpoints=False)
     assert ckpt is None
     assert rel_err(o, ref.o) <= 1e-4
@@ -107,7 +107,7 @@ def test_prefill_fp16_inputs_interpreter():
     pool = random_pool(2, 2, 16, 16)
     pool0 = pool.clone()
     meta, idx = build_chunk_meta_with_indices([70, 5], "cpu", state_indices=[1, 0])
-    o, _ = gdn_prefill(**inputs, state_pool=pool, meta=meta, **idx, backend="triton")
+    o, _ = gdn_prefill(**inputs, state_pool=pool, meta=meta, **idx, impl="triton")
     ref = _reference(inputs, pool0, [70, 5], [1, 0], checkpoints=False)
     assert o.dtype == torch.float16
     assert rel_err(o, ref.o) <= 5e-3
@@ -124,7 +124,7 @@ def test_prefill_without_qk_l2norm():
     pool0 = pool.clone()
     meta, idx = build_chunk_meta_with_indices(lengths, "cpu", state_indices=[1, 0])
     o, _ = gdn_prefill(**inputs, state_pool=pool, meta=meta, **idx, scale=0.3, use_qk_l2norm=False,
-                       backend="triton")
+                       impl="triton")
     cu = [0, 70, 79]
     ref = chunk_gated_delta_rule(**inputs, scale=0.3, initial_state=pool0[[1, 0]], cu_seqlens=cu,
                                  use_qk_l2norm=False)
@@ -155,11 +155,11 @@ def test_output_norm_in_the_output_kernel_matches_the_separate_norm(dims, dtype,
     meta, idx = build_chunk_meta_with_indices(lengths, "cpu", state_indices=slots, track_slots=[1, 4, 5],
                             track_chunks=[1, 0, 1])
     pool, pool_fused = random_pool(6, HVd, Kd, Vd), random_pool(6, HVd, Kd, Vd)
-    o, _ = gdn_prefill(**inputs, state_pool=pool, meta=meta, **idx, backend="triton")
-    fused, _ = gdn_prefill(**inputs, state_pool=pool_fused, meta=meta, **idx, backend="triton",
+    o, _ = gdn_prefill(**inputs, state_pool=pool, meta=meta, **idx, impl="triton")
+    fused, _ = gdn_prefill(**inputs, state_pool=pool_fused, meta=meta, **idx, impl="triton",
                            output_norm=(z, weight, eps))
     assert fused.dtype == dtype and fused.shape == o.shape
-    assert rel_err(fused, gated_rms_norm(o, z, weight, eps, backend="triton")) <= tol
+    assert rel_err(fused, gated_rms_norm(o, z, weight, eps, impl="triton")) <= tol
     assert torch.equal(pool_fused, pool)
 
 
@@ -171,9 +171,9 @@ def test_output_norm_on_the_torch_path_is_the_separate_norm_bit_for_bit():
         meta, idx = build_chunk_meta_with_indices(LENGTHS, "cpu", state_indices=STATE_SLOTS, track_slots=TRACK_SLOTS,
                                 track_chunks=TRACK_CHUNKS)
         o, _ = gdn_prefill(**inputs, state_pool=random_pool(SLOTS, HV, K, V), meta=meta, **idx,
-                           output_norm=norm, backend="torch")
+                           output_norm=norm, impl="torch")
         outs.append(o)
-    assert torch.equal(outs[1], gated_rms_norm(outs[0], z, weight, eps, backend="torch"))
+    assert torch.equal(outs[1], gated_rms_norm(outs[0], z, weight, eps, impl="torch"))
 
 
 @interpreted
@@ -187,8 +187,8 @@ def test_output_norm_where_the_output_kernel_splits_heads_is_the_separate_norm()
     for output_norm in (None, norm):
         meta, idx = build_chunk_meta_with_indices(lengths, "cpu", state_indices=[0])
         outs.append(gdn_prefill(**inputs, state_pool=random_pool(1, 1, 16, 128), meta=meta, **idx,
-                                output_norm=output_norm, backend="triton")[0])
-    assert torch.equal(outs[1], gated_rms_norm(outs[0], *norm, backend="triton"))
+                                output_norm=output_norm, impl="triton")[0])
+    assert torch.equal(outs[1], gated_rms_norm(outs[0], *norm, impl="triton"))
 
 
 @triton.jit

@@ -15,7 +15,7 @@ from mamba_edu.kernels import build_chunk_meta, build_chunk_meta_with_indices, c
 from mamba_edu.kernels.inputs import random_pool
 from mamba_edu.testing import rel_err
 
-BACKENDS = [pytest.param("triton", marks=pytest.mark.skipif(
+IMPLS = [pytest.param("triton", marks=pytest.mark.skipif(
     not triton_interpreted(), reason="Triton on CPU tensors needs TRITON_INTERPRET=1")), "torch"]
 H, HV, K, V = 2, 4, 16, 32
 
@@ -36,8 +36,8 @@ def _projection(T, seed, device="cpu", dtype=torch.float32, dims=(H, HV, K, V)):
     return views, A_log.to(device), dt_bias.to(device)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_prefill_on_views_with_gating_inside(backend):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_prefill_on_views_with_gating_inside(impl):
     lengths, slots = [1, 64, 90], [4, 0, 2]
     views, A_log, dt_bias = _projection(sum(lengths), seed=0)
     assert not views["q"].is_contiguous() and not views["a"].is_contiguous()
@@ -46,33 +46,33 @@ def test_prefill_on_views_with_gating_inside(backend):
     pool_ref = pool.clone()
 
     o, _ = gdn_prefill(**views, A_log=A_log, dt_bias=dt_bias, state_pool=pool, meta=meta, **idx,
-                       backend=backend)
+                       impl=impl)
     g, beta = gdn_gating(A_log, views["a"], views["b"], dt_bias)
     copies = {name: views[name].contiguous() for name in "qkv"}
     o_ref, _ = gdn_prefill(**copies, g=g, beta=beta, state_pool=pool_ref, meta=meta, **idx,
-                           backend="torch")
+                           impl="torch")
     assert rel_err(o, o_ref) <= 1e-4
     assert rel_err(pool[slots], pool_ref[slots]) <= 1e-4
     assert torch.equal(pool[[1, 3, 5]], pool_ref[[1, 3, 5]])
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_decode_on_views(backend):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_decode_on_views(impl):
     slots = [3, -1, 0]
     views, A_log, dt_bias = _projection(3, seed=1)
     pool = random_pool(5, HV, K, V)
     pool_ref = pool.clone()
     o = gdn_decode(*views.values(), A_log, dt_bias, state_pool=pool,
-                   state_indices=torch.tensor(slots), backend=backend)
+                   state_indices=torch.tensor(slots), impl=impl)
     copies = [t.contiguous() for t in views.values()]
     o_ref = gdn_decode(*copies, A_log, dt_bias, state_pool=pool_ref,
-                       state_indices=torch.tensor(slots), backend="torch")
+                       state_indices=torch.tensor(slots), impl="torch")
     assert rel_err(o, o_ref) <= 1e-4
     assert rel_err(pool, pool_ref) <= 1e-4
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_conv_on_column_slices(backend):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_conv_on_column_slices(impl):
     lengths, slots, D, W = [2, 70], [1, 3], 24, 4
     gen = torch.Generator().manual_seed(2)
     wide = torch.randn(sum(lengths), D + 5, generator=gen)
@@ -81,17 +81,17 @@ def test_conv_on_column_slices(backend):
     pool = torch.randn(4, D, W - 1, generator=gen)
     pool_ref = pool.clone()
     meta, idx = build_chunk_meta_with_indices(lengths, "cpu", state_indices=slots)
-    y = conv1d_prefill(x, weight, bias, conv_pool=pool, meta=meta, **idx, backend=backend)
+    y = conv1d_prefill(x, weight, bias, conv_pool=pool, meta=meta, **idx, impl=impl)
     y_ref = conv1d_prefill(x.contiguous(), weight, bias, conv_pool=pool_ref, meta=meta, **idx,
-                           backend="torch")
+                           impl="torch")
     assert y.is_contiguous() and rel_err(y, y_ref) <= 1e-5
     assert rel_err(pool, pool_ref) <= 1e-5
 
     step = wide[:2, 2:2 + D]
     y = conv1d_decode(step, weight, bias, conv_pool=pool, state_indices=torch.tensor(slots),
-                      backend=backend)
+                      impl=impl)
     y_ref = conv1d_decode(step.contiguous(), weight, bias, conv_pool=pool_ref,
-                          state_indices=torch.tensor(slots), backend="torch")
+                          state_indices=torch.tensor(slots), impl="torch")
     assert rel_err(y, y_ref) <= 1e-5
     assert rel_err(pool, pool_ref) <= 1e-5
 
@@ -103,7 +103,7 @@ def test_gates_are_given_one_way():
     meta, idx = build_chunk_meta_with_indices(lengths, "cpu", state_indices=[0])
     pool = random_pool(1, HV, K, V)
     g, beta = gdn_gating(A_log, views["a"], views["b"], dt_bias)
-    call = dict(state_pool=pool, meta=meta, **idx, backend="torch")
+    call = dict(state_pool=pool, meta=meta, **idx, impl="torch")
     with pytest.raises(ValueError, match="not both"):
         gdn_prefill(q, k, v, g, beta, a=views["a"], b=views["b"], A_log=A_log, dt_bias=dt_bias,
                     **call)
@@ -124,11 +124,11 @@ def test_rows_must_be_contiguous_inside():
     every_other = views["v"].transpose(1, 2).contiguous().transpose(1, 2)  # [T, HV, V], V strided
     with pytest.raises(ValueError, match="v must be contiguous within each row"):
         gdn_prefill(views["q"], views["k"], every_other, a=views["a"], b=views["b"], A_log=A_log,
-                    dt_bias=dt_bias, state_pool=pool, meta=meta, **idx, backend="torch")
+                    dt_bias=dt_bias, state_pool=pool, meta=meta, **idx, impl="torch")
     overlapping = views["a"][:, :1].expand(10, HV)  # row stride 0 < HV
     with pytest.raises(ValueError, match="a must be contiguous within each row"):
         gdn_prefill(views["q"], views["k"], views["v"], a=overlapping, b=views["b"], A_log=A_log,
-                    dt_bias=dt_bias, state_pool=pool, meta=meta, **idx, backend="torch")
+                    dt_bias=dt_bias, state_pool=pool, meta=meta, **idx, impl="torch")
 
 
 @pytest.mark.gpu
@@ -148,7 +148,7 @@ def test_prefill_on_views_gpu_bf16(dims, gating_inside):
     o, _ = gdn_prefill(views["q"], views["k"], views["v"], **gates, state_pool=pool,
                        meta=build_chunk_meta(lengths, "cuda"), state_indices=slots)
     o_ref, _ = gdn_prefill(**{n: views[n].float().contiguous() for n in "qkv"}, g=g, beta=beta,
-                           state_pool=pool_ref, backend="torch",
+                           state_pool=pool_ref, impl="torch",
                            meta=build_chunk_meta(lengths, "cuda"), state_indices=slots)
     assert rel_err(o.float(), o_ref) <= 5e-3
     assert rel_err(pool[slots], pool_ref[slots]) <= 5e-3

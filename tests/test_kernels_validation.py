@@ -40,15 +40,15 @@ def test_meta_changed_in_place_after_build_chunk_meta_is_refused(field):
     meta, idx = build_chunk_meta_with_indices(LENGTHS, "cpu", state_indices=[1, 0], track_slots=[2, 3],
                                               track_chunks=[1, 2])
     pool = random_pool(4, 2, 16, 16)
-    gdn_prefill(**x, state_pool=pool, meta=meta, **idx, backend="torch")
+    gdn_prefill(**x, state_pool=pool, meta=meta, **idx, impl="torch")
     before = pool.clone()
     (idx[field] if field in idx else getattr(meta, field)).view(-1)[0] = 3
-    for backend in ("torch", "triton") if triton_interpreted() else ("torch",):
+    for impl in ("torch", "triton") if triton_interpreted() else ("torch",):
         with pytest.raises(ValueError, match="was changed in place after"):
-            gdn_prefill(**x, state_pool=pool, meta=meta, **idx, backend=backend)
+            gdn_prefill(**x, state_pool=pool, meta=meta, **idx, impl=impl)
         with pytest.raises(ValueError, match="was changed in place"):
             conv1d_prefill(torch.zeros(sum(LENGTHS), 8), torch.zeros(8, 4),
-                           conv_pool=torch.zeros(4, 8, 3), meta=meta, **idx, backend=backend)
+                           conv_pool=torch.zeros(4, 8, 3), meta=meta, **idx, impl=impl)
     assert torch.equal(pool, before)
 
 
@@ -60,16 +60,16 @@ def test_writes_around_the_version_counter_never_reach_a_kernel(write):
     meta, idx = build_chunk_meta_with_indices(LENGTHS, "cpu", state_indices=[1, 0])
     pool = random_pool(4, 2, 16, 16)
     expected = pool.clone()
-    gdn_prefill(**x, state_pool=expected, meta=meta, state_indices=[1, 0], backend="torch")
+    gdn_prefill(**x, state_pool=expected, meta=meta, state_indices=[1, 0], impl="torch")
     for t in (idx["state_indices"], meta.chunk_indices, meta.cu_seqlens):
         if write == "data":
             t.data.fill_(1000)
         else:
             t.numpy()[...] = 1000
-    for backend in ("torch", "triton") if triton_interpreted() else ("torch",):
+    for impl in ("torch", "triton") if triton_interpreted() else ("torch",):
         out = pool.clone()
-        gdn_prefill(**x, state_pool=out, meta=meta, **idx, backend=backend)
-        assert torch.allclose(out, expected, atol=2e-3), backend
+        gdn_prefill(**x, state_pool=out, meta=meta, **idx, impl=impl)
+        assert torch.allclose(out, expected, atol=2e-3), impl
 
 
 def test_uploaded_indices_changed_in_place_are_refused():
@@ -105,7 +105,7 @@ def case():
 
 def _call(inputs, pool, meta, **over):
     return gdn_prefill(**{**inputs, "state_pool": pool, "meta": meta, "state_indices": [0, 1],
-                          "backend": "torch", **over})
+                          "impl": "torch", **over})
 
 
 @pytest.mark.parametrize("name, value, message", [
@@ -122,7 +122,7 @@ def _call(inputs, pool, meta, **over):
     ("state_indices", torch.tensor([0.0, 1.0]), "state_indices must have dtype"),
     ("meta", build_chunk_meta([75], "cpu"), "state_indices must be a list of N=1"),
     ("meta", build_chunk_meta([5, 71], "cpu"), "meta describes T=76"),
-    ("backend", "cuda", "backend must be"),
+    ("impl", "cuda", "impl must be"),
     ("scale", torch.tensor(0.5), "scale must be a Python float"),
 ])
 def test_prefill_rejects(case, name, value, message):
@@ -173,10 +173,10 @@ def test_prefill_rejects_bad_tracking(case, slots, chunks, message):
         _call(inputs, pool, meta, track_slots=torch.tensor(slots), track_chunks=torch.tensor(chunks))
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.skipif(
+@pytest.mark.parametrize("impl", ["torch", pytest.param("triton", marks=pytest.mark.skipif(
     not triton_interpreted(), reason="Triton on CPU tensors needs TRITON_INTERPRET=1"))])
 @pytest.mark.parametrize("slots, chunks, message", BAD_TRACKING)
-def test_conv_prefill_rejects_bad_tracking_and_writes_nothing(slots, chunks, message, backend):
+def test_conv_prefill_rejects_bad_tracking_and_writes_nothing(slots, chunks, message, impl):
     """The conv takes the same tracking lists as the prefill: refused the same way, pool intact."""
     x, weight = torch.randn(sum(LENGTHS), 8), torch.randn(8, 4)
     pool = torch.randn(4, 8, 3)
@@ -184,7 +184,7 @@ def test_conv_prefill_rejects_bad_tracking_and_writes_nothing(slots, chunks, mes
     meta = build_chunk_meta(LENGTHS, "cpu")
     with pytest.raises(ValueError, match=message):
         conv1d_prefill(x, weight, conv_pool=pool, meta=meta, state_indices=[0, 1], track_slots=torch.tensor(slots),
-                       track_chunks=torch.tensor(chunks), backend=backend)
+                       track_chunks=torch.tensor(chunks), impl=impl)
     assert torch.equal(pool, before)
 
 
@@ -206,7 +206,7 @@ def test_interpreter_rejects_bf16(case):
     inputs, pool, meta = case
     bf = {n: t.bfloat16() if n in "qkv" else t for n, t in inputs.items()}
     with pytest.raises(ValueError, match="bfloat16"):
-        _call(bf, pool, meta, backend="triton")
+        _call(bf, pool, meta, impl="triton")
 
 
 def test_decode_rejects_bad_inputs():
@@ -266,7 +266,7 @@ def test_every_call_checks_its_indices(monkeypatch):
                                               track_chunks=[1, 2])
     pool = random_pool(4, 2, 16, 16)
     for _ in range(3):  # three layers of one forward
-        gdn_prefill(**x, state_pool=pool, meta=meta, **idx, backend="torch")
+        gdn_prefill(**x, state_pool=pool, meta=meta, **idx, impl="torch")
     assert calls == ["state_indices"] * 3
     with pytest.raises(ValueError, match="out of range"):
-        gdn_prefill(**x, state_pool=pool, meta=meta, state_indices=[1, 4], backend="torch")
+        gdn_prefill(**x, state_pool=pool, meta=meta, state_indices=[1, 4], impl="torch")

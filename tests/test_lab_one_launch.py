@@ -25,7 +25,7 @@ def _run(inputs, lengths, slots, track, HV, K, V, chained, device="cpu", pool=No
                               track_slots=idx["track_slots"], track_chunks=idx["track_chunks"])
     else:
         o, ckpt = gdn_prefill(**inputs, state_pool=pool, meta=meta, **idx, output_checkpoints=True,
-                              backend="triton")
+                              impl="triton")
     return o, ckpt, pool, pool0, meta
 
 

@@ -98,7 +98,7 @@ def test_gated_norm_linear_matches_fp64_and_the_norm_kernel_operand(T, HV, V, N,
     assert y.shape == (T, N) and y.dtype == dtype
     assert rel_err(y, ref_gated_norm_linear(o, z, w_n, W)) <= TOL[dtype]
     # The operand is rounded as the gated norm kernel stores it: fp32 products agree to fp32.
-    two = F.linear(gated_rms_norm(o, z, w_n, EPS, backend="triton").view(T, -1), W)
+    two = F.linear(gated_rms_norm(o, z, w_n, EPS, impl="triton").view(T, -1), W)
     assert rel_err(y, two) <= (1e-6 if dtype == torch.float32 else TOL[dtype])
 
 

@@ -14,14 +14,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mamba_edu.engine import Engine, Request
+from mamba_edu.engine import Bucket, Engine, Request
 from mamba_edu.gdn import (causal_conv1d, checkpoint_offsets, chunk_counts, chunk_gated_delta_rule,
                            gdn_gating, recurrent_gated_delta_rule, seq_lengths)
 from mamba_edu.model import ModelConfig, build_model, get_config
 from mamba_edu.serving import (SCRATCH_SLOT, STRATEGIES, PoolExhausted, RadixCache, StatePool, build_batch,
                                plan_tracking)
 from mamba_edu.serving.batch import build_decode_batch, build_extend_batch
-from mamba_edu.serving.prepared import PreparedPrefill
+from mamba_edu.engine import PreparedPrefill
 
 P = torch.randint(0, 128, (400,), generator=torch.Generator().manual_seed(11)).tolist()
 MODEL = build_model("tiny", device="cpu")  # module level: hypothesis tests cannot take fixtures
@@ -85,25 +85,23 @@ def test_b1_abort_twice_is_refused_even_after_the_slots_were_reused():
     engine.decode(1)
 
 
-def test_b2_forward_twice_is_refused_and_reset_reruns_from_the_prepared_states():
+def test_b2_forward_twice_is_refused():
     engine = busy_engine()
     batch = engine.prepare_prefill([Request("x", P[:200])])  # a prefix hit at 128
-    first = engine.forward_prefill(batch).clone()
+    engine.forward_prefill(batch)
     raises_unchanged(engine, ValueError, "forward_prefill already ran", lambda: engine.forward_prefill(batch))
-    engine.reset_prefill(batch)
-    assert torch.equal(engine.forward_prefill(batch), first), "a rerun starts from the prepared states"
     engine.finish_prefill(batch)
 
 
 def test_b3_a_batch_runs_only_on_its_engine():
     e1, e2 = Engine(MODEL, strategy="sync_free", max_requests=4), busy_engine()
     batch = e1.prepare_prefill([Request("a", P[:70])])
-    for call in (e2.forward_prefill, e2.abort_prefill, e2.reset_prefill, e2.finish_prefill):
+    for call in (e2.forward_prefill, e2.abort_prefill, e2.finish_prefill):
         raises_unchanged(e2, ValueError, "another Engine", lambda: call(batch))
 
 
 @pytest.mark.parametrize("done", ["finish", "abort"])
-@pytest.mark.parametrize("call", ["forward_prefill", "finish_prefill", "abort_prefill", "reset_prefill"])
+@pytest.mark.parametrize("call", ["forward_prefill", "finish_prefill", "abort_prefill"])
 def test_a_finished_or_aborted_batch_is_never_used_again(done, call):
     engine = busy_engine()
     batch = engine.prepare_prefill([Request("x", P[:70])])
@@ -111,6 +109,17 @@ def test_a_finished_or_aborted_batch_is_never_used_again(done, call):
     engine.finish_prefill(batch) if done == "finish" else engine.abort_prefill(batch)
     raises_unchanged(engine, ValueError, "finished" if done == "finish" else "already aborted",
                      lambda: getattr(engine, call)(batch))
+
+
+def test_a_replay_needs_this_engines_capture_and_a_bucket_that_fits_the_device():
+    engine, other = busy_engine(), Engine(MODEL, strategy="sync_free", max_requests=1)
+    batch = engine.prepare_prefill([Request("x", P[:70])])
+    foreign = other.capture_prefill(Bucket(128, 1), "breakable", graphs=False)
+    for captured in (foreign, "graph"):
+        raises_unchanged(engine, ValueError, "captured must be a CapturedBucket of this engine",
+                         lambda: engine.forward_prefill(batch, captured))
+    raises_unchanged(engine, ValueError, "needs at least .* GiB",
+                     lambda: engine.capture_prefill(Bucket(10**9, 10**8), "breakable", graphs=False))
 
 
 def test_finish_needs_a_forward_and_the_batch_own_logits():

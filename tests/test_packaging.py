@@ -92,7 +92,8 @@ def test_sdist_carries_what_its_tests_read(dists):
     for folder in ("tests", "notebooks", "data", "scripts", "docs", ".ci", "mamba_edu"):
         files = {str(p.relative_to(REPO)) for p in (REPO / folder).rglob("*")
                  if p.is_file() and not SKIP(str(p.parent), [p.name])
-                 and not any(part in ("__pycache__", ".ipynb_checkpoints") for part in p.parts)}
+                 and not any(part in ("__pycache__", ".ipynb_checkpoints", "out")
+                             for part in p.relative_to(REPO).parts)}
         assert files <= names, (folder, sorted(files - names)[:10])
     for name in ("Makefile", "requirements-pinned.txt", "constraints-cuda.txt", "environment.yml",
                  "requirements-ci.txt", "pyproject.toml", "README.md", "LICENSE"):
@@ -154,3 +155,14 @@ def test_make_setup_stops_early_on_an_old_python(tmp_path):
 def test_the_package_refuses_an_old_python_in_one_line():
     src = (PACKAGE / "__main__.py").read_text()
     assert "sys.version_info < (3, 11)" in src.split("import argparse")[0]
+
+
+@in_checkout
+def test_triton_is_bounded_to_the_tested_range_in_pyproject_and_environment_yml():
+    """Under Triton 3.9 the prefill kernel fails in the interpreter: pyproject allows the tested
+    range only (3.6.0 on the H200, 3.7.1 in the lock), and environment.yml names the same range."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    triton = next(Requirement(r) for r in project["dependencies"] if Requirement(r).name == "triton")
+    assert triton.specifier.contains("3.6.0") and triton.specifier.contains("3.7.1")
+    assert not triton.specifier.contains("3.9.0")
+    assert f"triton{triton.specifier}" in (REPO / "environment.yml").read_text()

@@ -34,20 +34,20 @@ def test_a_model_too_large_for_the_machine_is_refused_with_its_size(capsys, monk
     assert code == 2 and "GiB for its weights alone" in err and "1.0 GiB free" in err, err
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("impl", ["torch", "triton"])
 @pytest.mark.parametrize("case", ["rms T=0", "rms D=0", "add D=0", "gated V=0", "gated T=0", "silu F=0", "silu T=0"])
-def test_zero_size_dimensions_give_empty_outputs(backend, case):
+def test_zero_size_dimensions_give_empty_outputs(impl, case):
     calls = {
-        "rms T=0": (lambda: rms_norm(torch.zeros(0, 8), torch.ones(8), 1e-6, backend=backend), (0, 8)),
-        "rms D=0": (lambda: rms_norm(torch.zeros(3, 0), torch.ones(0), 1e-6, backend=backend), (3, 0)),
+        "rms T=0": (lambda: rms_norm(torch.zeros(0, 8), torch.ones(8), 1e-6, impl=impl), (0, 8)),
+        "rms D=0": (lambda: rms_norm(torch.zeros(3, 0), torch.ones(0), 1e-6, impl=impl), (3, 0)),
         "add D=0": (lambda: add_rms_norm(torch.zeros(3, 0), torch.zeros(3, 0), torch.ones(0), 1e-6,
-                                         backend=backend)[1], (3, 0)),
+                                         impl=impl)[1], (3, 0)),
         "gated V=0": (lambda: gated_rms_norm(torch.zeros(3, 2, 0), torch.zeros(3, 0), torch.ones(0), 1e-6,
-                                             backend=backend), (3, 2, 0)),
+                                             impl=impl), (3, 2, 0)),
         "gated T=0": (lambda: gated_rms_norm(torch.zeros(0, 2, 4), torch.zeros(0, 8), torch.ones(4), 1e-6,
-                                             backend=backend), (0, 2, 4)),
-        "silu F=0": (lambda: silu_mul(torch.zeros(3, 0), backend=backend), (3, 0)),
-        "silu T=0": (lambda: silu_mul(torch.zeros(0, 8), backend=backend), (0, 4)),
+                                             impl=impl), (0, 2, 4)),
+        "silu F=0": (lambda: silu_mul(torch.zeros(3, 0), impl=impl), (3, 0)),
+        "silu T=0": (lambda: silu_mul(torch.zeros(0, 8), impl=impl), (0, 4)),
     }
     call, shape = calls[case]
     assert tuple(call().shape) == shape

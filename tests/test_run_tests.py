@@ -30,6 +30,6 @@ def test_measured_seconds_balance_the_halves_where_sizes_would_not():
 
 def test_every_file_make_test_runs_has_a_measured_time():
     durations = run_tests.measured()
-    files = sorted((ROOT / "tests").glob("test_*.py")) + sorted((ROOT / "notebooks").glob("*.ipynb"))
+    files = sorted((ROOT / "tests").glob("**/test_*.py")) + sorted((ROOT / "notebooks").glob("*.ipynb"))
     unmeasured = [p.name for p in files if p.relative_to(ROOT).as_posix() not in durations]
     assert len(unmeasured) <= len(files) // 4, f"rerun `python scripts/run_tests.py --record`: {unmeasured}"

@@ -85,11 +85,57 @@ def test_sync_counts_are_tracking_syncs_and_the_others_are_apart(doc):
     assert "per request" in syncs and ".item()" in syncs
     for count in ("144", "146", "11", "13", "10"):
         assert f"**{count}**" in syncs, count
-    # FLA's chunk table: 2 syncs per forward in the PR era, 1 now (issue 40).
+    # FLA's chunk table: 2 syncs per forward in the PR era, 1 now on fla's Triton path, none on
+    # FlashInfer's default prefill, whose checkpoint plan copies 4 tensors instead.
     header, rows = _table(syncs)
     fla = next(r for r in rows if "prepare_chunk_indices" in r[0])
     assert [fla[header.index(h)] for h in header if h.startswith("PR era")] == ["2", "2"], fla
-    assert fla[header.index(NOW)].startswith("**1**"), fla
+    assert fla[header.index(NOW_TRITON)].startswith("**1**"), fla
+    assert fla[header.index(NOW_FLASHINFER)].startswith("0"), fla
+    plan = next(r for r in rows if "FlashInfer checkpoint plan" in r[0])
+    assert plan[header.index(NOW_FLASHINFER)].startswith("**4**") and plan[header.index(NOW_TRITON)] == "0", plan
+
+
+NOW_TRITON = "SGLang now: fla's Triton path (fallback)"
+NOW_FLASHINFER = "SGLang now: FlashInfer (default on H100/H200)"
+
+
+def test_every_sync_names_its_file_and_function(doc):
+    """Each sync site of the table says where it is in SGLang now: a file and a function."""
+    header, rows = _table(_section(doc, "How many syncs"))
+    where = header.index("where in SGLang now (file, function)")
+    for row in rows:
+        if row[where] == "as above" or row[where] == "the rows above":
+            continue
+        assert re.search(r"`[\w/]+\.py`", row[where]) and re.search(r"`[\w.]+`", row[where]), row[0]
+
+
+def test_the_default_gdn_prefill_is_flashinfer(doc):
+    """§14.1 (1): on H100/H200 with an fp32 pool SGLang's default GDN prefill is FlashInfer's, and the
+    default tracked prefill pays its checkpoint plan's four copies."""
+    kernels = _section(doc, "Kernels and model")
+    assert "flashinfer_gdn_prefill_default" in kernels and "#36357" in kernels
+    syncs = _section(doc, "How many syncs")
+    assert "default" in syncs and "four copies" in syncs
+    for nb in ("09",):
+        text = _cells_markdown(_learner_notebook(nb))
+        assert "flashinfer_gdn_prefill_default" in text and "maybe_build_flashinfer_checkpoint_plan" in text
+
+
+def test_stale_statements_are_gone(doc):
+    """§14.1 (2)-(5): no "only at the tracked boundaries", no bf16 checkpoints "today", no "`fused`
+    goes past SGLang", no #37836 as a page-size fix, in the doc or any notebook."""
+    stale = ("only at the tracked boundaries", "only at tracked boundaries", "fused` goes past SGLang",
+             "The `fused` strategy goes past SGLang", "Checkpoints in bf16\n", "the Mamba2 counterpart fixed in #37836")
+    texts = {"docs/sglang.md": doc}
+    for folder in dict.fromkeys((MARKDOWN_SOURCE, SOLUTIONS.parent)):
+        for nb in sorted(folder.glob("[0-9][0-9]_*.ipynb")):
+            texts[str(nb.relative_to(ROOT))] = _cells_markdown(nb)
+    for name, text in texts.items():
+        for phrase in stale:
+            assert phrase not in text, f"{name}: {phrase!r}"
+    assert "#34820" in _section(doc, "Checkpoints: bf16 at the PR, fp32 since #34820")
+    assert "kda_prefill_graph.py" in _section(doc, "Since the PR") and "#1155" in _section(doc, "Since the PR")
 
 
 def test_the_now_column_names_its_versions(doc):
@@ -202,7 +248,7 @@ def test_the_names_table_maps_every_moved_kernel_file(doc):
     assert "kernels/ops/attention/fla/chunk.py" in now and "srt/layers/attention/fla/chunk.py" in pr_era
     assert "kernels/ops/mamba/causal_conv1d_triton.py" in now
     assert "srt/mem_cache/mamba_radix_cache.py" in pr_era and "srt/mem_cache/mamba_radix_cache.py" not in now
-    assert "srt/mem_cache/unified_cache_components/mamba_component.py" in now
+    assert "srt/mem_cache/unified_cache/components/mamba.py" in now
     assert not {p for p in now if p.startswith("srt/layers/attention/fla/")}, "a dead kernel path in the now column"
 
 
@@ -282,3 +328,111 @@ def test_the_sync_table_names_the_two_newer_syncs(doc):
     assert any("logical token count" in s for s in sites), sites
     assert any("FlashInfer checkpoint plan" in s for s in sites), sites
     assert "maybe_build_flashinfer_checkpoint_plan" in syncs and "query_start_loc[-1]" in syncs
+
+
+# --- names marked gone, and what SGLang has that the course does not build ------------------------
+
+def _gone(doc: str) -> list[str]:
+    """The names of the names table's "Gone" list (the first backticked name of each row)."""
+    names_section = _section(doc, "Names: PR era")
+    block = names_section[names_section.index("**Gone.**"):]
+    _, rows = _table(block)
+    return [re.findall(r"`([^`]+)`", r[0])[0] for r in rows]
+
+
+def _mentions(text: str, name: str) -> bool:
+    return re.search(rf"(?<![\w/]){re.escape(name)}(?![\w])", text) is not None
+
+
+def test_no_notebook_or_doc_names_a_gone_name(doc):
+    """A name the names table marks as gone may appear only in "What was read" (a record of what a
+    version held) and in the names table; never in a notebook (any cell, learner or solution)."""
+    gone = _gone(doc)
+    assert "srt/mem_cache/unified_cache_components/mamba_component.py" in gone and "finalize_match_result" in gone
+    allowed = {"What was read", "Names: PR era"}
+    parts = re.split(r"(?m)^(## .*)$", doc)
+    for head, body in zip(parts[1::2], parts[2::2]):
+        if any(head.startswith(f"## {a}") for a in allowed):
+            continue
+        for name in gone:
+            assert not _mentions(body, name), f"docs/sglang.md {head}: {name} is marked gone"
+    # the "now" column of the names table itself
+    header, rows = _table(_section(doc, "Names: PR era"))
+    now = header.index(NOW)
+    for r in rows:
+        for name in gone:
+            assert not _mentions(r[now], name), f"names table, row {r[0]}: {name} is marked gone"
+    for folder in dict.fromkeys((SOLUTIONS, SOLUTIONS.parent)):
+        for nb in sorted(folder.glob("[0-9][0-9]_*.ipynb")):
+            cells = json.loads(nb.read_text())["cells"]
+            text = "\n".join("".join(c["source"]) for c in cells)
+            for name in gone:
+                assert not _mentions(text, name), f"{nb.relative_to(ROOT)}: {name} is marked gone"
+
+
+FLAGS = ("--linear-attn-prefill-backend", "--enable-int8-mamba-checkpoint", "--mamba-max-states-per-path",
+         "extra_buffer_lazy", "--enable-linear-replayssm", "--chunked-prefill-size", "--mamba-radix-cache-strategy")
+
+
+def test_the_doc_says_what_sglang_has_beyond_the_course(doc):
+    beyond = _section(doc, "What SGLang has since #20522")
+    for ref in FLAGS + ("#31487", "#27220", "HiCache", "flashinfer_gdn_prefill_default", "extra_buffer"):
+        assert ref in beyond, ref
+    assert "(not verified)" in beyond   # a flag named only in a thread is marked so
+
+
+# --- the numbers notebooks 08 and 12 print come from the README's data file --------------------
+
+QUIET = ROOT / "data" / "bench" / "buckets_quiet_host" / "results.json"
+
+
+def _outputs(nb: Path, cell_id: str) -> str:
+    cell = next(c for c in json.loads(nb.read_text())["cells"] if c.get("id") == cell_id)
+    return "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
+
+
+def test_the_readme_table_and_the_notebooks_read_the_same_run():
+    """scripts/make_results.py builds the README's table from the quiet run; notebooks 08 and 12 load
+    that same file."""
+    make = (ROOT / "scripts" / "make_results.py").read_text()
+    assert 'BUCKETS_QUIET = "bench/buckets_quiet_host/results.json"' in make
+    assert "main = BUCKETS_QUIET" in make
+    for number, cell_id in (("08", "ae8273f8"), ("12", "d6e35851")):
+        nb = next(SOLUTIONS.glob(f"{number}_*.ipynb"))
+        source = "".join(next(c for c in json.loads(nb.read_text())["cells"] if c.get("id") == cell_id)["source"])
+        assert '"buckets_quiet_host" / "results.json"' in source, nb.name
+
+
+@pytest.mark.parametrize("folder", [SOLUTIONS, SOLUTIONS.parent], ids=["solution", "learner"])
+def test_notebook_08_prints_the_quiet_runs_numbers(folder):
+    rows = json.loads(QUIET.read_text())["rows"]
+    printed = _outputs(next(folder.glob("08_*.ipynb")), "ae8273f8")
+    case, seen = None, 0
+    for line in printed.splitlines():
+        head = re.match(r"(\w+) \(", line)
+        if head:
+            case = head.group(1)
+            continue
+        m = re.match(r"\s+(\w+)(?: \+ (\w+))?\s+TTFT\s+([\d.]+) ±\s+([\d.]+) ms(?:\s+host\s+([\d.]+) ms)?", line)
+        if not m:
+            continue
+        strategy, mode = m.group(1), m.group(2) or "eager"
+        row = next(r for r in rows if (r["case"], r["strategy"], r["mode"]) == (case, strategy, mode))
+        assert m.group(3) == f"{row['ttft_ms']:.2f}" and m.group(4) == f"{row['spread_ms']:.2f}", line
+        if m.group(5):
+            assert m.group(5) == f"{row['host_ms']:.2f}", line
+        seen += 1
+    assert seen >= 20, printed
+
+
+def test_notebook_12_prints_the_quiet_runs_numbers():
+    rows = json.loads(QUIET.read_text())["rows"]
+    printed = _outputs(next(SOLUTIONS.glob("12_*.ipynb")), "e7f35851")
+    seen = 0
+    for line in printed.splitlines():
+        m = re.match(r"(\w+)\s+(\w+)\s+(eager|breakable|gdn_inside|graph)\s+([\d.]+)\s+([\d.]+)", line)
+        if m:
+            row = next(r for r in rows if (r["case"], r["strategy"], r["mode"]) == m.group(1, 2, 3))
+            assert m.group(4) == f"{row['ttft_ms']:.2f}" and m.group(5) == f"{row['spread_ms']:.2f}", line
+            seen += 1
+    assert seen >= 30, printed

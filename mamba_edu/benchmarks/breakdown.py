@@ -257,10 +257,11 @@ def main(argv=None, extra_arms: dict | None = None, module: str = MODULE) -> int
     """The command line; ``extra_arms`` adds arms (name → builder, like :data:`references.ARMS`'s)
     and ``module`` is what the children run with ``-m`` (the entry point that passes them)."""
     from mamba_edu.benchmarks import references
+    from mamba_edu.benchmarks.common import OUT, commit_hash, package_versions, say_where
     table = references.ARMS | (extra_arms or {})
     parser = argparse.ArgumentParser(prog=f"python -m {module}",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("breakdown"))
+    parser.add_argument("--out", type=Path, default=OUT / "breakdown")
     parser.add_argument("--arms", default="ours,flashqla")
     parser.add_argument("--cases", default="qwen3-next 1x8192,qwen3-next 1x32768,"
                         "qwen3-next 8x1024,qwen3-next 8x4096")
@@ -278,8 +279,8 @@ def main(argv=None, extra_arms: dict | None = None, module: str = MODULE) -> int
     if args.counted_call:
         run_counted_call(args.counted_call, args.cases, table)
         return 0
-    from mamba_edu.benchmarks.references import commit_hash, package_versions
     import torch
+    say_where(args.out)
     args.out.mkdir(parents=True, exist_ok=True)
     query = subprocess.run(["ncu", "--query-metrics"], capture_output=True, text=True)
     available = parse_query_metrics(query.stdout) if query.returncode == 0 else None

@@ -2,7 +2,7 @@
 ``python -m mamba_edu bench-buckets --out DIR`` (a CUDA GPU).
 
 A server never replays the batch it captured: each forward is a new batch, copied into the
-bucket's static buffers before the replay (:mod:`mamba_edu.serving.bucket`). So every repeat here
+bucket's static buffers before the replay (:mod:`mamba_edu.engine.bucket`). So every repeat here
 draws **new lengths** within the bucket (1 to ``max_requests`` requests, together between half
 and all of ``max_tokens`` tokens, new random tokens), and the time of a replay includes that host
 refill. The arms, each on the same sequence of batches:
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from mamba_edu.serving.bucket import CAPTURE_MODES, Bucket
+from mamba_edu.engine import CAPTURE_MODES, Bucket
 
 STRATEGIES = ("naive", "precomputed", "sync_free", "fused")
 
@@ -184,7 +184,7 @@ class CompileCounter:
 
 def run_case(model, case: BucketCase, rounds: int, repeats: int, warmup: int, log,
              trace_dir: Path) -> list[dict]:
-    from mamba_edu.benchmarks.references import sm_clock_mhz
+    from mamba_edu.benchmarks.common import sm_clock_mhz
     live = [Arm(model, case, s, m) for s, m in arms(case)]
     rows = [dict(case=case.name, preset=case.preset, max_tokens=case.bucket.max_tokens,
                  max_requests=case.bucket.max_requests, strategy=a.strategy, mode=a.mode,
@@ -252,11 +252,11 @@ def make_timelines(out: Path, cases: list[str]) -> list[Path]:
 
 
 def main(argv=None) -> int:
-    from mamba_edu.benchmarks.references import commit_hash, package_versions
+    from mamba_edu.benchmarks.common import OUT, commit_hash, package_versions, say_where
     from mamba_edu.model import build_model
     parser = argparse.ArgumentParser(prog="python -m mamba_edu bench-buckets",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("data/bench/buckets"))
+    parser.add_argument("--out", type=Path, default=OUT / "bench" / "buckets")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=10, help="fresh batches per arm and round")
     parser.add_argument("--warmup", type=int, default=8, help="fresh batches per arm before timing")
@@ -270,6 +270,7 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(every)}, sweep, all")
     chosen = [c for name in names for c in (SWEEP if name == "sweep" else [every[name]])]
+    say_where(args.out)
     args.out.mkdir(parents=True, exist_ok=True)
     lines = []
 

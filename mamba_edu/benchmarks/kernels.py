@@ -1,6 +1,6 @@
 """Benchmark our GDN kernels against flash-linear-attention on one GPU, side by side.
 
-``python -m mamba_edu bench-kernels [--out data/benchmarks/] [--quick]``. bf16 inputs, K=V=128,
+``python -m mamba_edu bench-kernels [--out out/benchmarks/] [--quick]``. bf16 inputs, K=V=128,
 the heads of two presets: ``qwen3-next`` (H=16, HV=32) at T = 2048, 8192, 32768 as one sequence
 and as 8 equal ones, ``qwen3.5-tp8`` (H=2, HV=8, one GPU's slice at tensor-parallel 8) at 1×512
 and 16×256. Rows of ``kernels.json``, by ``kind``:
@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from mamba_edu.benchmarks.common import OUT, say_where
 
 K, V, W = 128, 128, 4
 PRESETS = {"qwen3-next": (16, 32), "qwen3.5-tp8": (2, 8)}  # (H, HV)
@@ -266,7 +268,7 @@ def bench_conv(preset, lengths, results):
     pool, pool_ref = pools[0].clone(), pools[0].float()
     y = conv1d_prefill(xs[0], weight, conv_pool=pool, meta=meta, **idx)
     y_ref = conv1d_prefill(xs[0].float(), weight.float(), conv_pool=pool_ref, meta=meta, **idx,
-                           backend="torch")
+                           impl="torch")
     row["ours_o_err"], row["ours_state_err"] = rel_err(y, y_ref), rel_err(pool, pool_ref)
     results.append(row)
 
@@ -350,7 +352,7 @@ def bench_decode(results, N=256, seed=0):
     o = gdn_decode(*sets[0], A_log, dt_bias, state_pool=pool, state_indices=idx)
     pool_ref = pools[0].clone()
     ref = gdn_decode(*(t.float() for t in sets[0]), A_log, dt_bias, state_pool=pool_ref,
-                     state_indices=idx, backend="torch")
+                     state_indices=idx, impl="torch")
     row["ours_o_err"] = rel_err(o, ref)
     row["ours_state_err"] = rel_err(pool, pool_ref)
     results.append(row)
@@ -415,7 +417,7 @@ def _run_case(kind, preset, lengths, fla, results):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="mamba_edu bench-kernels", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="data/benchmarks/", help="output folder")
+    parser.add_argument("--out", type=Path, default=OUT / "benchmarks", help="output folder")
     parser.add_argument("--quick", action="store_true", help="skip the 32768-token cases")
     parser.add_argument("--no-fla", action="store_true", help="skip flash-linear-attention")
     parser.add_argument("--budget-s", type=float, default=220.0,
@@ -424,6 +426,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench-kernels needs a CUDA GPU; nothing to do on this machine")
         return 0
+    say_where(args.out)
     from tqdm import tqdm
     fla, why = (None, "disabled by --no-fla") if args.no_fla else _fla_runner()
     if fla is None:
@@ -447,9 +450,9 @@ def main(argv=None) -> int:
         except Exception as exc:  # keep going: one failing case must not lose the others
             results.append(dict(kind="error", case=name, error=f"{type(exc).__name__}: {exc}"))
             print(f"case {name} failed: {exc}")
-        _write(results, meta, Path(args.out))  # after every case: a kill keeps what was measured
+        _write(results, meta, args.out)  # after every case: a kill keeps what was measured
     print(_summary([r for r in results if r["kind"] not in ("skipped", "error")]))
-    print(f"wrote {Path(args.out) / 'kernels.json'} and kernels.csv")
+    print(f"wrote {args.out / 'kernels.json'} and kernels.csv")
     return 0
 
 

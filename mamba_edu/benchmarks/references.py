@@ -1,6 +1,6 @@
 """Our GDN prefill against the field's fastest, in one run on one GPU, arms alternated.
 
-``python -m mamba_edu.benchmarks.references --out data/benchmarks/references.json``
+``python -m mamba_edu.benchmarks.references [--out out/benchmarks/references.json]``
 
 Arms (each optional; one that cannot import, run, capture or agree with the reference gets a
 row entry saying why instead of a time):
@@ -29,7 +29,6 @@ import argparse
 import json
 import logging
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+
+from mamba_edu.benchmarks.common import OUT, commit_hash, package_versions, say_where, sm_clock_mhz
 
 K = V = 128
 ROTATE = 3
@@ -187,40 +188,6 @@ ARMS = {"ours": _ours, "fla_triton": lambda c: _fla(c, False),
         "fla_dispatch": lambda c: _fla(c, True), "flashqla": _flashqla,
         "flashinfer": _flashinfer}
 REFERENCES = ("fla_triton", "fla_dispatch", "flashqla", "flashinfer")
-
-
-def package_versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-    out = {"torch": torch.__version__, "python": platform.python_version()}
-    for name in ("triton", "fla-core", "flash-linear-attention", "flash-qla", "tilelang",
-                 "flashinfer-python", "nvidia-cutlass-dsl"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    return out
-
-
-def commit_hash() -> str | None:
-    """``MAMBA_EDU_COMMIT`` where set (a copy of the tree whose ``.git`` may be stale, as on a
-    GPU machine), else git's HEAD."""
-    if os.environ.get("MAMBA_EDU_COMMIT"):
-        return os.environ["MAMBA_EDU_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip() or None
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("MAMBA_EDU_COMMIT")
-
-
-def sm_clock_mhz() -> float | None:
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-        return float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
-    except Exception:  # NVML is optional: the clock is then not recorded
-        return None
 
 
 def _rel_err_any_layout(actual, expected) -> float:
@@ -427,7 +394,7 @@ def main(argv=None, extra_arms: dict | None = None,
     table = ARMS | (extra_arms or {})
     parser = argparse.ArgumentParser(prog="python -m mamba_edu.benchmarks.references",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("data/benchmarks/references.json"))
+    parser.add_argument("--out", type=Path, default=OUT / "benchmarks" / "references.json")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--arms", default=",".join(table), help="comma-separated arms")
     parser.add_argument("--cases", default=None,
@@ -451,6 +418,7 @@ def main(argv=None, extra_arms: dict | None = None,
         if len(shapes) != 1 or args.serve_arm not in table:
             parser.error("--serve-arm takes one known arm and one --cases shape")
         return serve_arm(args.serve_arm, *shapes[0], table)
+    say_where(args.out)
     versions = package_versions()
     result = dict(meta=dict(commit=commit_hash(), date=datetime.now(timezone.utc).isoformat(
         timespec="seconds"), device=torch.cuda.get_device_name(), torch=versions["torch"],

@@ -1,6 +1,6 @@
 """Replay overhead and bubbles of a captured prefill, by two instruments, rounds alternated.
 
-``python -m mamba_edu.benchmarks.replay [--out data/bench/replay.json] [--rounds 3]``
+``python -m mamba_edu.benchmarks.replay [--out out/bench/replay.json] [--rounds 3]``
 
 For each case (``qwen3.5-tp8`` at 1 × 512, 16 × 256 and 8 × 1024, with the LM head sharded as
 tensor parallelism 8 shards it: a vocabulary slice of 1/8) and capture mode (``graph``, the whole
@@ -71,7 +71,7 @@ def _profiled_busy(replay) -> list[tuple[float, float]]:
 def _capture(model, lengths, mode: str):
     from mamba_edu.benchmarks.timing import Prefills
     from mamba_edu.engine import Engine
-    from mamba_edu.serving.bucket import Bucket
+    from mamba_edu.engine import Bucket
     prefills = Prefills(Engine(model, "fused", max_requests=len(lengths)), tuple(lengths), 0)
     captured = prefills.engine.capture_prefill(Bucket(sum(lengths), len(lengths)), mode)
     prefills.forward(prefills.next(), replay=captured.replay)  # fills the static buffers
@@ -79,7 +79,7 @@ def _capture(model, lengths, mode: str):
 
 
 def measure(rounds: int = 3, replays: int = 50) -> list[dict]:
-    from mamba_edu.benchmarks.references import sm_clock_mhz
+    from mamba_edu.benchmarks.common import sm_clock_mhz
     from mamba_edu.model import build_model
     from mamba_edu.model.config import get_config
     vocab = get_config(PRESET).vocab // VOCAB_SHARDS
@@ -113,15 +113,16 @@ def measure(rounds: int = 3, replays: int = 50) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    from mamba_edu.benchmarks.references import commit_hash, package_versions
+    from mamba_edu.benchmarks.common import OUT, commit_hash, package_versions, say_where
     parser = argparse.ArgumentParser(prog="python -m mamba_edu.benchmarks.replay",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("data/bench/replay.json"))
+    parser.add_argument("--out", type=Path, default=OUT / "bench" / "replay.json")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--replays", type=int, default=50)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
+    say_where(args.out)
     rows = measure(args.rounds, args.replays)
     versions = package_versions()
     meta = dict(commit=commit_hash(), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -46,7 +46,7 @@ def stage_programs(N: int, NT: int, HV: int) -> dict[str, int]:
 
 
 def breakdown(preset: str, lengths: list[int], rounds: int) -> dict:
-    from mamba_edu.benchmarks.references import sm_clock_mhz
+    from mamba_edu.benchmarks.common import sm_clock_mhz
     H, HV = PRESETS[preset]
     sets, pools, meta, idx = _make_prefill_case(lengths, H, HV, seed=0)
     hbm, flops_peak, sms = PEAKS.get(torch.cuda.get_device_name(), (None, None, None))
@@ -73,14 +73,15 @@ def breakdown(preset: str, lengths: list[int], rounds: int) -> dict:
 
 
 def main(argv=None) -> int:
-    from mamba_edu.benchmarks.references import commit_hash, package_versions
+    from mamba_edu.benchmarks.common import OUT, commit_hash, package_versions, say_where
     parser = argparse.ArgumentParser(prog="python -m mamba_edu.benchmarks.stages",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("data/benchmarks"))
+    parser.add_argument("--out", type=Path, default=OUT / "benchmarks")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
+    say_where(args.out)
     versions = package_versions()
     meta = dict(commit=commit_hash(), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 device=torch.cuda.get_device_name(), torch=versions["torch"], triton=versions["triton"],

@@ -35,7 +35,7 @@ class Prefills:
         self.batch, self.logits, self.count = None, None, 0
 
     def next(self):
-        from mamba_edu.serving.requests import Request
+        from mamba_edu.engine import Request
 
         self.close()
         vocab = self.engine.config.vocab

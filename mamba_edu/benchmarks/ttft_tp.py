@@ -4,7 +4,7 @@ torchrun starts N processes (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_
 set); each initialises ``torch.distributed`` (gloo on the CPU; NCCL on GPU ``LOCAL_RANK`` with
 NVLink multicast off, :func:`mamba_edu.tp.launch.init_rank`), builds its slice of every preset's
 model (:func:`mamba_edu.tp.build_tp_model`, the same seeded weights on every rank) and runs the
-single-device bench's cases and strategies (:func:`mamba_edu.benchmarks.ttft.run_case`) on it, per
+single-device bench's cases and strategies (:func:`mamba_edu.benchmarks.common.run_case`) on it, per
 rank:
 
 * **TTFT**: the median over ``--repeats`` of one synchronized prefill forward, the ranks meeting
@@ -39,8 +39,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from mamba_edu.benchmarks.ttft import (Result, make_benches, modes, preset_for, run_case, run_meta,
-                                       write_results)
+from mamba_edu.benchmarks.common import (Result, commit_hash, make_benches, modes, package_versions,
+                                         preset_for, run_case, run_meta, write_results)
 
 #: What torchrun sets for each process; all are needed.
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -53,7 +53,7 @@ NO_GRAPHS_FLAG = "--no-graphs"
 
 @dataclass
 class TPResult(Result):
-    """One rank's row: a :class:`~mamba_edu.benchmarks.ttft.Result` and where it was measured."""
+    """One rank's row: a :class:`~mamba_edu.benchmarks.common.Result` and where it was measured."""
 
     rank: int = 0
     world: int = 1
@@ -191,8 +191,6 @@ def measure_ranks(args, rank: int, world: int, device: torch.device, barrier,
 
 def tp_meta(args, devices: list[str], skipped: list[str]) -> dict:
     """The single-device bench's meta, plus the run's commit, date, ranks and versions."""
-    from mamba_edu.benchmarks.references import commit_hash, package_versions
-
     versions = package_versions()
     names = dict.fromkeys(devices)
     meta = run_meta(args)

@@ -131,12 +131,14 @@ def check_l2norm_kernel(kernel) -> str:
 # ---------------------------------------------------------------------------------------------
 
 def _kernel_modules():
+    """Every module of ``mamba_edu.kernels``, those of its subpackages (``prefill``) included."""
     import mamba_edu.kernels as package
-    return [importlib.import_module(f"{package.__name__}.{m.name}") for m in pkgutil.iter_modules(package.__path__)]
+    return [importlib.import_module(m.name)
+            for m in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")]
 
 
 def _recorded_grids(lengths, H, HV, K, V) -> list[tuple[str, tuple[int, ...]]]:
-    """The (kernel name, grid) of every launch that ``gdn_prefill(backend="triton")`` makes for
+    """The (kernel name, grid) of every launch that ``gdn_prefill(impl="triton")`` makes for
     this batch: each Triton kernel of ``mamba_edu.kernels`` is replaced by a recorder, so nothing
     runs and the inputs can stay uninitialised (``torch.empty`` touches no memory)."""
     from mamba_edu.kernels import build_chunk_meta, gdn_prefill
@@ -165,7 +167,7 @@ def _recorded_grids(lengths, H, HV, K, V) -> list[tuple[str, tuple[int, ...]]]:
                 if isinstance(obj, triton.runtime.jit.KernelInterface):
                     stack.enter_context(mock.patch.object(module, name, Recorder(name, obj)))
         gdn_prefill(e(T, H, K), e(T, H, K), e(T, HV, V), e(T, HV), e(T, HV),
-                    state_pool=e(N, HV, K, V), meta=meta, state_indices=list(range(N)), backend="triton")
+                    state_pool=e(N, HV, K, V), meta=meta, state_indices=list(range(N)), impl="triton")
     return launches
 
 

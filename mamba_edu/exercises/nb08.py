@@ -204,7 +204,7 @@ def check_fused_scan(fn) -> str:
         meta = build_chunk_meta(lengths, "cpu")
         gdn_prefill(q, k, v, g, beta, state_pool=want, meta=meta, state_indices=working,
                     track_slots=torch.tensor(track),
-                    track_chunks=torch.tensor(chunks), backend="torch")
+                    track_chunks=torch.tensor(chunks), impl="torch")
         out = seen.result
         if out is not None:
             raise AssertionError(f"returned {type(out).__name__}: the fused write returns nothing (no h)")

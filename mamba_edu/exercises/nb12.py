@@ -3,7 +3,7 @@
 1. ``my_fixed_plan`` — a token bucket's padded host lists for one batch: the lengths with the
    dummy row and the zero-length rows, the working slots with −1 for padding, and the chunk
    table padded to the bucket's fixed capacity with ``(R − 1, EMPTY_CHUNK)`` rows; compared with
-   what :class:`~mamba_edu.serving.bucket.StaticBucket` builds (:func:`fixed_plan`), on many random
+   what :class:`~mamba_edu.engine.bucket.StaticBucket` builds (:func:`fixed_plan`), on many random
    batches, a full bucket and a single request.
 2. ``my_idle_per_break`` — read the GPU idle time per break from the events of a profiled
    breakable forward: the union of the GPU intervals (kernels, copies, memsets, on any stream),
@@ -23,7 +23,7 @@ import random
 
 from mamba_edu.exercises.core import check_seed, checker, exercise
 from mamba_edu.kernels.metadata import EMPTY_CHUNK, chunk_table
-from mamba_edu.serving.bucket import Bucket
+from mamba_edu.engine.bucket import Bucket
 
 NOTEBOOK = "12_sglang_open_issue_35851"
 check = checker(NOTEBOOK)
@@ -145,7 +145,7 @@ def _compare_plan(got, lengths, working, max_tokens, max_requests) -> None:
 
 
 @exercise(NOTEBOOK, 1, "a bucket's fixed-capacity plan", "my_fixed_plan",
-          forbidden=("mamba_edu.kernels.metadata", "mamba_edu.serving.bucket", "mamba_edu.gdn.varlen"))
+          forbidden=("mamba_edu.kernels.metadata", "mamba_edu.engine.bucket", "mamba_edu.gdn.varlen"))
 def check_fixed_plan(fn) -> str:
     """Compare ``fn(lengths, working_slots, max_tokens, max_requests)`` with the bucket's lists."""
     rng, count = random.Random(check_seed(35851)), 0

@@ -5,12 +5,14 @@ All of them work on **pools** of per-sequence states (``[slots, HV, K, V]`` fp32
 synchronise with the host: the batch metadata is built once on the CPU (:func:`build_chunk_meta`).
 
 - :mod:`.metadata`   host-built chunk tables, index tensors that remember their host values
-- :mod:`.prefill`    the three prefill kernels (prepare: Γ, k̂, (I+L)⁻¹, W, U; scan: the serial
-                     state pass, h and Ṽ; output: all chunks in parallel)
+- :mod:`.prefill`    the three prefill kernels, one stage per file (prepare: Γ, k̂, (I+L)⁻¹, W,
+                     U; scan: the serial state pass, h and Ṽ; output: all chunks in parallel)
 - :mod:`.decode`     the one-token recurrent step
 - :mod:`.conv`       causal conv1d prefill and update
 - :mod:`.attention`  the full-attention layers' causal attention (GQA, after a cached prefix)
-- :mod:`.api`        the entry points: validation, then Triton or the torch reference path
+- :mod:`.api`        the entry points: the checks (:mod:`.validation`), then :mod:`.launch`
+- :mod:`.launch`     the same four operations unchecked, Triton or the torch reference path
+                     (``impl=``): what the serving engine calls, its batch checked once
 
 Set ``TRITON_INTERPRET=1`` before importing this module to run the kernels on a CPU
 (``import mamba_edu`` does it when no GPU is present).

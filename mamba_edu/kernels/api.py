@@ -1,8 +1,8 @@
-"""Pool-based GDN prefill/decode and causal conv1d: validation, then Triton or torch.
+"""Pool-based GDN prefill/decode and causal conv1d: the checks, then :mod:`.launch`.
 
-``backend="auto"`` runs Triton on CUDA tensors and the torch reference path elsewhere;
+``impl="auto"`` runs Triton on CUDA tensors and the torch reference path elsewhere;
 ``"triton"`` forces the kernels (the interpreter on CPU: fp32/fp16 inputs, tiny shapes);
-``"torch"`` forces the reference path. Both backends have the same signature and results.
+``"torch"`` forces the reference path. Both implementations have the same signature and results.
 
 Activations (q, k, v, the gates, the conv input) may be *row-strided*: column slices of one
 wider matrix, each row contiguous, as a model's fused projection produces them. The kernels read
@@ -12,22 +12,19 @@ Every call checks its arguments once, here at the boundary, before any launch: t
 :class:`~mamba_edu.kernels.ChunkMeta` is the batch layout only, and the slot and tracking indices
 are explicit arguments (a list of ints, a CPU tensor, or an :func:`~mamba_edu.kernels.upload_indices`
 tensor), range-checked on their host values every call (N integers: no device work). The kernels
-get a private copy of exactly the values that were checked.
+get a private copy of exactly the values that were checked. Each function here is its checks
+followed by the function of the same name in :mod:`.launch`, which the serving engine calls
+directly (it checks its batch once, where the batch enters).
 """
 
 from __future__ import annotations
 
 import torch
 
-from mamba_edu.gdn import gdn_gating
-from mamba_edu.kernels.conv import conv1d_prefill_triton, conv1d_update_triton
-from mamba_edu.kernels.decode import decode_triton
-from mamba_edu.kernels.prefill import apply_output_norm, prefill_triton
-from mamba_edu.kernels.torch_path import (conv1d_decode_torch, conv1d_prefill_torch,
-                                          decode_torch, prefill_torch)
+from mamba_edu.kernels import launch
 from mamba_edu.kernels.validation import (FLOATS, check_eps, check_flag, check_float,
                                           check_head_dims, check_meta, check_tensor, device_of,
-                                          resolve_backend, slot_indices, track_targets)
+                                          resolve_impl, slot_indices, track_indices)
 
 
 def _check_pool(name, pool, shape, device):
@@ -46,7 +43,6 @@ def _check_scale(scale, K):
 def _check_activation(activation):
     if activation not in ("silu", None):
         raise ValueError(f"activation must be 'silu' or None; got {activation!r}")
-    return activation == "silu"
 
 
 def _check_qkv(q, k, v):
@@ -73,8 +69,7 @@ def _check_raw_gates(a, b, A_log, dt_bias, rows, HV, dev):
 
 
 def _check_gates(g, beta, raw, T, HV, dev, dtype):
-    """Either ``g, beta [T, HV]`` or ``raw = (a, b, A_log, dt_bias)``, never both; returns
-    ``gating`` = ``(A_log, dt_bias)`` when raw projections were given, else None."""
+    """Either ``g, beta [T, HV]`` or ``raw = (a, b, A_log, dt_bias)``, never both."""
     given = [name for name, t in zip(("a", "b", "A_log", "dt_bias"), raw) if t is not None]
     if given and (g is not None or beta is not None):
         raise ValueError("give either g and beta, or a, b, A_log and dt_bias (not both)")
@@ -83,12 +78,11 @@ def _check_gates(g, beta, raw, T, HV, dev, dtype):
             missing = sorted({"a", "b", "A_log", "dt_bias"} - set(given))
             raise ValueError(f"the raw gating needs a, b, A_log and dt_bias; missing {missing}")
         _check_raw_gates(*raw, T, HV, dev)
-        return raw[2:]
-    if g is None or beta is None:
+    elif g is None or beta is None:
         raise ValueError("g and beta are required (or a, b, A_log and dt_bias)")
-    for name, t in (("g", g), ("beta", beta)):
-        check_tensor(name, t, (T, HV), device=dev, dtypes=(torch.float32, dtype), rows=True)
-    return None
+    else:
+        for name, t in (("g", g), ("beta", beta)):
+            check_tensor(name, t, (T, HV), device=dev, dtypes=(torch.float32, dtype), rows=True)
 
 
 def _check_output_norm(output_norm, T, HV, V, dev, dtype):
@@ -107,19 +101,20 @@ def _check_output_norm(output_norm, T, HV, V, dev, dtype):
 
 
 def _check_prefill_indices(state_indices, track_slots, track_chunks, meta, slots, dev):
-    """Host values and kernel copies of the working slots, and the tracking writes:
-    ``(state_slots, state_t, (targets, track_slots_t, track_chunks_t))``."""
+    """The working slots and the tracking writes, checked, as :mod:`.launch` takes them:
+    ``{"state_indices": …, "track_slots": …, "track_chunks": …}``."""
     if state_indices is None:
         raise ValueError("state_indices is required: the [N] slots the sequences work in")
     state_slots, state_t = slot_indices("state_indices", state_indices, meta.N, slots, dev,
                                         allow_padding=True)
-    return state_slots, state_t, track_targets(track_slots, track_chunks, meta, slots, state_slots, dev)
+    track_slots, track_chunks = track_indices(track_slots, track_chunks, meta, slots, state_slots, dev)
+    return dict(state_indices=state_t, track_slots=track_slots, track_chunks=track_chunks)
 
 
 def gdn_prefill(q, k, v, g=None, beta=None, *, a=None, b=None, A_log=None, dt_bias=None,
                 state_pool, state_indices, meta, scale=None, use_qk_l2norm=True,
                 output_checkpoints=False, track_slots=None, track_chunks=None, output_norm=None,
-                backend="auto"):
+                impl="auto"):
     """Chunked GDN over a packed batch whose states live in a pool (updated in place).
 
     Args:
@@ -131,7 +126,7 @@ def gdn_prefill(q, k, v, g=None, beta=None, *, a=None, b=None, A_log=None, dt_bi
             ``state_pool[state_indices[n]]`` and its final state is written back there.
         state_indices: ``[N]`` ints, distinct, ``< slots`` (a list, a CPU tensor or
             :func:`~mamba_edu.kernels.upload_indices`); negative = a padded row: it starts from
-            zeros and no state is written back (a bucket's padding, :mod:`mamba_edu.serving.bucket`).
+            zeros and no state is written back (a bucket's padding, :mod:`mamba_edu.engine.bucket`).
         meta: :class:`~mamba_edu.kernels.ChunkMeta` of the batch (its layout).
         scale: ``None`` (``K**-0.5``) or a finite float > 0; use_qk_l2norm: a bool.
         output_checkpoints: also return ``[NT, HV, K, V]`` fp32, the state at every chunk start.
@@ -148,32 +143,24 @@ def gdn_prefill(q, k, v, g=None, beta=None, *, a=None, b=None, A_log=None, dt_bi
         ``(o [T, HV, V] in q's dtype, checkpoints or None)``.
     """
     dev, (T, H, K, HV, V) = _check_qkv(q, k, v)
-    gating = _check_gates(g, beta, (a, b, A_log, dt_bias), T, HV, dev, v.dtype)
+    _check_gates(g, beta, (a, b, A_log, dt_bias), T, HV, dev, v.dtype)
     output_norm = _check_output_norm(output_norm, T, HV, V, dev, q.dtype)
-    backend = resolve_backend(backend, dev, q.dtype)
-    kmeta = check_meta(meta, T, dev)
+    impl = resolve_impl(impl, dev, q.dtype)
+    check_meta(meta, T, dev)
     slots = _check_pool("state_pool", state_pool, (HV, K, V), dev)
-    state_slots, state_t, (targets, track_slots, track_chunks) = _check_prefill_indices(
-        state_indices, track_slots, track_chunks, meta, slots, dev)
-    scale = _check_scale(scale, K)
-    use_qk_l2norm = check_flag("use_qk_l2norm", use_qk_l2norm)
-    output_checkpoints = check_flag("output_checkpoints", output_checkpoints)
-    if backend == "torch":
-        if gating is not None:
-            g, beta = gdn_gating(A_log, a, b, dt_bias)
-        o, ckpt = prefill_torch(q, k, v, g, beta, state_pool, state_slots, meta, scale,
-                                use_qk_l2norm, output_checkpoints, targets)
-        return apply_output_norm(o, output_norm, backend="torch"), ckpt
-    check_head_dims(K, V)
-    if gating is not None:
-        g, beta = a, b
-    return prefill_triton(q, k, v, g, beta, state_pool, state_t, kmeta, scale,
-                          use_qk_l2norm, output_checkpoints, track_slots, track_chunks, gating,
-                          output_norm)
+    indices = _check_prefill_indices(state_indices, track_slots, track_chunks, meta, slots, dev)
+    if impl == "triton":
+        check_head_dims(K, V)
+    return launch.gdn_prefill(
+        q, k, v, g, beta, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state_pool=state_pool,
+        meta=meta, scale=_check_scale(scale, K),
+        use_qk_l2norm=check_flag("use_qk_l2norm", use_qk_l2norm),
+        output_checkpoints=check_flag("output_checkpoints", output_checkpoints),
+        output_norm=output_norm, impl=impl, **indices)
 
 
 def gdn_decode(q, k, v, a, b, A_log, dt_bias, *, state_pool, state_indices, scale=None,
-               use_qk_l2norm=True, backend="auto"):
+               use_qk_l2norm=True, impl="auto"):
     """One decode token per sequence, gating and L2 norm in-kernel, states in the pool.
 
     Args:
@@ -185,18 +172,14 @@ def gdn_decode(q, k, v, a, b, A_log, dt_bias, *, state_pool, state_indices, scal
     """
     dev, (N, H, K, HV, V) = _check_qkv(q, k, v)
     _check_raw_gates(a, b, A_log, dt_bias, N, HV, dev)
-    backend = resolve_backend(backend, dev, q.dtype)
+    impl = resolve_impl(impl, dev, q.dtype)
     slots = _check_pool("state_pool", state_pool, (HV, K, V), dev)
-    state_slots, state_t = slot_indices("state_indices", state_indices, N, slots, dev,
-                                        allow_padding=True)
-    scale = _check_scale(scale, K)
-    use_qk_l2norm = check_flag("use_qk_l2norm", use_qk_l2norm)
-    if backend == "torch":
-        return decode_torch(q, k, v, a, b, A_log, dt_bias, state_pool, state_slots, scale,
-                            use_qk_l2norm)
-    check_head_dims(K, V)
-    return decode_triton(q, k, v, a, b, A_log, dt_bias, state_pool, state_t, scale,
-                         use_qk_l2norm)
+    _, state_t = slot_indices("state_indices", state_indices, N, slots, dev, allow_padding=True)
+    if impl == "triton":
+        check_head_dims(K, V)
+    return launch.gdn_decode(q, k, v, a, b, A_log, dt_bias, state_pool=state_pool,
+                             state_indices=state_t, scale=_check_scale(scale, K),
+                             use_qk_l2norm=check_flag("use_qk_l2norm", use_qk_l2norm), impl=impl)
 
 
 def _check_conv(x, weight, bias, conv_pool):
@@ -211,7 +194,7 @@ def _check_conv(x, weight, bias, conv_pool):
 
 
 def conv1d_prefill(x, weight, bias=None, *, conv_pool, state_indices, meta,
-                   activation="silu", track_slots=None, track_chunks=None, backend="auto"):
+                   activation="silu", track_slots=None, track_chunks=None, impl="auto"):
     """Causal depthwise conv1d over a packed batch, conv states in a pool (updated in place).
 
     Args:
@@ -228,27 +211,22 @@ def conv1d_prefill(x, weight, bias=None, *, conv_pool, state_indices, meta,
         ``y [T, D]`` in x's dtype.
     """
     slots = _check_conv(x, weight, bias, conv_pool)
-    silu = _check_activation(activation)
-    backend = resolve_backend(backend, x.device, x.dtype, "x")
-    kmeta = check_meta(meta, x.shape[0], x.device)
-    state_slots, state_t, (targets, track_slots, track_chunks) = _check_prefill_indices(
-        state_indices, track_slots, track_chunks, meta, slots, x.device)
-    if backend == "torch":
-        return conv1d_prefill_torch(x, weight, bias, conv_pool, state_slots, meta, activation,
-                                    targets)
-    return conv1d_prefill_triton(x, weight, bias, conv_pool, state_t, kmeta, silu,
-                                 track_slots, track_chunks)
+    _check_activation(activation)
+    impl = resolve_impl(impl, x.device, x.dtype, "x")
+    check_meta(meta, x.shape[0], x.device)
+    indices = _check_prefill_indices(state_indices, track_slots, track_chunks, meta, slots, x.device)
+    return launch.conv1d_prefill(x, weight, bias, conv_pool=conv_pool, meta=meta,
+                                 activation=activation, impl=impl, **indices)
 
 
 def conv1d_decode(x, weight, bias=None, *, conv_pool, state_indices, activation="silu",
-                  backend="auto"):
+                  impl="auto"):
     """One token per sequence: ``x [N, D]`` → ``y [N, D]``, conv states shifted in the pool.
     ``state_indices [N]``: negative = padded row (zeros, no write)."""
     slots = _check_conv(x, weight, bias, conv_pool)
-    silu = _check_activation(activation)
-    backend = resolve_backend(backend, x.device, x.dtype, "x")
-    state_slots, state_t = slot_indices("state_indices", state_indices, x.shape[0], slots, x.device,
-                                        allow_padding=True)
-    if backend == "torch":
-        return conv1d_decode_torch(x, weight, bias, conv_pool, state_slots, activation)
-    return conv1d_update_triton(x, weight, bias, conv_pool, state_t, silu)
+    _check_activation(activation)
+    impl = resolve_impl(impl, x.device, x.dtype, "x")
+    _, state_t = slot_indices("state_indices", state_indices, x.shape[0], slots, x.device,
+                              allow_padding=True)
+    return launch.conv1d_decode(x, weight, bias, conv_pool=conv_pool, state_indices=state_t,
+                                activation=activation, impl=impl)

@@ -19,7 +19,7 @@ token is one program per query head, with no split over the keys.
 Alignment is bottom-right: with ``Lk − Lq`` cached prefix keys, query ``i`` sees keys
 ``j ≤ i + Lk − Lq`` (``Lq = Lk``: plain causal; ``Lq = 1``: a decode token sees every key).
 
-``backend="auto"`` runs Triton on CUDA tensors where it measured faster, for 17 to
+``impl="auto"`` runs Triton on CUDA tensors where it measured faster, for 17 to
 :data:`AUTO_MAX_QUERIES` queries per sequence, and the model's SDPA expression otherwise (decode,
 long prompts) and on the CPU (so CPU results are the model's own); ``"triton"`` forces the
 kernel (the interpreter on CPU: fp32/fp16 only); ``"torch"`` forces the expression.
@@ -34,7 +34,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from mamba_edu.kernels.validation import check_tensor, device_of, resolve_backend
+from mamba_edu.kernels.tiles import cdiv
+from mamba_edu.kernels.validation import check_tensor, device_of, resolve_impl
 
 HEAD_DIMS = (16, 32, 64, 128, 256)  # the head dims the kernel takes (powers of two, tl.dot ≥ 16)
 LOG2E = 1.4426950408889634
@@ -165,7 +166,7 @@ def _torch_attention(q, k, v, n_seqs, scale):
     return o.transpose(1, 2).flatten(0, 1).contiguous()
 
 
-def causal_attention(q, k, v, n_seqs=1, scale=None, *, backend="auto"):
+def causal_attention(q, k, v, n_seqs=1, scale=None, *, impl="auto"):
     """Causal attention of ``n_seqs`` sequences of equal length, with GQA, bottom-right aligned.
 
     Args:
@@ -181,13 +182,13 @@ def causal_attention(q, k, v, n_seqs=1, scale=None, *, backend="auto"):
     """
     _check_inputs(q, k, v, n_seqs, scale)
     T, Hq, D = q.shape
-    if backend == "auto" and not 16 < T // n_seqs <= AUTO_MAX_QUERIES:
-        backend = "torch"
-    if resolve_backend(backend, q.device, q.dtype, "q") == "torch":
+    if impl == "auto" and not 16 < T // n_seqs <= AUTO_MAX_QUERIES:
+        impl = "torch"
+    if resolve_impl(impl, q.device, q.dtype, "q") == "torch":
         return _torch_attention(q, k, v, n_seqs, scale)
     if D not in HEAD_DIMS:
         raise ValueError(f"q must have a head dim D in {list(HEAD_DIMS)} for the Triton kernel; "
-                         f"got {D}; use backend='torch'")
+                         f"got {D}; use impl='torch'")
     Lq, Lk = T // n_seqs, k.shape[0] // n_seqs
     scale = D ** -0.5 if scale is None else scale
     o = torch.empty(T, Hq, D, device=q.device, dtype=q.dtype)
@@ -195,7 +196,7 @@ def causal_attention(q, k, v, n_seqs=1, scale=None, *, backend="auto"):
     # Head-dim tiles at least 64 wide (zeros past D): Triton 3.6 miscompiled, on the H200, products
     # whose right operand (here v [BN, D]) was 16 or 32 wide at 4 warps
     # (data/benchmarks/small_head_dims.md).
-    causal_attention_kernel[(triton.cdiv(Lq, bm), Hq, n_seqs)](
+    causal_attention_kernel[(cdiv(Lq, bm), Hq, n_seqs)](
         q, k, v, o, Lq, Lk, Hq // k.shape[1], q.stride(0), k.stride(0), v.stride(0), o.stride(0),
         scale * LOG2E, D, max(64, D), bm, bn, num_warps=warps, num_stages=stages)
     return o

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mamba_edu.kernels.tiles import as_vector
+from mamba_edu.kernels.tiles import as_vector, cdiv, next_power_of_2
 
 
 @triton.jit
@@ -77,7 +77,7 @@ WIDE_FROM = 2048  # programs that 64-channel blocks must give for WIDE_LAUNCH
 
 def conv_launch(n_chunks: int, D: int) -> tuple[int, int, bool]:
     """The launch configuration for ``n_chunks`` chunks of ``D`` channels."""
-    return WIDE_LAUNCH if n_chunks * triton.cdiv(D, 64) >= WIDE_FROM else NARROW_LAUNCH
+    return WIDE_LAUNCH if n_chunks * cdiv(D, 64) >= WIDE_FROM else NARROW_LAUNCH
 
 
 @triton.heuristics({"HAS_BIAS": lambda args: args["bias_ptr"] is not None,
@@ -204,10 +204,10 @@ def conv1d_prefill_triton(x, weight, bias, conv_pool, state_indices, meta, silu,
     W = weight.shape[1]
     y = torch.empty(T, D, device=x.device, dtype=x.dtype)
     warps, bd, channels_first = launch or conv_launch(meta.NT, D)
-    blocks = triton.cdiv(D, bd)
+    blocks = cdiv(D, bd)
     conv1d_prefill_kernel[(blocks, meta.NT) if channels_first else (meta.NT, blocks)](
         x, weight, bias, y, conv_pool, state_indices, track_slots, track_chunks,
-        meta.cu_seqlens, meta.chunk_indices, D, x.stride(0), W, triton.next_power_of_2(W - 1),
+        meta.cu_seqlens, meta.chunk_indices, D, x.stride(0), W, next_power_of_2(W - 1),
         silu, bd, channels_first, num_warps=warps)
     return y
 
@@ -216,7 +216,7 @@ def conv1d_update_triton(x, weight, bias, conv_pool, state_indices, silu):
     """Launch the decode conv update on validated inputs; returns a contiguous ``y [N, D]``."""
     N, D = x.shape
     y = torch.empty(N, D, device=x.device, dtype=x.dtype)
-    conv1d_update_kernel[(N, triton.cdiv(D, _BD))](
+    conv1d_update_kernel[(N, cdiv(D, _BD))](
         x, weight, bias, y, conv_pool, state_indices, D, x.stride(0), weight.shape[1], _BD, silu,
         num_warps=4)
     return y

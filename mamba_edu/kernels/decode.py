@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mamba_edu.kernels.tiles import as_vector, gate_values, tuning_configs
+from mamba_edu.kernels.tiles import as_vector, cdiv, gate_values, next_power_of_2, tuning_configs
 
 
 @triton.autotune(tuning_configs((1, 1), (2, 1), (4, 1)), key=["K", "V", "BV"],
@@ -56,9 +56,9 @@ def decode_triton(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scal
     N, H, K = q.shape
     HV, V = v.shape[1:]
     o = torch.empty(N, HV, V, device=q.device, dtype=q.dtype)
-    BV = min(32, max(16, triton.next_power_of_2(V)))
-    gdn_decode_kernel[(triton.cdiv(V, BV), N, HV)](
+    BV = min(32, max(16, next_power_of_2(V)))
+    gdn_decode_kernel[(cdiv(V, BV), N, HV)](
         q, k, v, a, b, A_log, dt_bias, o, state_pool, state_indices, scale,
         q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0),
-        H, HV, K, V, max(16, triton.next_power_of_2(K)), BV, use_qk_l2norm)
+        H, HV, K, V, max(16, next_power_of_2(K)), BV, use_qk_l2norm)
     return o

@@ -5,7 +5,7 @@ A launch-bound forward (a CUDA-graph-replayed prefill of a small batch) spends i
 between tiny kernels; the written-out torch expressions launch several each (an add and a norm, a
 norm, a silu and a multiply, a rotation of two halves and a concatenation).
 
-``backend="auto"`` runs Triton on CUDA tensors and the torch expression elsewhere (so CPU results
+``impl="auto"`` runs Triton on CUDA tensors and the torch expression elsewhere (so CPU results
 are the model's own); ``"triton"`` forces the kernel (the interpreter on CPU: fp32/fp16 only);
 ``"torch"`` forces the expression. Inputs may be *row-strided* where stated (column slices of a
 wider projection, each row contiguous); every result is a new contiguous tensor in the input's
@@ -24,7 +24,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from mamba_edu.kernels.validation import check_eps, check_tensor, device_of, resolve_backend
+from mamba_edu.kernels.tiles import cdiv, next_power_of_2
+from mamba_edu.kernels.validation import check_eps, check_tensor, device_of, resolve_impl
 
 
 @triton.jit
@@ -100,7 +101,7 @@ def rope_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, n_rows, heads, HALF, stride_x,
 def _tiling(width: int, max_block: int = 1 << 30) -> tuple[int, int, int]:
     """``(BLOCK, ROWS, num_warps)``: columns per tile (a power of two), rows per program so that a
     tile holds ~2K elements, and about 16 elements per thread, 1 to 8 warps."""
-    block = min(triton.next_power_of_2(width), max_block)
+    block = min(next_power_of_2(width), max_block)
     rows = max(1, min(16, 2048 // block))
     return block, rows, min(8, max(1, rows * block // 512))
 
@@ -115,15 +116,15 @@ def _launch_rms(x, delta, z, weight, eps, heads, stride_x, want_sum):
     if y.numel() == 0:  # nothing to normalise: no launch (a grid of 0 programs, or D = 0)
         return s, y
     block, rows, warps = _tiling(D)
-    rms_norm_kernel[(triton.cdiv(n_rows, rows),)](
+    rms_norm_kernel[(cdiv(n_rows, rows),)](
         x, delta, z, weight, s, y, n_rows, heads, D, stride_x,
         0 if delta is None else delta.stride(0), 0 if z is None else z.stride(0), eps, rows, block,
         num_warps=warps)
     return s, y
 
 
-def _backend(backend: str, name: str, x: torch.Tensor) -> str:
-    return resolve_backend(backend, x.device, x.dtype, name)
+def _impl(impl: str, name: str, x: torch.Tensor) -> str:
+    return resolve_impl(impl, x.device, x.dtype, name)
 
 
 def _check_norm(x, weight, eps):
@@ -133,7 +134,7 @@ def _check_norm(x, weight, eps):
     return check_eps(eps)
 
 
-def rms_norm(x, weight, eps, *, backend="auto"):
+def rms_norm(x, weight, eps, *, impl="auto"):
     """``x · rsqrt(mean(x²) + eps) · weight`` per row.
 
     Args:
@@ -142,17 +143,17 @@ def rms_norm(x, weight, eps, *, backend="auto"):
         ``[T, D]`` in x's dtype.
     """
     eps = _check_norm(x, weight, eps)
-    return _rms_norm(x, weight, eps, _backend(backend, "x", x))
+    return _rms_norm(x, weight, eps, _impl(impl, "x", x))
 
 
-def _rms_norm(x, weight, eps, backend):
-    """:func:`rms_norm` on validated inputs, ``backend`` resolved (``"torch"`` or ``"triton"``)."""
-    if backend == "torch":
+def _rms_norm(x, weight, eps, impl):
+    """:func:`rms_norm` on validated inputs, ``impl`` resolved (``"torch"`` or ``"triton"``)."""
+    if impl == "torch":
         return F.rms_norm(x, (x.shape[1],), weight, eps)
     return _launch_rms(x, None, None, weight, eps, 1, x.stride(0), False)[1]
 
 
-def add_rms_norm(x, delta, weight, eps, *, backend="auto"):
+def add_rms_norm(x, delta, weight, eps, *, impl="auto"):
     """The pre-norm residual step: ``s = x + delta`` (rounded to x's dtype), then ``rms_norm(s)``.
 
     Args:
@@ -162,18 +163,18 @@ def add_rms_norm(x, delta, weight, eps, *, backend="auto"):
     """
     eps = _check_norm(x, weight, eps)
     check_tensor("delta", delta, tuple(x.shape), device=x.device, dtypes=(x.dtype,), rows=True)
-    return _add_rms_norm(x, delta, weight, eps, _backend(backend, "x", x))
+    return _add_rms_norm(x, delta, weight, eps, _impl(impl, "x", x))
 
 
-def _add_rms_norm(x, delta, weight, eps, backend):
-    """:func:`add_rms_norm` on validated inputs, ``backend`` resolved."""
-    if backend == "torch":
+def _add_rms_norm(x, delta, weight, eps, impl):
+    """:func:`add_rms_norm` on validated inputs, ``impl`` resolved."""
+    if impl == "torch":
         s = x + delta
         return s, F.rms_norm(s, (x.shape[1],), weight, eps)
     return _launch_rms(x, delta, None, weight, eps, 1, x.stride(0), True)
 
 
-def gated_rms_norm(o, z, weight, eps, *, backend="auto"):
+def gated_rms_norm(o, z, weight, eps, *, impl="auto"):
     """The GDN output norm: ``rms_norm(o) · weight · silu(z)`` per head, normalised over V.
 
     Args:
@@ -187,18 +188,18 @@ def gated_rms_norm(o, z, weight, eps, *, backend="auto"):
     check_tensor("z", z, (T, HV * V), device=o.device, dtypes=(o.dtype,), rows=True)
     check_tensor("weight", weight, (V,), device=o.device, dtypes=(o.dtype,))
     eps = check_eps(eps)
-    return _gated_rms_norm(o, z, weight, eps, _backend(backend, "o", o))
+    return _gated_rms_norm(o, z, weight, eps, _impl(impl, "o", o))
 
 
-def _gated_rms_norm(o, z, weight, eps, backend):
-    """:func:`gated_rms_norm` on validated inputs, ``backend`` resolved."""
+def _gated_rms_norm(o, z, weight, eps, impl):
+    """:func:`gated_rms_norm` on validated inputs, ``impl`` resolved."""
     T, HV, V = o.shape
-    if backend == "torch":
+    if impl == "torch":
         return F.rms_norm(o, (V,), weight, eps) * F.silu(z.view(T, HV, V))
     return _launch_rms(o, None, z, weight, eps, HV, HV * V, False)[1].view(T, HV, V)
 
 
-def silu_mul(gate_up, *, backend="auto"):
+def silu_mul(gate_up, *, impl="auto"):
     """The SwiGLU product ``silu(gate) · up`` of the MLP's fused projection.
 
     Args:
@@ -210,12 +211,12 @@ def silu_mul(gate_up, *, backend="auto"):
     F2 = gate_up.shape[1]
     if F2 % 2:
         raise ValueError(f"gate_up must have an even last dim (gate and up halves); got {F2}")
-    return _silu_mul(gate_up, _backend(backend, "gate_up", gate_up))
+    return _silu_mul(gate_up, _impl(impl, "gate_up", gate_up))
 
 
-def _silu_mul(gate_up, backend):
-    """:func:`silu_mul` on validated inputs, ``backend`` resolved."""
-    if backend == "torch":
+def _silu_mul(gate_up, impl):
+    """:func:`silu_mul` on validated inputs, ``impl`` resolved."""
+    if impl == "torch":
         gate, up = gate_up.chunk(2, -1)
         return F.silu(gate) * up
     T, F2 = gate_up.shape
@@ -224,12 +225,12 @@ def _silu_mul(gate_up, backend):
     if y.numel() == 0:
         return y
     block, rows, warps = _tiling(Fw, max_block=1024)
-    silu_mul_kernel[(triton.cdiv(T, rows), triton.cdiv(Fw, block))](
+    silu_mul_kernel[(cdiv(T, rows), cdiv(Fw, block))](
         gate_up, y, T, Fw, gate_up.stride(0), rows, block, num_warps=warps)
     return y
 
 
-def rope(x, cos, sin, *, backend="auto"):
+def rope(x, cos, sin, *, impl="auto"):
     """Rotary position embedding, rotate-half form.
 
     Args:
@@ -244,11 +245,11 @@ def rope(x, cos, sin, *, backend="auto"):
         raise ValueError(f"x must have an even last dim (RoPE rotates two halves); got {D}")
     for name, t in (("cos", cos), ("sin", sin)):
         check_tensor(name, t, (T, 1, D // 2), device=x.device, dtypes=(torch.float32,))
-    if _backend(backend, "x", x) == "torch":
+    if _impl(impl, "x", x) == "torch":
         x1, x2 = x.float().chunk(2, dim=-1)
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
     y = torch.empty(T, heads, D, device=x.device, dtype=x.dtype)
     block, rows, warps = _tiling(D // 2)
-    rope_kernel[(triton.cdiv(T * heads, rows),)](
+    rope_kernel[(cdiv(T * heads, rows),)](
         x, cos, sin, y, T * heads, heads, D // 2, x.stride(0), rows, block, num_warps=warps)
     return y

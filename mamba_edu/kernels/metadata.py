@@ -49,6 +49,11 @@ def check_unchanged(name: str, t: torch.Tensor) -> None:
                          "indices instead of writing into them")
 
 
+def remembers_values(t: torch.Tensor) -> bool:
+    """Whether ``t`` was made here (or refilled by its owner) and remembers its host values."""
+    return getattr(t, _HOST_ATTR, None) is not None
+
+
 def host_values(t: torch.Tensor, name: str = "the index tensor") -> tuple[int, ...] | None:
     """The host copy of an index tensor's values: the list it was uploaded from for tensors made
     by this module, a CPU tensor's own values, else ``None`` (unknown without a sync).
@@ -185,7 +190,7 @@ def build_chunk_meta(lengths: Sequence[int], device) -> ChunkMeta:
 def remember_host_values(t: torch.Tensor, values: Sequence[int]) -> None:
     """Mark ``t``, a static buffer its owner has just refilled from ``values``, as holding them:
     validation reads ``values`` (no sync), and the kernels read ``t`` itself, since a captured
-    graph reads the buffers it was captured with (:mod:`mamba_edu.serving.bucket`)."""
+    graph reads the buffers it was captured with (:mod:`mamba_edu.engine.bucket`)."""
     setattr(t, _HOST_ATTR, tuple(values))
     setattr(t, _VERSION_ATTR, _version(t))
     setattr(t, _PRIVATE_ATTR, t)

@@ -71,3 +71,14 @@ def tuning_configs(*configs: tuple) -> list:
         configs = configs[:1]
     return [triton.Config(c[2] if len(c) > 2 else {}, num_warps=c[0], num_stages=c[1])
             for c in configs]
+
+
+def cdiv(a: int, b: int) -> int:
+    """``⌈a / b⌉`` of non-negative ints: launch grids in plain integer arithmetic (the host runs
+    it for every launch of every layer)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two ``≥ n`` (1 for ``n ≤ 1``): a tile width."""
+    return 1 << max(n - 1, 0).bit_length()

@@ -1,4 +1,4 @@
-"""The ``backend="torch"`` path: the package's references plus gather/scatter into the pools.
+"""The ``impl="torch"`` path: the package's references plus gather/scatter into the pools.
 
 Same results as the Triton kernels, fp32 arithmetic; the fast default on CPU. Index lists are the
 validated host values, so nothing here reads a GPU tensor back.

@@ -7,6 +7,9 @@ a list of ints or a CPU tensor is read directly; a CUDA index tensor must come f
 Reading a foreign CUDA tensor's values would be a device-to-host sync, so it is refused. The
 kernels get a private copy of the values that were checked, never the caller's tensor.
 
+These checks run once per call of the public API (:mod:`mamba_edu.kernels.api`); the serving
+engine, which checks its batch where it enters, calls :mod:`mamba_edu.kernels.launch` directly.
+
 Scalars and flags are checked one way everywhere: :func:`check_float` (finite, not a bool),
 :func:`check_flag` (a real bool).
 """
@@ -18,7 +21,8 @@ import math
 import torch
 
 from mamba_edu._runtime import triton_available, triton_interpreted
-from mamba_edu.kernels.metadata import ChunkMeta, check_unchanged, checked_indices, upload_indices
+from mamba_edu.kernels.metadata import (ChunkMeta, check_unchanged, host_values, remembers_values,
+                                        upload_indices)
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 INTS = (torch.int32, torch.int64)
@@ -72,24 +76,29 @@ def device_of(name: str, t) -> torch.device:
     return t.device
 
 
-def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype, name: str = "q") -> str:
-    """``auto`` → Triton on CUDA, torch elsewhere; check that a forced Triton run can work
-    (``name``: the argument whose dtype decides, for the error message)."""
-    if backend not in ("auto", "triton", "torch"):
-        raise ValueError(f"backend must be 'auto', 'triton' or 'torch'; got {backend!r}")
-    if backend == "auto":
-        return "triton" if device.type == "cuda" else "torch"
-    if backend == "triton" and device.type != "cuda":
+def default_impl(device: torch.device) -> str:
+    """``impl="auto"``: the Triton kernels on CUDA, the torch reference path elsewhere."""
+    return "triton" if device.type == "cuda" else "torch"
+
+
+def resolve_impl(impl: str, device: torch.device, dtype: torch.dtype, name: str = "q") -> str:
+    """``impl`` checked and ``"auto"`` resolved (:func:`default_impl`); a forced Triton run on CPU
+    must be able to work (``name``: the argument whose dtype decides, for the error message)."""
+    if impl not in ("auto", "triton", "torch"):
+        raise ValueError(f"impl must be 'auto', 'triton' or 'torch'; got {impl!r}")
+    if impl == "auto":
+        return default_impl(device)
+    if impl == "triton" and device.type != "cuda":
         if not triton_available():
-            raise ValueError("backend='triton' needs Triton, which is not installed here; use "
-                             "backend='torch' (docs/install.md says where Triton installs)")
+            raise ValueError("impl='triton' needs Triton, which is not installed here; use "
+                             "impl='torch' (docs/install.md says where Triton installs)")
         if not triton_interpreted():
-            raise ValueError("backend='triton' on CPU needs TRITON_INTERPRET=1, set before "
+            raise ValueError("impl='triton' on CPU needs TRITON_INTERPRET=1, set before "
                              "mamba_edu.kernels is imported")
         if dtype == torch.bfloat16:
             raise ValueError(f"{name} has dtype bfloat16, which the Triton interpreter computes "
                              "wrongly; use float32 or float16 on CPU")
-    return backend
+    return impl
 
 
 def check_eps(eps, name: str = "eps") -> float:
@@ -102,12 +111,12 @@ def check_head_dims(K: int, V: int) -> None:
     for name, d in (("K", K), ("V", V)):
         if d > MAX_HEAD_DIM:
             raise ValueError(f"head dim {name}={d} is too large for the Triton kernels "
-                             f"(expected <= {MAX_HEAD_DIM}); use backend='torch'")
+                             f"(expected <= {MAX_HEAD_DIM}); use impl='torch'")
 
 
-def check_meta(meta, T: int, device: torch.device) -> ChunkMeta:
-    """``meta`` describes these ``T`` tokens on ``device``; returns the view the kernels read
-    (:meth:`ChunkMeta.kernel_view`: the private twin of its tensors)."""
+def check_meta(meta, T: int, device: torch.device) -> None:
+    """``meta`` is a :class:`ChunkMeta` of these ``T`` tokens on ``device``, unchanged since it
+    was built."""
     if not isinstance(meta, ChunkMeta):
         raise ValueError(f"meta must be a ChunkMeta from build_chunk_meta; got {type(meta).__name__}")
     if meta.T != T:
@@ -116,7 +125,6 @@ def check_meta(meta, T: int, device: torch.device) -> ChunkMeta:
         raise ValueError(f"meta was built for {meta.cu_seqlens.device}; the inputs are on {device}")
     # Every tensor of the meta is a view of one buffer: one version counter covers them all.
     check_unchanged("meta (its cu_seqlens, chunk_indices or chunk_offsets)", meta.cu_seqlens)
-    return meta.kernel_view()
 
 
 def check_flag(name: str, value) -> bool:
@@ -137,37 +145,42 @@ def check_float(name: str, value, *, minimum: float = 0.0, strict: bool = False)
     return float(value)
 
 
-def index_arg(name: str, t, n: int, device: torch.device) -> tuple[list[int], torch.Tensor]:
-    """An ``[n]`` index argument: its host values and the tensor the kernels get.
+def index_arg(name: str, t, n: int, device: torch.device) -> tuple[tuple[int, ...], torch.Tensor]:
+    """An ``[n]`` index argument: its host values and a tensor that remembers them, for
+    :mod:`~mamba_edu.kernels.launch`.
 
-    ``t`` is a list of ``n`` Python ints (uploaded here, once), a CPU int tensor, or a tensor
-    made by :func:`~mamba_edu.kernels.upload_indices`; the kernels get a private copy of the
-    values that were checked, never ``t`` itself (:func:`~mamba_edu.kernels.metadata.checked_indices`)."""
+    ``t`` is a list of ``n`` Python ints or a CPU int tensor (read and uploaded here, once: the
+    kernels get a copy of exactly the values checked, never ``t`` itself), or a tensor made by
+    :func:`~mamba_edu.kernels.upload_indices`, passed on as it is (the kernels read its private
+    twin: :func:`~mamba_edu.kernels.metadata.checked_indices`)."""
     if isinstance(t, (list, tuple)):
-        values = list(t)
+        values = tuple(t)
         if len(values) != n or any(type(v) is not int for v in values):
             raise ValueError(f"{name} must be a list of N={n} Python ints (or an index tensor); "
-                             f"got {values!r}")
+                             f"got {list(values)!r}")
         if any(not -(2 ** 31) <= v < 2 ** 31 for v in values):
-            raise ValueError(f"{name} must fit in int32; got {values!r}")
-        t = upload_indices(values, device)
+            raise ValueError(f"{name} must fit in int32; got {list(values)!r}")
+        return values, upload_indices(list(values), device)
     check_tensor(name, t, (n,), device=device, dtypes=INTS)
-    values, private = checked_indices(name, t)
+    values = host_values(t, name)
     if values is None:
         raise ValueError(f"{name} is a {t.device} tensor whose values are unknown on the host; "
                          f"pass a list of ints or upload_indices(...) so its range can be checked "
                          "without a device-to-host sync")
-    return list(values), private
+    if not remembers_values(t):  # the caller's CPU tensor: the kernels get a copy of what was read
+        t = upload_indices(list(values), device)
+    return values, t
 
 
 def slot_indices(name: str, t, n: int, slots: int, device: torch.device, *,
-                 allow_padding: bool) -> tuple[list[int], torch.Tensor]:
-    """Validate an ``[n]`` index argument of pool slots: its host values and the kernels' copy.
+                 allow_padding: bool) -> tuple[tuple[int, ...], torch.Tensor]:
+    """Validate an ``[n]`` index argument of pool slots: its host values and the tensor to pass
+    on (:func:`index_arg`).
 
     Slots must lie in ``[0, slots)`` and be distinct; with ``allow_padding`` a negative value
     marks a padded row (no read, no write).
     """
-    values, private = index_arg(name, t, n, device)
+    values, tensor = index_arg(name, t, n, device)
     bad = [i for i, s in enumerate(values) if s >= slots or (s < 0 and not allow_padding)]
     if bad:
         want = f"< {slots} (negative = padded row)" if allow_padding else f"in [0, {slots})"
@@ -175,15 +188,14 @@ def slot_indices(name: str, t, n: int, slots: int, device: torch.device, *,
     used = [s for s in values if s >= 0]
     if len(set(used)) != len(used):
         raise ValueError(f"{name} must not repeat a slot (two sequences would race on it); "
-                         f"got {values}")
-    return values, private
+                         f"got {list(values)}")
+    return values, tensor
 
 
-def track_targets(track_slots, track_chunks, meta: ChunkMeta, slots: int, state_slots: list[int],
+def track_indices(track_slots, track_chunks, meta: ChunkMeta, slots: int, state_slots,
                   device: torch.device):
-    """Validate the ``fused`` tracking request; return ``(targets, slots_t, chunks_t)``:
-    ``(row, slot, chunk)`` for every tracked row and the kernels' copies of the two indices
-    (``([], None, None)`` when neither is given).
+    """Validate the ``fused`` tracking request; return the two index tensors to pass on
+    (:func:`index_arg`), ``(None, None)`` when neither is given.
 
     ``track_chunks[n]`` in ``[0, ⌈L_n/64⌉]`` saves the state after ``64·track_chunks[n]`` tokens
     (the top value = the final state); negative = no write, and then ``track_slots[n]`` may be
@@ -192,7 +204,7 @@ def track_targets(track_slots, track_chunks, meta: ChunkMeta, slots: int, state_
     if (track_slots is None) != (track_chunks is None):
         raise ValueError("track_slots and track_chunks must be given together (or neither)")
     if track_slots is None:
-        return [], None, None
+        return None, None
     targets_slots, slots_t = index_arg("track_slots", track_slots, meta.N, device)
     chunks, chunks_t = index_arg("track_chunks", track_chunks, meta.N, device)
     rows = [n for n, c in enumerate(chunks) if c >= 0]
@@ -208,5 +220,5 @@ def track_targets(track_slots, track_chunks, meta: ChunkMeta, slots: int, state_
     if len(set(dests)) != len(dests) or set(dests) & set(state_slots):
         raise ValueError("track_slots of tracked rows must be distinct and differ from every "
                          f"state_indices slot; got track_slots={[targets_slots[n] for n in rows]}, "
-                         f"state_indices={state_slots}")
-    return [(n, targets_slots[n], chunks[n]) for n in rows], slots_t, chunks_t
+                         f"state_indices={list(state_slots)}")
+    return slots_t, chunks_t

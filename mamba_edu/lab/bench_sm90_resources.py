@@ -96,7 +96,7 @@ def record(cases: list[str]) -> list[dict]:
                                                           state_indices=list(range(1, len(lengths) + 1)))
             pool = torch.zeros(len(lengths) + 1, HV, 128, 128)
             where.update(case=name, arm="ours")
-            gdn_prefill(**x, state_pool=pool, meta=meta, **indices, backend="triton")
+            gdn_prefill(**x, state_pool=pool, meta=meta, **indices, impl="triton")
             where.update(arm="lab_scan_builds_wu")
             prefill_scan_builds_wu(x["q"], x["k"], x["v"], x["g"], x["beta"], pool,
                                    indices["state_indices"], meta, 128 ** -0.5, True)

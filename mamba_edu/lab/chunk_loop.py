@@ -30,27 +30,12 @@ import torch
 import triton
 import triton.language as tl
 
-from mamba_edu.kernels.prefill import (CHUNK, G_FLOOR, _chunk_output, _gated_norm, _inverse_norm,
-                                       _queries, advance_state, fp16_inverse, head_block,
-                                       invert_unit_lower, scan_start, sequence_chunks, state_slab,
-                                       store_if_tracked, work_dtype)
-from mamba_edu.kernels.tiles import gate_values, load_rows, store_rows
-
-
-@triton.jit
-def _chunk_gates(g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, t0, eos, hv, stride_g, stride_beta,
-                 GATED: tl.constexpr):
-    """``(Γ [64], Γ of the chunk's last row, β [64])`` of the chunk from ``t0``, zeros past eos.
-    Padded rows add g = 0, so the last entry of Γ is the last real row's."""
-    r = tl.arange(0, CHUNK)
-    valid = t0 + r < eos
-    g = tl.load(g_ptr + (t0 + r) * stride_g + hv, mask=valid, other=0.0).to(tl.float32)
-    beta = tl.load(beta_ptr + (t0 + r) * stride_beta + hv, mask=valid, other=0.0).to(tl.float32)
-    if GATED:
-        g, beta = gate_values(g, beta, tl.load(A_log_ptr + hv), tl.load(dt_bias_ptr + hv))
-    gamma = tl.cumsum(tl.where(valid, tl.maximum(g, G_FLOOR), 0.0), 0)
-    gamma_last = tl.sum(tl.where(r == CHUNK - 1, gamma, 0.0), 0)
-    return gamma, gamma_last, tl.where(valid, beta, 0.0)
+from mamba_edu.kernels.prefill.config import fp16_inverse, head_block, work_dtype
+from mamba_edu.kernels.prefill.tiles import (CHUNK, advance_state, chunk_gates, chunk_inverse,
+                                             gated_norm_rows, output_tile, scaled_queries,
+                                             scan_end, scan_start, sequence_chunks,
+                                             store_if_tracked)
+from mamba_edu.kernels.tiles import cdiv, load_rows, store_rows
 
 
 @triton.heuristics({"GATED": lambda args: args["A_log_ptr"] is not None,
@@ -74,44 +59,40 @@ def chunk_loop_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_p
     bos, eos, first_chunk, n_chunks = sequence_chunks(seq, cu_ptr, chunk_off_ptr)
     hk = hv // (HV // H)
     v0 = i_v * BV
-    slab, slab_mask = state_slab(v0, K, V, BK, BV)
-    HEAD = K * V
-    S, state_ptr, has_state, track_ptr, track_chunk = scan_start(
-        pool_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr, seq, hv, slab, slab_mask, HV, HEAD, TRACK)
+    S, slab, slab_mask, state_ptr, state_mask, track_ptr, track_chunk = scan_start(
+        pool_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr, seq, hv, v0, HV, K, V, BK, BV,
+        TRACK)
 
     work = o_ptr.dtype.element_ty  # q's dtype = v's: the storage dtype of W, U, Ṽ
     r = tl.arange(0, CHUNK)
     for c in range(0, n_chunks):
         if CKPT:
-            tl.store(ckpt_ptr + ((first_chunk + c) * HV + hv) * HEAD + slab, S, mask=slab_mask)
+            tl.store(ckpt_ptr + ((first_chunk + c) * HV + hv) * (K * V) + slab, S, mask=slab_mask)
         store_if_tracked(S, c, track_ptr, track_chunk, slab_mask, TRACK)
         t0 = bos + CHUNK * c
         valid = t0 + r < eos
-        gamma, gamma_last, beta = _chunk_gates(g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, t0, eos,
-                                               hv, stride_g, stride_beta, GATED)
+        gamma, beta = chunk_gates(g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, t0, eos, hv,
+                                  stride_g, stride_beta, GATED)
+        # Padded rows add g = 0, so Γ's last entry is the last real row's.
+        gamma_last = tl.sum(tl.where(r == CHUNK - 1, gamma, 0.0), 0)
         # Step 1 (kernel 1's work), in registers.
         k = load_rows(k_ptr + hk * K, t0, eos, stride_k, 0, K, CHUNK, BK)
-        k_f32 = k.to(tl.float32)
-        norm = _inverse_norm(tl.sum(k_f32 * k_f32, 1), USE_L2NORM)
-        diff = tl.where(r[:, None] > r[None, :], gamma[:, None] - gamma[None, :], float("-inf"))
-        L = (beta * norm)[:, None] * tl.dot(k, tl.trans(k)) * norm[None, :] * tl.exp(diff)
-        T = invert_unit_lower(L, CHUNK, FP16_INVERSE).to(work)
-        k_hat = k_f32 * norm[:, None]
+        T, k_hat = chunk_inverse(k, gamma, beta, USE_L2NORM, FP16_INVERSE)
+        T = T.to(work)
         w = tl.dot(T, (k_hat * (beta * tl.exp(gamma))[:, None]).to(work))
         v = load_rows(v_ptr + hv * V, t0, eos, stride_v, v0, V, CHUNK, BV).to(tl.float32)
         u = tl.dot(T, (v * beta[:, None]).to(work))
         # Step 2: Ṽ and the chunk's output from the start state S.
         v_new = u - tl.dot(w.to(work), S.to(work))
-        q = _queries(q_ptr, hk, t0, eos, stride_q, scale, K, BK, USE_L2NORM)
-        o = _chunk_output(q, k_hat.to(work), v_new.to(work), S.to(work), gamma, valid)
+        q = scaled_queries(q_ptr, hk, t0, eos, stride_q, scale, K, BK, USE_L2NORM)
+        o = output_tile(q, k_hat.to(work), v_new.to(work), S.to(work), gamma, valid)
         if GATE:
-            o = _gated_norm(o, z_ptr + hv * V, norm_w_ptr, t0, eos, stride_z, eps, V, BV)
+            o = gated_norm_rows(o, z_ptr + hv * V, norm_w_ptr, t0, eos, stride_z, eps, V, BV)
         store_rows(o_ptr + hv * V, o, t0, eos, HV * V, v0, V, CHUNK, BV)
         # Step 3: the state after the chunk.
         S = advance_state(S, k_hat.to(work), v_new, gamma, gamma_last, valid)
 
-    store_if_tracked(S, n_chunks, track_ptr, track_chunk, slab_mask, TRACK)
-    tl.store(state_ptr, S, mask=slab_mask & has_state)
+    scan_end(S, n_chunks, state_ptr, state_mask, track_ptr, track_chunk, slab_mask, TRACK)
 
 
 def prefill_chunk_loop(q, k, v, g, beta, state_pool, state_indices, meta, scale, use_qk_l2norm,
@@ -131,7 +112,7 @@ def prefill_chunk_loop(q, k, v, g, beta, state_pool, state_indices, meta, scale,
             if output_checkpoints else None)
     A_log, dt_bias = gating or (None, None)
     z, weight, eps = output_norm or (None, None, 0.0)
-    chunk_loop_kernel[(triton.cdiv(V, BV), meta.N, HV)](
+    chunk_loop_kernel[(cdiv(V, BV), meta.N, HV)](
         q, k, v, g, beta, A_log, dt_bias, o, z, weight, state_pool, ckpt, meta.cu_seqlens,
         meta.chunk_offsets, state_indices, track_slots, track_chunks, scale, q.stride(0),
         k.stride(0), v.stride(0), g.stride(0), beta.stride(0), 0 if z is None else z.stride(0),

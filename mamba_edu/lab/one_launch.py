@@ -36,9 +36,9 @@ import torch
 import triton
 import triton.language as tl
 
-from mamba_edu.kernels.prefill import (PREPARE_WARPS, apply_output_norm, fp16_inverse, head_block,
-                                       output_block_v, output_chunk, prepare_chunk,
-                                       prepare_outputs, scan_config, scan_sequence, work_dtype)
+from mamba_edu.kernels.prefill import apply_output_norm, output_chunk, prepare_chunk, scan_sequence
+from mamba_edu.kernels.prefill.config import PREPARE_WARPS, fp16_inverse, prefill_plan, work_dtype
+from mamba_edu.kernels.prefill.prepare import prepare_outputs
 
 
 @triton.jit
@@ -130,15 +130,13 @@ def prefill_one_launch(q, k, v, g, beta, state_pool, state_indices, meta, scale,
     o = torch.empty(T, HV, V, device=dev, dtype=q.dtype)
     A_log, dt_bias = gating or (None, None)
     workspace = torch.zeros(2 + 2 * meta.N, device=dev, dtype=torch.int32)
-    BV_scan, _, stages = scan_config(meta.N * HV, V)
-    BV_out = output_block_v(meta.NT * HV, V)
-    n_programs = HV * (meta.NT + triton.cdiv(V, BV_scan) * meta.N
-                       + triton.cdiv(V, BV_out) * meta.NT)
+    plan = prefill_plan(meta.N, meta.NT, HV, K, V)
+    n_programs = HV * (meta.NT + plan.scan_grid[0] * meta.N + plan.output_grid[0] * meta.NT)
     chained_prefill_kernel[(n_programs,)](
         q, k, v, g, beta, A_log, dt_bias, gamma, k_hat, w, u, v_new, h, o, state_pool,
         meta.cu_seqlens, meta.chunk_indices, meta.chunk_offsets, state_indices, track_slots,
         track_chunks, workspace, scale, q.stride(0), k.stride(0), v.stride(0), g.stride(0),
-        beta.stride(0), meta.N, meta.NT, H, HV, K, V, head_block(K), head_block(V), BV_scan,
-        BV_out, use_qk_l2norm, gating is not None, fp16_inverse(use_qk_l2norm, work),
-        track_slots is not None, num_warps=PREPARE_WARPS, num_stages=stages)
+        beta.stride(0), meta.N, meta.NT, H, HV, K, V, plan.BK, plan.BV, plan.scan_bv,
+        plan.output_bv, use_qk_l2norm, gating is not None, fp16_inverse(use_qk_l2norm, work),
+        track_slots is not None, num_warps=PREPARE_WARPS, num_stages=plan.scan_stages)
     return apply_output_norm(o, output_norm), (h if output_checkpoints else None)

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from mamba_edu.kernels.tiles import tuning_configs
-from mamba_edu.kernels.validation import check_eps, check_tensor, device_of, resolve_backend
+from mamba_edu.kernels.validation import check_eps, check_tensor, device_of, resolve_impl
 
 NORM = tl.constexpr(1)    # PROLOGUE values of the kernel
 SWIGLU = tl.constexpr(2)
@@ -151,7 +151,7 @@ def _launch(prologue, a, aux, norm_weight, weight, eps, Kd, head=1):
 
 def _check_device(name: str, t: torch.Tensor) -> None:
     """The fused kernel runs where Triton does: CUDA, or the interpreter (fp32, fp16) on a CPU."""
-    resolve_backend("triton", t.device, t.dtype, name)
+    resolve_impl("triton", t.device, t.dtype, name)
 
 
 def _check_weight(weight, in_features: int, like: torch.Tensor) -> None:

@@ -26,10 +26,11 @@ import torch
 import triton
 import triton.language as tl
 
-from mamba_edu.kernels.prefill import (CHUNK, PREPARE_WARPS, _gates, _inverse_norm, advance_state,
-                                       chunk_rows, fp16_inverse, head_block, invert_unit_lower,
-                                       launch_output, scan_config, scan_start, sequence_chunks,
-                                       state_slab, store_if_tracked, work_dtype)
+from mamba_edu.kernels.prefill import launch_output
+from mamba_edu.kernels.prefill.config import PREPARE_WARPS, fp16_inverse, prefill_plan, work_dtype
+from mamba_edu.kernels.prefill.tiles import (CHUNK, advance_state, chunk_gates, chunk_inverse,
+                                             chunk_rows, scan_end, scan_start, sequence_chunks,
+                                             store_if_tracked)
 from mamba_edu.kernels.tiles import load_rows, store_rows
 
 
@@ -43,19 +44,16 @@ def prepare_t_kernel(k_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr, 
     of each group) and the chunk's ``T = (I + L)⁻¹`` into ``t [NT, HV, 64, 64]``."""
     i_chunk, hv = tl.program_id(0), tl.program_id(1)
     seq, bos, eos = chunk_rows(i_chunk, cu_ptr, chunk_idx_ptr)
-    gamma, beta = _gates(g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, gamma_ptr, bos, eos, hv,
-                         stride_g, stride_beta, HV, GATED)
+    gamma, beta = chunk_gates(g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, bos, eos, hv,
+                              stride_g, stride_beta, GATED)
     r = tl.arange(0, CHUNK)
+    tl.store(gamma_ptr + (bos + r) * HV + hv, gamma, mask=bos + r < eos)
     tl.store(beta_out_ptr + (bos + r) * HV + hv, beta, mask=bos + r < eos)
     hk = hv // (HV // H)
     k = load_rows(k_ptr + hk * K, bos, eos, stride_k, 0, K, CHUNK, BK)
-    k_f32 = k.to(tl.float32)
-    norm = _inverse_norm(tl.sum(k_f32 * k_f32, 1), USE_L2NORM)
-    diff = tl.where(r[:, None] > r[None, :], gamma[:, None] - gamma[None, :], float("-inf"))
-    L = (beta * norm)[:, None] * tl.dot(k, tl.trans(k)) * norm[None, :] * tl.exp(diff)
-    T = invert_unit_lower(L, CHUNK, FP16_INVERSE)
+    T, k_hat = chunk_inverse(k, gamma, beta, USE_L2NORM, FP16_INVERSE)
     k_hat_end = tl.where(hv % (HV // H) == 0, eos, bos)  # the group's other heads store no k̂
-    store_rows(k_hat_ptr + hk * K, k_f32 * norm[:, None], bos, k_hat_end, H * K, 0, K, CHUNK, BK)
+    store_rows(k_hat_ptr + hk * K, k_hat, bos, k_hat_end, H * K, 0, K, CHUNK, BK)
     tile = (i_chunk.to(tl.int64) * HV + hv) * CHUNK * CHUNK
     tl.store(t_ptr + tile + r[:, None] * CHUNK + r[None, :], T.to(t_ptr.dtype.element_ty))
 
@@ -73,16 +71,16 @@ def scan_t_kernel(k_hat_ptr, v_ptr, t_ptr, gamma_ptr, beta_ptr, v_new_ptr, h_ptr
     bos, eos, first_chunk, n_chunks = sequence_chunks(seq, cu_ptr, chunk_off_ptr)
     hk = hv // (HV // H)
     v0 = i_v * BV
-    slab, slab_mask = state_slab(v0, K, V, BK, BV)
-    HEAD = K * V
-    S, state_ptr, has_state, track_ptr, track_chunk = scan_start(
-        pool_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr, seq, hv, slab, slab_mask, HV, HEAD, TRACK)
+    S, slab, slab_mask, state_ptr, state_mask, track_ptr, track_chunk = scan_start(
+        pool_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr, seq, hv, v0, HV, K, V, BK, BV,
+        TRACK)
 
     work = t_ptr.dtype.element_ty
     r = tl.arange(0, CHUNK)
     for c in range(0, n_chunks):
         chunk = first_chunk + c
-        tl.store(h_ptr + (chunk * HV + hv) * HEAD + slab, S.to(h_ptr.dtype.element_ty), mask=slab_mask)
+        tl.store(h_ptr + (chunk * HV + hv) * (K * V) + slab, S.to(h_ptr.dtype.element_ty),
+                 mask=slab_mask)
         store_if_tracked(S, c, track_ptr, track_chunk, slab_mask, TRACK)
         t0 = bos + CHUNK * c
         valid = t0 + r < eos
@@ -98,8 +96,7 @@ def scan_t_kernel(k_hat_ptr, v_ptr, t_ptr, gamma_ptr, beta_ptr, v_new_ptr, h_ptr
         store_rows(v_new_ptr + hv * V, v_new, t0, eos, HV * V, v0, V, CHUNK, BV)
         S = advance_state(S, k, v_new, gamma, gamma_last, valid)
 
-    store_if_tracked(S, n_chunks, track_ptr, track_chunk, slab_mask, TRACK)
-    tl.store(state_ptr, S, mask=slab_mask & has_state)
+    scan_end(S, n_chunks, state_ptr, state_mask, track_ptr, track_chunk, slab_mask, TRACK)
 
 
 def prefill_scan_builds_wu(q, k, v, g, beta, state_pool, state_indices, meta, scale, use_qk_l2norm,
@@ -115,18 +112,18 @@ def prefill_scan_builds_wu(q, k, v, g, beta, state_pool, state_indices, meta, sc
     k_hat = torch.empty(T, H, K, device=k.device, dtype=work)
     inverse = torch.empty(meta.NT, HV, 64, 64, device=k.device, dtype=work)
     A_log, dt_bias = gating or (None, None)
-    prepare_t_kernel[(meta.NT, HV)](
+    plan = prefill_plan(meta.N, meta.NT, HV, K, V)
+    prepare_t_kernel[plan.prepare_grid](
         k, g, beta, A_log, dt_bias, gamma, beta_out, k_hat, inverse, meta.cu_seqlens,
-        meta.chunk_indices, k.stride(0), g.stride(0), beta.stride(0), H, HV, K, head_block(K),
+        meta.chunk_indices, k.stride(0), g.stride(0), beta.stride(0), H, HV, K, plan.BK,
         use_qk_l2norm, fp16_inverse(use_qk_l2norm, work), num_warps=PREPARE_WARPS)
     ckpt = (torch.empty(meta.NT, HV, K, V, device=k.device, dtype=torch.float32)
             if output_checkpoints else None)
     h = ckpt if ckpt is not None else torch.empty(meta.NT, HV, K, V, device=k.device, dtype=work)
     v_new = torch.empty(T, HV, V, device=k.device, dtype=work)
-    BV, warps, stages = scan_config(meta.N * HV, V)
-    scan_t_kernel[(triton.cdiv(V, BV), meta.N, HV)](
+    scan_t_kernel[plan.scan_grid](
         k_hat, v, inverse, gamma, beta_out, v_new, h, state_pool, meta.cu_seqlens,
         meta.chunk_offsets, state_indices, track_slots, track_chunks, v.stride(0),
-        H, HV, K, V, head_block(K), BV, num_warps=warps, num_stages=stages)
+        H, HV, K, V, plan.BK, plan.scan_bv, num_warps=plan.scan_warps,
+        num_stages=plan.scan_stages)
     return launch_output(q, k_hat, v_new, h, gamma, meta, scale, use_qk_l2norm, output_norm), ckpt
-

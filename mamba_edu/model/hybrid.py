@@ -55,7 +55,7 @@ class ModelOutput(NamedTuple):
     ``[P_i + E_i, kv_heads, head_dim]``: the full KV of sequence i (cached prefix and new tokens)
     in attention layer j (``kv[i]`` is empty in a model without attention). For a bucket's batch
     (``batch.bucket``), ``kv[j]`` is layer j's ``(k, v)`` over the whole bucket instead
-    (:meth:`~mamba_edu.serving.bucket.StaticBucket.results` cuts out each request's).
+    (:meth:`~mamba_edu.engine.bucket.StaticBucket.results` cuts out each request's).
     """
 
     logits: torch.Tensor

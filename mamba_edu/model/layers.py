@@ -118,7 +118,7 @@ class Attention(nn.Module):
 
     def attend(self, q, k, v, batch) -> tuple[torch.Tensor, list[KV]]:
         """The attention core: ``q [T, heads, D]``, ``k, v [T, kv_heads, D]`` → ``(o [T, heads, D],
-        kv)``. A bucket's batch (fixed shapes, :mod:`mamba_edu.serving.bucket`) runs one call over
+        kv)``. A bucket's batch (fixed shapes, :mod:`mamba_edu.engine.bucket`) runs one call over
         the whole bucket and returns the bucket's ``(k, v)``; otherwise ``kv[i]`` is sequence i's."""
         if batch.bucket is not None:
             return batch.bucket.attend(self, q, k, v), (k, v)

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from mamba_edu.kernels import (build_chunk_meta_with_indices, conv1d_decode, conv1d_prefill, gdn_decode,
-                               gdn_prefill)
+from mamba_edu.kernels import build_chunk_meta_with_indices, launch
 from mamba_edu.kernels.fused_ops import gated_rms_norm
 from mamba_edu.probes import profile_range
 from mamba_edu.serving.batch import ForwardBatch
@@ -55,7 +54,7 @@ class LinearAttentionBackend:
     def init_forward_metadata(self, batch: ForwardBatch) -> ForwardMetadata:
         """Prepare one forward of ``batch``: chunk metadata and the strategy's indices. A bucket
         captured with its GDN layers inside the graph has them already, in its static buffers
-        (:meth:`StaticBucket.forward_metadata <mamba_edu.serving.bucket.StaticBucket.forward_metadata>`)."""
+        (:meth:`StaticBucket.forward_metadata <mamba_edu.engine.bucket.StaticBucket.forward_metadata>`)."""
         with profile_range("init_forward_metadata"):
             if batch.bucket is not None and batch.bucket.fixed:
                 self.metadata = batch.bucket.forward_metadata(self.strategy)
@@ -116,12 +115,12 @@ class LinearAttentionBackend:
         track = self.strategy.conv_indices(md)
         if track is not None:
             self._track_conv(conv_pool, mixed_qkv, track)
-        y = conv1d_prefill(mixed_qkv, layer.conv_weight, layer.conv_bias, conv_pool=conv_pool,
-                           **md.conv_args)
+        y = launch.conv1d_prefill(mixed_qkv, layer.conv_weight, layer.conv_bias,
+                                  conv_pool=conv_pool, **md.conv_args)
         q, k, v = layer.split_qkv(y)
         norm = None if z is None else (z, layer.norm_weight, layer.norm_eps)
-        o, h = gdn_prefill(q, k, v, a=a, b=b, A_log=layer.A_log, dt_bias=layer.dt_bias,
-                           state_pool=ssm_pool, output_norm=norm, **md.prefill_args)
+        o, h = launch.gdn_prefill(q, k, v, a=a, b=b, A_log=layer.A_log, dt_bias=layer.dt_bias,
+                                  state_pool=ssm_pool, output_norm=norm, **md.prefill_args)
         track = self.strategy.ssm_indices(md, track)
         if track is not None:
             self._track_ssm(ssm_pool, h, track)
@@ -148,10 +147,11 @@ class LinearAttentionBackend:
         md = self._metadata_for(batch)
         conv_pool, ssm_pool = self._pool_layer(layer)
         slots = md.indices["state_indices"]
-        y = conv1d_decode(mixed_qkv, layer.conv_weight, layer.conv_bias, conv_pool=conv_pool, state_indices=slots)
+        y = launch.conv1d_decode(mixed_qkv, layer.conv_weight, layer.conv_bias,
+                                 conv_pool=conv_pool, state_indices=slots)
         q, k, v = layer.split_qkv(y)
-        o = gdn_decode(q, k, v, a, b, layer.A_log, layer.dt_bias, state_pool=ssm_pool,
-                       state_indices=slots)
+        o = launch.gdn_decode(q, k, v, a, b, layer.A_log, layer.dt_bias, state_pool=ssm_pool,
+                              state_indices=slots)
         return o if z is None else gated_rms_norm(o, z, layer.norm_weight, layer.norm_eps)
 
     def track_decode(self, batch: ForwardBatch) -> None:

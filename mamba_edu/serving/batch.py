@@ -32,7 +32,7 @@ class ForwardBatch:
         decode_track_slots_t: ``[N]`` (decode only) where each row's state is copied after the
             step: its track slot at a tracking step, the scratch slot otherwise.
 
-    ``bucket``: set on a captured bucket's batch (:class:`mamba_edu.serving.bucket.StaticBucket`):
+    ``bucket``: set on a captured bucket's batch (:class:`mamba_edu.engine.bucket.StaticBucket`):
     its tensors are the bucket's static buffers, refilled for every batch it replays, and its
     rows are padded (a dummy request, then zero-length rows).
 
@@ -44,7 +44,7 @@ class ForwardBatch:
     It holds the forward's inputs only: the model returns its outputs (logits and each
     sequence's KV, :class:`mamba_edu.model.ModelOutput`). The engine's bookkeeping of a prepared
     prefill (its requests, prefix matches, track slots, lifecycle) lives in
-    :class:`mamba_edu.serving.prepared.PreparedPrefill`, which holds one.
+    :class:`mamba_edu.engine.batches.PreparedPrefill`, which holds one.
     """
 
     mode: str

@@ -13,7 +13,7 @@ and ``G + A`` breaks::
 Why the GDN cores break in SGLang (its open issue #35851): their launch grids and index tensors
 depend on the batch (the host-built chunk table, the conv's per-sequence grid, index tensors of
 data-dependent size), so a graph captured for one batch cannot replay another. A bucket's
-fixed-capacity metadata (:mod:`mamba_edu.serving.bucket`) removes that reason: with
+fixed-capacity metadata (:mod:`mamba_edu.engine.bucket`) removes that reason: with
 ``break_gdn=False`` the GDN layers run inside the pieces and only the attention cores break.
 
 How it is cut, without touching the model: during capture the model gets a

@@ -152,17 +152,12 @@ class StatePool:
         self.conv[:, dst] = self.conv[:, src]
         self.ssm[:, dst] = self.ssm[:, src]
 
-    def _save_bookkeeping(self) -> tuple[list[int], dict[int, object]]:
-        """Host copies of the free list and the owners, for the undo of an owner's call that
-        failed half way (:meth:`_restore_bookkeeping`; the states are the caller's to save)."""
-        return list(self._free), dict(self._owner)
-
-    def _restore_bookkeeping(self, saved: tuple[list[int], dict[int, object]]) -> None:
-        """Put back what :meth:`_save_bookkeeping` saved (plain host assignments)."""
-        free, owner = saved
-        self._free[:] = free
+    def clear(self) -> None:
+        """Free every slot, whoever owns it, and zero every state (an engine's ``reset``)."""
+        self.conv.zero_()
+        self.ssm.zero_()
+        self._free = list(range(self.capacity, SCRATCH_SLOT, -1))
         self._owner.clear()
-        self._owner.update(owner)
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views ``(conv [S, D, W-1], ssm [S, HV, K, V])`` of one GDN layer (writes go to the pool);

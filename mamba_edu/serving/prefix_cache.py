@@ -374,28 +374,6 @@ class RadixCache:
             del leaf.parent.children[leaf.tokens[0]]
         return len(slots)
 
-    # ---- undo -----------------------------------------------------------------------------
-    def _save_tree(self) -> list[tuple]:
-        """Every node's fields (host references: edges, KV, slots, recency, children, locks), for
-        the undo of a call that failed half way (:meth:`_restore_tree`): inserts, splits,
-        evictions, locks and touches made after it are all undone. The clock is not put back
-        (it only ever moves forward; recency is compared, never read as a value)."""
-        saved, stack = [], [self.root]
-        while stack:
-            node = stack.pop()
-            saved.append((node, node.tokens, node.parent, node.kv, node.slot, node.last_used,
-                          dict(node.children), list(node.holders)))
-            stack.extend(node.children.values())
-        return saved
-
-    def _restore_tree(self, saved: list[tuple]) -> None:
-        """Put back the tree :meth:`_save_tree` saved (plain host assignments); nodes made since
-        are dropped with the children lists that held them, evicted ones come back with theirs.
-        The pool's owners are the caller's to put back (``StatePool._restore_bookkeeping``)."""
-        for node, tokens, parent, kv, slot, last_used, children, holders in saved:
-            node.tokens, node.parent, node.kv, node.slot, node.last_used = tokens, parent, kv, slot, last_used
-            node.children, node.holders = dict(children), list(holders)
-
     def snapshot_slots(self) -> set[int]:
         """All slots the cache owns."""
         out, stack = set(), [self.root]

@@ -67,7 +67,7 @@ def run_scenario(engine, batches, decode_steps: int) -> dict:
     """The scenario on ``engine``: per phase the logits, the pool (cloned), prefix lengths, track
     positions, syncs and ms of the prefill forward; then the decisions (host values only)."""
     from mamba_edu.profiling import count_syncs
-    from mamba_edu.serving.requests import Request
+    from mamba_edu.engine.requests import Request
 
     phases, pool = [], engine.pool
     for prompts in batches:

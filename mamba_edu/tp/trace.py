@@ -47,7 +47,7 @@ def rank_trace_job(rank: int, world: int, out_dir: str, preset: str = "tiny",
     from mamba_edu.engine import Engine
     from mamba_edu.model import build_model
     from mamba_edu.profiling.traces import record_trace
-    from mamba_edu.serving.requests import Request
+    from mamba_edu.engine.requests import Request
     from mamba_edu.tp.model import build_tp_model
 
     torch.set_num_threads(threads)

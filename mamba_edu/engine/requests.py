@@ -1,18 +1,23 @@
 """What a caller hands the engine and what it gets back: requests, their checks, the results.
 
 A :class:`Request` checks itself when it is made (its id and its prompt) and against a model's
-vocabulary with :meth:`Request.check`; :func:`check_rid` is the one check of a request id, also
-used by ``Engine.release``. :class:`RunningRequest` is the engine's bookkeeping of one request
-between forwards; :class:`PrefillResult`, :class:`DecodeResult` and :class:`EngineStats` are what
-``Engine.prefill``, ``Engine.decode`` and ``Engine.stats`` return.
+vocabulary with :meth:`Request.check`; :func:`check_requests` checks a list of them as it enters
+the engine, :func:`check_release` the ids given to ``Engine.release`` and :func:`check_steps` a
+decode's steps; :func:`check_rid` is the one check of a request id. :class:`RunningRequest` is
+the engine's bookkeeping of one request between forwards; :class:`PrefillResult`,
+:class:`DecodeResult` and :class:`EngineStats` are what ``Engine.prefill``, ``Engine.decode`` and
+``Engine.stats`` return.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
+
+#: Most steps one ``decode`` call takes: its logits and KV grow with every step until it returns.
+MAX_DECODE_STEPS = 1 << 16
 
 
 def _equal_to_itself(value) -> bool:
@@ -69,6 +74,60 @@ class Request:
             raise ValueError(f"token_ids of request {self.rid!r} must be ints in [0, vocab={vocab}); "
                              f"got {bad!r}")
         return self
+
+
+def check_requests(requests, vocab: int, active: Collection, max_requests: int) -> list[Request]:
+    """``requests`` as a list, if it is a non-empty list (or tuple) of :class:`Request` with
+    tokens below ``vocab``, distinct ids not in ``active`` (the engine's running and prepared
+    ids), and at most ``max_requests`` with the active ones."""
+    if not isinstance(requests, (list, tuple)):
+        raise ValueError(f"requests must be a list of Request; got {type(requests).__name__}")
+    requests = list(requests)
+    if not requests:
+        raise ValueError("requests must be a non-empty list of Request")
+    seen = set()
+    for r in requests:
+        if not isinstance(r, Request):
+            raise ValueError(f"requests must hold Request objects; got {type(r).__name__}")
+        r.check(vocab)
+        if r.rid in seen or r.rid in active:
+            raise ValueError(f"request ids must be unique, not running and not pending; "
+                             f"got duplicate rid {r.rid!r}")
+        seen.add(r.rid)
+    if len(active) + len(requests) > max_requests:
+        raise ValueError(f"requests: {len(requests)} new + {len(active)} running or prepared exceeds "
+                         f"max_requests={max_requests}")
+    return requests
+
+
+def check_release(rids, running: Collection, pending: Collection) -> list:
+    """``rids`` as a list, if it is a list (or tuple, set) of distinct ids of ``running``
+    requests (read once, checked whole; an id in ``pending`` is named as prepared)."""
+    if isinstance(rids, (str, bytes)) or not isinstance(rids, (list, tuple, set, frozenset)):
+        raise ValueError(f"rids must be a list of request ids (e.g. [\"a\"]); got {rids!r}")
+    rids = list(rids)
+    seen = set()
+    for rid in rids:
+        check_rid(rid, "each of rids")
+        if rid in seen:
+            raise ValueError(f"rids must be distinct; {rid!r} is repeated in {rids!r}")
+        seen.add(rid)
+        if rid in pending:
+            raise ValueError(f"rids must be running requests; {rid!r} is prepared but not finished: "
+                             f"finish_prefill or abort_prefill its batch")
+        if rid not in running:
+            raise ValueError(f"rids must be running requests; {rid!r} is not")
+    return rids
+
+
+def check_steps(steps) -> int:
+    """A decode's ``steps``: an int in ``[1, MAX_DECODE_STEPS]``."""
+    if type(steps) is not int or steps < 1:
+        raise ValueError(f"steps must be a positive int; got {steps!r}")
+    if steps > MAX_DECODE_STEPS:
+        raise ValueError(f"steps must be at most {MAX_DECODE_STEPS} per call (every step's logits and "
+                         f"KV are kept until the call returns); got {steps}: call decode again")
+    return steps
 
 
 @dataclass

@@ -58,7 +58,7 @@ class PreparedPrefill(_NoCopy):
         self._live, self._engine, self.forward_batch = live, live.engine, forward_batch
         self._requests, self._matches = tuple(requests), tuple(matches)
         self._track_slot_lists = [list(t) for t in track_slot_lists]
-        self._status, self._started = PREPARED, False
+        self._status = PREPARED
         self.logits, self.kv = None, None
 
     engine = property(lambda self: self._engine)
@@ -112,21 +112,6 @@ class LiveBatches:
         batch._status = status
         self._batches = [b for b in self._batches if b is not batch]
 
-    def _save(self) -> list[tuple[PreparedPrefill, str]]:
-        """The live batches and their statuses, for the undo of an engine call that failed half
-        way (:meth:`_restore`)."""
-        return [(b, b._status) for b in self._batches]
-
-    def _restore(self, saved: list[tuple[PreparedPrefill, str]]) -> None:
-        """Put back what :meth:`_save` saved: a batch closed since is live again with its status;
-        one opened since is no longer live (it was never handed out)."""
-        for b in self._batches:
-            if not any(b is s for s, _ in saved):
-                b._status = ABORTED
-        self._batches = [b for b, _ in saved]
-        for b, status in saved:
-            b._status = status
-
     def check(self, batch, action: str) -> PreparedPrefill:
         """``batch`` must be a live prepared prefill of this engine; raises (naming the problem)
         before anything changes."""
@@ -146,4 +131,27 @@ class LiveBatches:
                                  f"whatever its status says now), so {action} cannot use it; prepare a new batch")
             raise ValueError(f"batch was already aborted: its slots were given back (other requests may "
                              f"own them now), so {action} cannot use it; prepare a new batch")
+        return batch
+
+    def check_unforwarded(self, batch, action: str) -> PreparedPrefill:
+        """:meth:`check`, and ``batch`` not forwarded yet: a second forward would continue from the
+        states the first one wrote (wrong logits and snapshots)."""
+        self.check(batch, action)
+        if batch.status == FORWARDED:
+            raise ValueError(f"{action}: forward_prefill already ran on this batch: its working slots now "
+                             f"hold the states after its prompts, so a second forward would continue from "
+                             f"them (wrong logits and snapshots). Prepare a new batch")
+        return batch
+
+    def check_forwarded(self, batch, logits, vocab: int) -> PreparedPrefill:
+        """:meth:`check`, and ``batch`` forwarded, ``logits`` None or its own."""
+        self.check(batch, "finish_prefill")
+        if batch.logits is None:
+            raise ValueError("batch has not been run: call forward_prefill(batch) (or a captured bucket's "
+                             "replay(batch)) before finish_prefill (or abort_prefill(batch) to give it back)")
+        if logits is not None and logits is not batch.logits:
+            shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+            raise ValueError(f"logits must be the tensor forward_prefill(batch) returned for this batch "
+                             f"([{batch.forward_batch.size}, {vocab}]); got another ({shape}): "
+                             f"a batch is finished with its own logits")
         return batch

@@ -1,4 +1,4 @@
-"""Token buckets: one capture, any batch that fits (mamba_edu.serving.bucket, .breakable).
+"""Token buckets: one capture, any batch that fits (mamba_edu.engine.bucket, .graph; serving.breakable).
 
 On a CPU the static-buffer forward runs without graphs (``capture_prefill(..., graphs=False)``):
 for random batches, prefix hits and tracked positions it must give what the unpadded eager
@@ -15,14 +15,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mamba_edu.engine import Engine, Request
+from mamba_edu.engine import CAPTURE_MODES, Bucket, Engine, EngineStopped, Request
 from mamba_edu.kernels import build_chunk_meta, gdn_prefill
 from mamba_edu.kernels.metadata import build_chunk_meta_with_indices
 from mamba_edu.model import build_model
 from mamba_edu.profiling import count_syncs, cuda_sync_guard
 from mamba_edu.serving import SCRATCH_SLOT, STRATEGIES
 from mamba_edu.serving.breakable import Pieces, run_in_pieces
-from mamba_edu.serving.bucket import CAPTURE_MODES, Bucket
 
 VOCAB = 128
 CAPTURABLE = [name for name, cls in STRATEGIES.items() if cls.capturable]
@@ -30,6 +29,12 @@ CAPTURABLE = [name for name, cls in STRATEGIES.items() if cls.capturable]
 
 @pytest.fixture(scope="module")
 def tiny():
+    return build_model("tiny", device="cpu")
+
+
+@pytest.fixture
+def tiny_copy():
+    """A model of its own, for a test that casts it or hooks into it."""
     return build_model("tiny", device="cpu")
 
 
@@ -93,17 +98,17 @@ def test_padded_rows_start_from_zeros_and_write_nothing(backend):
     plain_pool = pool.clone()
     rows = list(range(70)) + list(range(70, 100))
     o_plain, _ = gdn_prefill(q[rows], k[rows], v[rows], g[rows], beta[rows], state_pool=plain_pool,
-                             state_indices=[1, 3], meta=build_chunk_meta(lengths, "cpu"), backend=backend)
+                             state_indices=[1, 3], meta=build_chunk_meta(lengths, "cpu"), impl=backend)
     padded_pool = pool.clone()
     meta, _ = build_chunk_meta_with_indices(pad_lengths, "cpu", allow_empty=True)
     o_pad, _ = gdn_prefill(q, k, v, g, beta, state_pool=padded_pool, state_indices=[1, -1, 3, -1],
-                           meta=meta, backend=backend)
+                           meta=meta, impl=backend)
     torch.testing.assert_close(o_pad[:T], o_plain, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(padded_pool, plain_pool, rtol=1e-5, atol=1e-5)  # slots 0, 2, 4, 5 untouched
     # The dummy row started from zeros: the same as a fresh slot.
     fresh = torch.zeros(1, 4, 16, 16)
     o_fresh, _ = gdn_prefill(q[T:], k[T:], v[T:], g[T:], beta[T:], state_pool=fresh, state_indices=[0],
-                             meta=build_chunk_meta([45], "cpu"), backend=backend)
+                             meta=build_chunk_meta([45], "cpu"), impl=backend)
     torch.testing.assert_close(o_pad[T:], o_fresh, rtol=1e-4, atol=1e-4)
 
 
@@ -294,12 +299,11 @@ def test_prefix_beyond_the_graphs_buffers_is_refused(tiny):
 
 
 @pytest.mark.parametrize("mode", CAPTURE_MODES)
-def test_a_failure_mid_replay_leaves_the_engine_as_before(tiny, mode):
+def test_a_failure_mid_replay_stops_the_engine_until_reset(tiny, mode):
     engine = Engine(tiny, strategy="sync_free", max_requests=3)
     engine.prefill([Request("seed", [4] * 130)])
     captured = engine.capture_prefill(Bucket(256, 2, max_prefix_tokens=256), mode, graphs=False)
     batch = engine.prepare_prefill([Request("a", [4] * 130 + [5] * 70), Request("b", [6] * 90)])
-    before = _snapshot(engine)
     real, calls = engine.backend.forward, []
 
     def failing(*args, **kwargs):
@@ -314,9 +318,48 @@ def test_a_failure_mid_replay_leaves_the_engine_as_before(tiny, mode):
             captured.replay(batch)
     finally:
         engine.backend.forward = real
+    with pytest.raises(EngineStopped, match="Engine.forward_prefill failed half way .RuntimeError: injected.*reset"):
+        captured.replay(batch)
+    engine.reset()
+    batch = engine.prepare_prefill([Request("a", [4] * 130 + [5] * 70)])
+    engine.finish_prefill(batch, captured.replay(batch))
+
+
+def test_a_model_cast_after_capture_is_refused_at_replay(tiny_copy):
+    engine = Engine(tiny_copy, strategy="sync_free", max_requests=2)
+    captured = engine.capture_prefill(Bucket(128, 2), "gdn_inside", graphs=False)
+    batch = engine.prepare_prefill([Request("a", [1] * 40)])
+    tiny_copy.to(torch.float64)
+    before = _snapshot(engine)
+    with pytest.raises(ValueError, match="now torch.float64 on cpu, captured as torch.float32 on cpu: capture"):
+        captured.replay(batch)
     _assert_same(engine, before)
-    logits = captured.replay(batch)  # and it runs again, as a prepared batch
-    engine.finish_prefill(batch, logits)
+
+
+def test_a_bucket_too_big_for_the_device_is_refused_with_its_size(tiny):
+    engine = Engine(tiny, strategy="sync_free", max_requests=2)
+    with pytest.raises(ValueError, match=r"needs at least \d+\.\d GiB .*more than the"):
+        engine.capture_prefill(Bucket(10**9, 10**8), "breakable", graphs=False)
+
+
+def test_a_replay_from_inside_another_call_is_refused(tiny_copy):
+    engine = Engine(tiny_copy, strategy="sync_free", max_requests=3)
+    captured = engine.capture_prefill(Bucket(128, 2), "breakable", graphs=False)
+    batch = engine.prepare_prefill([Request("a", [1] * 40)])
+    said = []
+
+    def hook(module, args):
+        with pytest.raises(RuntimeError, match="another call of this Engine is running") as refused:
+            captured.replay(batch)
+        said.append(str(refused.value))
+
+    handle = tiny_copy.register_forward_pre_hook(hook)
+    try:
+        engine.prefill([Request("b", [2] * 30)])
+    finally:
+        handle.remove()
+    assert said and "Engine.forward_prefill" in said[0]
+    engine.finish_prefill(batch, captured.replay(batch))  # after the outer call: it runs
 
 
 def test_capture_arguments_are_checked(tiny):
@@ -373,13 +416,12 @@ def test_replays_of_random_batches_equal_their_eager_forwards(strategy, mode):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode,fail_at", [("graph", 1), ("graph", 3), ("breakable", 3)])
-def test_a_failed_capture_leaves_the_pool_as_before(mode, fail_at):
-    """An exception in the warm-up (calls 1-2) or the capture (call 3): the pool as before, and
-    the engine still prefills eagerly."""
+def test_a_failed_capture_stops_the_engine_until_reset(mode, fail_at):
+    """An exception in the warm-up (calls 1-2) or the capture (call 3): the engine refuses every
+    later call until reset(), which gives one that prefills."""
     model = build_model("tiny", device="cuda")
     engine = Engine(model, strategy="fused", max_requests=3)
     engine.prefill([Request("seed", [1 + i % 120 for i in range(130)])])
-    before = engine.pool.conv.clone(), engine.pool.ssm.clone()
     real, calls = model.forward, []
 
     def failing(*args, **kwargs):
@@ -394,5 +436,7 @@ def test_a_failed_capture_leaves_the_pool_as_before(mode, fail_at):
             engine.capture_prefill(Bucket(256, 2), mode)
     finally:
         del model.forward
-    assert torch.equal(engine.pool.conv, before[0]) and torch.equal(engine.pool.ssm, before[1])
+    with pytest.raises(EngineStopped, match="capture_prefill failed half way"):
+        engine.prefill([Request("a", [3] * 50)])
+    engine.reset()
     engine.prefill([Request("a", [3] * 50)])

@@ -32,14 +32,11 @@ import torch.nn.functional as F
 from mamba_edu.gdn.varlen import CHUNK, checkpoint_offsets, chunk_counts, cu_offsets
 from mamba_edu.kernels.metadata import ChunkMeta, chunk_table, remember_host_values
 from mamba_edu.serving.batch import ForwardBatch
-from mamba_edu.serving.breakable import CudaGraphPieces, Pieces, run_in_pieces
 from mamba_edu.serving.planning import TrackDecision
 from mamba_edu.serving.pool import SCRATCH_SLOT
 from mamba_edu.serving.tracking import ForwardMetadata, TrackIndices, host_track_indices, working_sources
 
 PAD_TOKEN = 0
-#: How a bucket's forward is captured (see :meth:`mamba_edu.engine.Engine.capture_prefill`).
-CAPTURE_MODES = ("breakable", "gdn_inside", "graph")
 
 
 @dataclass(frozen=True)
@@ -289,60 +286,3 @@ def empty_batch(device) -> ForwardBatch:
                         positions=none, last_token_index=none, cu_seqlens=none, prefix_lens_t=none,
                         working_slots_t=none, track_slots_t=none, track_lens_t=none,
                         track_mask_t=none.bool(), prefix_kv=[], host_input_ids=[])
-
-
-class CapturedBucket:
-    """A bucket's prefill forward, captured (or, before :meth:`capture`, run eagerly the same
-    way): :meth:`replay` runs any prepared batch of the engine that fits.
-
-    ``mode``: ``breakable``, ``gdn_inside`` or ``graph`` (:data:`CAPTURE_MODES`); ``pieces`` the
-    recorded cut (the eager breaks, for the breakable modes); ``graph`` a ``CUDAGraph`` or
-    :class:`~mamba_edu.serving.breakable.CudaGraphPieces` once captured, else None."""
-
-    def __init__(self, engine, static: StaticBucket, mode: str):
-        self.engine, self.static, self.mode = engine, static, mode
-        self.graph, self.pieces, self._out = None, None, None
-
-    @property
-    def bucket(self) -> Bucket:
-        return self.static.bucket
-
-    def capture(self, model, backend) -> None:
-        """Capture the forward on what the static buffers hold now (the engine fills them)."""
-        if self.mode == "graph":
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                self._out = model(self.static.batch, backend)
-        else:
-            graph = CudaGraphPieces()
-            self._out = run_in_pieces(model, self.static.batch, backend, graph,
-                                      break_gdn=self.mode == "breakable")
-        self.graph = self.pieces = graph
-
-    def replay(self, batch) -> torch.Tensor:
-        """Run the prepared ``batch`` (a live batch of this bucket's engine, not yet forwarded):
-        refill the static buffers from the host, replay, and return ``logits [N, vocab]``; the
-        batch is then forwarded, as after ``engine.forward_prefill``. A batch that does not fit
-        is refused before anything changes; a failure puts its slots back."""
-        return self.engine._forward(batch, "replay", self._run)
-
-    def _run(self, live: ForwardBatch):
-        static, backend = self.static, self.engine.backend
-        static.fill(live)
-        if self.graph is None:  # eager: the same static-buffer forward, cut the same way
-            backend.init_forward_metadata(static.batch)
-            if self.mode == "graph":
-                out = self.engine.model(static.batch, backend)
-            else:
-                self.pieces = Pieces()
-                out = run_in_pieces(self.engine.model, static.batch, backend, self.pieces,
-                                    break_gdn=self.mode == "breakable")
-            return static.results(out.logits, out.kv)
-        if self.mode == "breakable":  # its GDN breaks read this batch's own metadata
-            backend.init_forward_metadata(static.batch)
-        if self.mode == "graph":
-            self.graph.replay()
-            logits = self._out.logits
-        else:
-            logits = self.graph.replay()
-        return static.results(logits, self._out.kv)

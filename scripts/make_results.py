@@ -739,7 +739,7 @@ What it shows is in [`docs/references.md`](references.md) ("Where the time goes,
 {side}"""
 
 
-REPLAY_RUNS = ("bench/replay.json", "bench/replay_h100.json")
+REPLAY_RUNS = ("bench/replay.json", "bench/replay_h100.json", "bench/replay_h100_lean.json")
 
 
 def section_replay_overhead() -> str:
@@ -801,6 +801,33 @@ this CPU's). Target for `fused`: at most 30 Python calls per GPU op.
 {chr(10).join(run_line(rel) for rel in runs)}
 
 {table(["commit", "strategy", "Triton launches", "GPU ops", "syncs", "Python calls", "calls / op", "python µs / op"], rows)}
+"""
+
+
+def section_lean_gpu() -> str:
+    """The lean engine on an H100: the eager A/B against the engine before it, and the decode
+    kernel's bandwidth from the quick kernel run of the same session."""
+    ab, kern = load("bench/lean_eager_h100.json"), load("benchmarks/kernels_quick_h100_lean.json")
+    rows = [[r["arm"], f(r["median_ms"]), f(r["min_ms"]), f(r["max_ms"]), r["sm_mhz"]] for r in ab["rounds"]]
+    decode = [r for r in kern["results"] if r["kind"] == "decode"]
+    lines = [f"`{r['case']}`: {f(r['ours_graph_ms'], 4)} ms, "
+             f"{r['floor_bytes'] / r['ours_graph_ms'] / 1e9:.2f} TB/s" for r in decode]
+    meta = ab["meta"]
+    return f"""## The lean engine on a GPU: eager `fused` before and after
+
+{meta['method']}; before = `{meta['before_commit']}`, after = `{meta['commit']}`.
+
+{run_line("bench/lean_eager_h100.json")}
+
+{table(["arm (in run order)", "median ms", "min ms", "max ms", "SM MHz"], rows)}
+
+Median of the rounds' medians: before {f(ab['median_of_medians_ms']['before'])} ms, after
+{f(ab['median_of_medians_ms']['after'])} ms ({f(ab['after_over_before'])}× before; target 18 ms).
+GPU tests of the same session: {meta['gpu_tests']}.
+
+Decode (the same session, `bench-kernels --quick`): {"; ".join(lines)} (target 3.6 TB/s on an H200).
+
+{run_line("benchmarks/kernels_quick_h100_lean.json")}
 """
 
 
@@ -1078,7 +1105,7 @@ def section_other() -> str:
 
 def results_md() -> str:
     READ.clear()
-    sections = [section_targets(), section_ttft(), section_tests(), section_kernels(), section_references(), section_sm90_resources(), section_variant_prediction(), section_buckets(), section_stages(), section_breakdown(), section_capture_modes(), section_replay_overhead(), section_host(),
+    sections = [section_targets(), section_ttft(), section_tests(), section_kernels(), section_references(), section_sm90_resources(), section_variant_prediction(), section_buckets(), section_stages(), section_breakdown(), section_capture_modes(), section_replay_overhead(), section_host(), section_lean_gpu(),
                 section_prefill_experiments(),
                 section_layer_floor(), section_conv(), section_replay(), section_pdl(), section_serving(),
                 section_traces()]

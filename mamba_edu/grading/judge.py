@@ -30,8 +30,6 @@ import os
 import sys
 from json import dumps  # bound before the notebook runs
 
-from IPython.core.interactiveshell import InteractiveShell
-
 from mamba_edu.exercises import core
 from mamba_edu.exercises.absent import absent
 from mamba_edu.grading.watch import Pristine, Watch
@@ -68,15 +66,18 @@ def judge_exercise(ex: core.Exercise, namespace: dict, note: str = "") -> core.V
     return core.judge(ex, *(guarded(namespace[name], ex.forbidden) for name in ex.names))
 
 
-class _Shell(InteractiveShell):
+def _shell():
     """IPython without a front end: ``%matplotlib inline`` needs no GUI, ``exit()`` ends the
-    notebook as it ends a kernel."""
+    notebook as it ends a kernel. (Imported here: the checks run without IPython.)"""
+    from IPython.core.interactiveshell import InteractiveShell
 
-    def enable_gui(self, gui=None):
-        pass
+    class Shell(InteractiveShell):
+        def enable_gui(self, gui=None):
+            pass
 
-    def ask_exit(self):
-        raise SystemExit("exit()")
+        def ask_exit(self):
+            raise SystemExit("exit()")
+    return Shell.instance()
 
 
 def out_of_memory(err: BaseException) -> bool:
@@ -89,7 +90,7 @@ def run(orders: dict, say, seed) -> dict:
     """Run the notebook, then judge its exercises (``say(step=…)`` before each; ``seed()`` asks
     the grader for the grading seed): ``{"exercises": [[number, status, message], …]}`` or
     ``{"zero": reason}``."""
-    shell, cells, errors = _Shell.instance(), orders["cells"], []
+    shell, cells, errors = _shell(), orders["cells"], []
     registered = {n: dataclasses.replace(ex) for n, ex in core.REGISTRY[orders["notebook"]].items()}
     pristine = Pristine()
     sys.path.append("")  # the notebook's folder, as in Jupyter, after the package and its libraries

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One GPU call for the lean-engine issue: the GPU tests at HEAD, then the eager fused prefill of
+# qwen3.5-tp8 1 x 512 before (the checkout in .before/, carried) and after (HEAD), arms alternated
+# over $ROUNDS rounds in processes of their own, the SM clock logged. Results in $OUT/lean.tgz.
+set -uo pipefail
+OUT=$(realpath -m "${OUT:-out}"); S=/tmp/lean; rm -rf $S; mkdir -p $S $OUT
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+source scripts/gpu_step.sh
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee $S/gpu.txt
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 500 \
+    > $S/gpu_clocks.csv &
+SMI=$!
+TAIL=25 step pytest_gpu ${TESTS_S:-240} python3 -m pytest tests -m gpu -q -p no:cacheprovider -o addopts="" -rfE \
+    --continue-on-collection-errors
+for round in $(seq ${ROUNDS:-3}); do
+    for arm in before after; do
+        root=$PWD; [ $arm = before ] && root=$PWD/.before
+        PYTHONPATH=$root timeout 200 python3 scripts/gpu_eager_ab.py $arm >> $S/eager_ab.jsonl 2>> $S/eager_ab.err
+    done
+done
+cat $S/eager_ab.jsonl; tail -5 $S/eager_ab.err
+kill $SMI
+tar -czf $OUT/lean.tgz -C $S . && ls -la $OUT

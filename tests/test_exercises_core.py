@@ -185,6 +185,8 @@ def test_grader_calls_the_checks_itself(tmp_path):
     result = _grade(tmp_path)
     assert result.returncode == 1
     lines = result.stdout.splitlines()
+    assert lines[0].startswith("graded with seed ") and lines[1] == "01_gated_deltanet_recurrence.ipynb"
+    lines = lines[1:]
     assert lines[1].startswith("  exercise 1 (L2 norm, eps inside the root): fail — ")
     assert "my_gating is not defined" in lines[2] and lines[3].startswith("  exercise 3 (")
     assert f"score: 0/{len(core.REGISTRY['01_gated_deltanet_recurrence'])}" in result.stdout

@@ -3,7 +3,7 @@ help formatting, and argument checks that turn bad input into usage errors (exit
 work starts.
 
 Only the face imports this module (the command line, its command modules ``_cli_trace`` and
-``grading.cli``, the demo and the benchmarks); the package never does (``tests/test_layering.py``).
+``grading.cli``, the demo and the benchmarks); the package never does (``tests/project/test_layering.py``).
 
 Kept free of torch imports so that ``--version`` and ``--help`` of the top level stay cheap.
 """
@@ -22,7 +22,7 @@ NEUTRAL_PROG = "mamba-edu"
 DEVICES = ("auto", "cpu", "cuda")
 # The names of mamba_edu.model.config.PRESETS and mamba_edu.serving.STRATEGIES, for the options'
 # choices: importing those packages imports torch, which would make every --help take seconds.
-# tests/test_cli.py checks that they are the same.
+# tests/project/test_cli.py checks that they are the same.
 PRESET_NAMES = ("tiny", "qwen3-next", "qwen3.5", "qwen3.5-tp8")
 STRATEGY_NAMES = ("naive", "precomputed", "sync_free", "fused")
 

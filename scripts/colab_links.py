@@ -25,7 +25,7 @@ The install cell does nothing where ``import mamba_edu`` works (CI, ``make lab``
 in Colab it clones the repository (the notebooks read its ``data/``) and installs it; elsewhere it
 prints what to run. Without an address there are no links: README.md says how to set one (the
 install cell, which learners read, only says what to run). Cells whose source is already right keep their outputs.
-``tests/test_colab.py`` runs ``--check``.
+``tests/project/test_colab.py`` runs ``--check``.
 """
 from __future__ import annotations
 

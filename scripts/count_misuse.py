@@ -1,6 +1,6 @@
-"""pytest plugin: classify every bad input that tests/test_misuse.py tries (the table of issue 11).
+"""pytest plugin: classify every bad input that tests/engine/test_misuse.py tries (the table of issue 11).
 
-Usage (repository root): ``python -m pytest tests/test_misuse.py -q -p scripts.count_misuse``;
+Usage (repository root): ``python -m pytest tests/engine/test_misuse.py -q -p scripts.count_misuse``;
 ``MISUSE_BY_TEST=1`` also prints the count per test.
 
 A bad input is one pytest.raises (also inside raises_unchanged) executed by a test; in a

@@ -17,8 +17,8 @@ PY=${PYTHON:-python}
 
 if $PY -c "import pytest" 2>/dev/null; then
   timeout 150 $PY -m pytest -q -m gpu -p no:cacheprovider --continue-on-collection-errors \
-    tests/test_syncs.py tests/test_model.py tests/test_engine.py tests/test_serving_strategies.py \
-    tests/test_serving_pool.py tests/test_serving_cache.py tests/test_serving_planning.py \
+    tests/profiling/test_syncs.py tests/serving/test_model.py tests/test_engine.py tests/serving/test_serving_strategies.py \
+    tests/serving/test_serving_pool.py tests/serving/test_serving_cache.py tests/serving/test_serving_planning.py \
     2>&1 | tee "$OUT/pytest_gpu.txt"
 else
   echo "pytest not installed: GPU tests skipped" | tee "$OUT/pytest_gpu.txt"

@@ -54,7 +54,7 @@ case $STEP in
     [ "${BREAKDOWN_FI:-1}" = 1 ] && [ $left -gt 60 ] && TAIL=20 step breakdown_fi $left python3 -m mamba_edu.benchmarks.breakdown \
         --out $S --arms flashinfer --timeout-s 120 --clock-log benchmarks/breakdown_fi_clocks.csv ;;
 4)  BREAKDOWN_CASES="qwen3-next 1x8192,qwen3-next 8x1024,qwen3-next 1x32768,qwen3-next 8x4096"
-    step pytest_lab 120 python3 -m pytest tests/test_lab_scan_builds_wu.py -m gpu -q -p no:cacheprovider -o addopts=""
+    step pytest_lab 120 python3 -m pytest tests/lab/test_lab_scan_builds_wu.py -m gpu -q -p no:cacheprovider -o addopts=""
     TAIL=20 step lab_arms 240 python3 -m mamba_edu.lab.bench_lab_arms --out $S/lab_arms.json \
         --cases "$BREAKDOWN_CASES" --arms "${ARMS:-ours,lab_scan_builds_wu,flashinfer}" \
         --clock-log benchmarks/lab_arms_clocks.csv

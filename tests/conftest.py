@@ -18,7 +18,7 @@ torch.set_num_threads(1)
 
 SOLUTIONS = Path(__file__).resolve().parent.parent / "notebooks" / "solutions"
 
-# The grader's hostile notebooks are inputs of tests/test_grader_hostile.py, never to be run by
+# The grader's hostile notebooks are inputs of tests/grading/test_grader_hostile.py, never to be run by
 # nbval: one loops forever, one kills its parent, one appends an always-pass check to the package.
 collect_ignore = ["hostile_notebooks"]
 

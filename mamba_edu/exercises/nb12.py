@@ -35,7 +35,7 @@ CHUNK = 64
 def fixed_plan(lengths, working_slots, max_tokens: int, max_requests: int):
     """``(padded_lengths, state_indices, chunk_rows)`` as :meth:`StaticBucket.fill` builds them for
     a batch of ``lengths`` (its requests' new tokens) in the bucket ``(max_tokens, max_requests)``;
-    ``chunk_rows`` is a list of ``(sequence, chunk)`` pairs (tests/test_exercises_nb12.py checks
+    ``chunk_rows`` is a list of ``(sequence, chunk)`` pairs (tests/exercises/test_exercises_nb12.py checks
     that this is what the bucket uploads)."""
     bucket = Bucket(max_tokens, max_requests)
     padded, slots = bucket.pad(lengths, working_slots)

@@ -1,6 +1,6 @@
 """The lab: variants of the package's kernels that were tried and lost, or were never timed.
 
-Nothing outside this folder imports it (``tests/test_layering.py`` checks), and the package runs
+Nothing outside this folder imports it (``tests/project/test_layering.py`` checks), and the package runs
 none of it: :mod:`mamba_edu.kernels` has exactly one path per operation and device. A variant
 moves from here into the default path only with a same-run GPU measurement in ``data/`` that
 shows it faster. Notebook 10 (the appendix) walks through each of them.

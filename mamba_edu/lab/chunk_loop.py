@@ -23,7 +23,7 @@ step 1 (more programs, redundant work).
 
 Measured slower than the three kernels on the H200 (``data/benchmarks/lab_chunk_loop.json``,
 ``python -m mamba_edu.lab.bench_lab_arms``), so the package runs those. Tested equal to them and
-to the reference in the interpreter (``tests/test_lab_chunk_loop.py``).
+to the reference in the interpreter (``tests/lab/test_lab_chunk_loop.py``).
 """
 
 import torch

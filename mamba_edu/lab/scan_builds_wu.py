@@ -19,7 +19,7 @@ decides that), and every V-tile program of a head forms the same W again. Which 
 question: ``python -m mamba_edu.lab.bench_lab_arms`` times it beside ours, and
 :mod:`.bench_sm90_resources` compiles it for sm_90a on a CPU (registers, spills). Never timed
 on a GPU yet. Tested equal to the three kernels and to the reference in the interpreter
-(``tests/test_lab_scan_builds_wu.py``).
+(``tests/lab/test_lab_scan_builds_wu.py``).
 """
 
 import torch

@@ -28,7 +28,7 @@ pool for this rank's heads and checks token ids against the whole vocabulary.
 evictions, decode tracking) depends only on the requests and on the engine's own history, never
 on tensor values, and decode feeds ``argmax`` of the all-gathered logits, which are bitwise the
 same on every rank. So N engines given the same calls make the same decisions, with no broadcast;
-``tests/test_tp.py`` gathers them from every rank and compares.
+``tests/tp/test_tp.py`` gathers them from every rank and compares.
 
 **Numerics.** A row-parallel projection sums N partial products where the 1-rank model does one
 GEMM over the full width: the same sum in another order, so fp32 results differ in the last bits
@@ -325,7 +325,7 @@ def build_tp_model(preset: str | ModelConfig = "tiny", rank: int = 0, world: int
     **overrides)``, drawn one layer at a time (the same random draws, in the same order, as
     :class:`~mamba_edu.model.HybridModel`), so a rank never holds more than one full layer beside
     the full embedding and LM head: the way to build a slice of a model too large for one device.
-    ``tests/test_tp.py`` checks that it equals :func:`shard_model` of the full model."""
+    ``tests/tp/test_tp.py`` checks that it equals :func:`shard_model` of the full model."""
     from mamba_edu._runtime import default_device
 
     cfg = get_config(preset, **overrides)

@@ -1,7 +1,7 @@
 """Grading a class (issue 37): one sub-folder per student, a fixed denominator over the whole
 course (or an assignment), misnamed notebooks reported, layouts that read two ways refused, outputs
 kept off the submissions, Ctrl-C, notebooks graded in parallel, the untouched handout not run.
-(The grade book and the feedback files: tests/test_grade_book.py.)
+(The grade book and the feedback files: tests/grading/test_grade_book.py.)
 
 Most tests replace ``grade_paths`` by a stand-in that runs no kernel; one module-scoped run of the
 real command grades a two-student class (two kernels in all) and many tests read it."""
@@ -22,7 +22,7 @@ from mamba_edu.grading import classroom
 from mamba_edu.exercises.core import FAIL, NOT_DONE, PASS, REGISTRY
 from mamba_edu.exercises.core import ExerciseResult, NotebookResult
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 SOLUTIONS = NOTEBOOKS / "solutions"
 START, POOL = "00_start_here", "05_state_pool_and_prefix_cache"

@@ -24,7 +24,7 @@ from mamba_edu.grading import grader
 from mamba_edu.grading.containment import JudgeLimits, landlock_abi
 from mamba_edu.grading.watch import Pristine
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOLUTION_00 = ROOT / "notebooks" / "solutions" / "00_start_here.ipynb"
 needs_landlock = pytest.mark.skipif(landlock_abi() == 0, reason="this kernel has no Landlock")
 

@@ -17,7 +17,7 @@ nbformat = pytest.importorskip("nbformat")  # the notebook tests need it; a bare
 from mamba_edu.grading.containment import (CPU_EXCEEDED, GIB, JudgeLimits, death_cause, exit_status,
                                              gpu_visible, task_cap)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = ROOT / "mamba_edu" / "grading" / "containment.py"
 
 #: Kills every ancestor of the judge up to the grading command, the grading command first (found

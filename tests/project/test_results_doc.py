@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data"
 SCRIPT = ROOT / "scripts" / "make_results.py"
 pytestmark = pytest.mark.skipif(not (DATA / "bench" / "results.json").exists(),

@@ -6,7 +6,7 @@
 - Every "section N" a notebook cites exists in that notebook (or in the notebook the sentence
   names: "notebook 02 (section 5)").
 - That the learner and solution notebooks differ only inside solution blocks is tested by
-  tests/test_exercises_core.py (test_learner_notebook_is_the_stripped_solution).
+  tests/exercises/test_exercises_core.py (test_learner_notebook_is_the_stripped_solution).
 """
 
 import json
@@ -17,7 +17,7 @@ import pytest
 
 from mamba_edu.exercises import core
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 LEARNER = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 ALL = LEARNER + sorted((NOTEBOOKS / "solutions").glob("[0-9][0-9]_*.ipynb"))

@@ -12,7 +12,7 @@ nbformat = pytest.importorskip("nbformat")  # the notebook tests need it; a bare
 from mamba_edu.exercises import core
 from mamba_edu.exercises.stubs import has_solution, learner_notebook, strip_solutions
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 SOLUTIONS = sorted((NOTEBOOKS / "solutions").glob("*.ipynb"))
 
@@ -149,7 +149,7 @@ def test_course_size():
     assert sum(len(core.REGISTRY.get(s, {})) for s in stems) >= 20
     for stem in stems:
         assert core.REGISTRY.get(stem), f"{stem} has no exercise"
-        assert (ROOT / "tests" / f"test_exercises_nb{stem[:2]}.py").exists(), stem
+        assert (ROOT / "tests" / "exercises" / f"test_exercises_nb{stem[:2]}.py").exists(), stem
 
 
 # --- the grader -------------------------------------------------------------------------------

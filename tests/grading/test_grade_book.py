@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("nbformat")  # as tests/test_grade_class.py, whose helpers this file uses
+pytest.importorskip("nbformat")  # as tests/grading/test_grade_class.py, whose helpers this file uses
 
 from mamba_edu.grading import classroom
 from mamba_edu.grading import cli as _cli_grade
 from mamba_edu.exercises.core import FAIL, NOT_DONE, PASS, REGISTRY, ExerciseResult, NotebookResult
 from test_grade_class import COURSE, MISNAMED, POINTS, POOL, START, _alice, _fake_grade_paths, _result, _touch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 META = {"seed": 7, "version": "0.1.0", "commit": "0123abc"}
 FORGED = "wrong\nscore: 4/4 (100 %)"
 HOSTILE_NAMES = ('=HYPERLINK("http://x")', "+1", "@SUM(1)", "-2")

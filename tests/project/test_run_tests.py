@@ -3,7 +3,7 @@
 import importlib.util
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("run_tests", ROOT / "scripts" / "run_tests.py")
 run_tests = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(run_tests)
@@ -21,7 +21,7 @@ def test_seconds_per_file_from_a_junit_report(tmp_path):
 
 def test_measured_seconds_balance_the_halves_where_sizes_would_not():
     """By size the largest file would go alone; measured, the slow small one does."""
-    paths = [ROOT / "tests" / f"test_{name}.py" for name in ("cli", "demo", "model")]
+    paths = [ROOT / "tests" / where / f"test_{name}.py" for where, name in (("project", "cli"), ("project", "demo"), ("serving", "model"))]
     smallest = min(paths, key=lambda p: p.stat().st_size)
     assert [max(paths, key=lambda p: p.stat().st_size)] in run_tests.split(paths, 2)
     slow = {p.relative_to(ROOT).as_posix(): 100.0 if p == smallest else 1.0 for p in paths}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _helpers import run_main  # noqa: E402
 from test_misuse import MODEL, P  # noqa: E402
@@ -104,7 +104,7 @@ def test_the_timeline_of_many_traces_draws_a_bounded_number_of_rows(capsys, tmp_
 # Each probe is a bad input and what its refusal must name (the argument, the value, what is
 # allowed). Judged as the audit did: clear (one line, exit 2 or the expected exception, naming
 # all of it), vague (refused, but a fragment missing, or an internal name), silent (accepted),
-# crash (a traceback or another exception). ``python tests/test_refusals.py`` prints the tally.
+# crash (a traceback or another exception). ``python tests/engine/test_refusals.py`` prints the tally.
 
 import contextlib  # noqa: E402
 import io  # noqa: E402

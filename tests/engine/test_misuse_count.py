@@ -1,15 +1,15 @@
-"""The misuse table is reproducible: every bad input of tests/test_misuse.py is a clear error."""
+"""The misuse table is reproducible: every bad input of tests/engine/test_misuse.py is a clear error."""
 
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_bad_input_is_a_clear_error():
-    run = subprocess.run([sys.executable, "-m", "pytest", "tests/test_misuse.py", "-q",
+    run = subprocess.run([sys.executable, "-m", "pytest", "tests/engine/test_misuse.py", "-q",
                           "-p", "scripts.count_misuse", "-p", "no:cacheprovider"],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MAP = ROOT / "docs" / "sglang.md"
 SOLUTIONS = ROOT / "notebooks" / "solutions"
 # Markdown is the same in both versions: a learner copy (no solutions/) checks its own notebooks.

@@ -207,7 +207,7 @@ def test_trace_rejects_a_non_png_out_and_an_empty_folder(capsys, tmp_path):
     assert code == 2 and "no trace files" in err
 
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_version_and_help_import_neither_torch_nor_a_command():

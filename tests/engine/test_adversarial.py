@@ -1,4 +1,4 @@
-"""An adversarial pass over the public API: bad inputs beyond tests/test_misuse.py, each judged.
+"""An adversarial pass over the public API: bad inputs beyond tests/engine/test_misuse.py, each judged.
 
 Every case is a call that must be refused. A case is
 
@@ -9,7 +9,7 @@ Every case is a call that must be refused. A case is
 * **silent** : it returns (a wrong result or a corrupted state), or it raised but changed state;
 * **crash**  : it raises anything else (IndexError, KeyError, AttributeError, a torch error).
 
-``python tests/test_adversarial.py`` prints the tally and every case that is not clear; the test
+``python tests/engine/test_adversarial.py`` prints the tally and every case that is not clear; the test
 asserts that all are clear.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _helpers import call_during_decode  # noqa: E402
 from test_misuse import P, busy_engine, state  # noqa: E402

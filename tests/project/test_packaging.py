@@ -17,7 +17,7 @@ from packaging.requirements import Requirement
 
 import mamba_edu
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PACKAGE = Path(mamba_edu.__file__).resolve().parent
 in_checkout = pytest.mark.skipif(not (REPO / "pyproject.toml").exists(),
                                  reason="no pyproject.toml: not a source checkout")

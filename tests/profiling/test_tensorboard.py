@@ -23,7 +23,7 @@ from mamba_edu.profiling.traces import record_trace
 pytest.importorskip("tensorboard")
 pytest.importorskip("torch_tb_profiler")
 
-COMMITTED_RUNS = Path(__file__).resolve().parents[1] / "data" / "runs"
+COMMITTED_RUNS = Path(__file__).resolve().parents[2] / "data" / "runs"
 DEADLINE_S = 50
 
 

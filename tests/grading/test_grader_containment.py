@@ -14,7 +14,7 @@ nbformat = pytest.importorskip("nbformat")  # the notebook tests need it; a bare
 
 pytestmark = pytest.mark.extra
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def alive_with(marker: str) -> list[int]:

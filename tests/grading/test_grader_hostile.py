@@ -21,7 +21,7 @@ nbformat = pytest.importorskip("nbformat")  # the notebook tests need it; a bare
 from mamba_edu.exercises.core import REGISTRY
 from mamba_edu.grading.containment import landlock_abi
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = ROOT / "tests" / "hostile_notebooks"
 SOLUTIONS = ROOT / "notebooks" / "solutions"
 N01 = len(REGISTRY["01_gated_deltanet_recurrence"])  # the exercises of the notebook most tests grade

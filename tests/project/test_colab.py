@@ -17,7 +17,7 @@ nbformat = pytest.importorskip("nbformat")  # the notebook tests need it; a bare
 
 from mamba_edu.exercises.stubs import learner_notebook
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "colab_links.py"
 NOTEBOOKS = ROOT / "notebooks"
 FAKE = "https://github.com/example-owner/example-repo"

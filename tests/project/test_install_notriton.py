@@ -20,7 +20,7 @@ import pytest
 
 pytestmark = pytest.mark.extra
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 HIDE_TRITON = '''\
 import sys

@@ -25,7 +25,7 @@ playwright_api = pytest.importorskip(
     "playwright.sync_api",
     reason="Playwright is optional: pip install -r requirements-ci.txt (.ci/run does), plus a Chromium")
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOK = "00_start_here.ipynb"
 TOKEN = "mamba-edu-browser-test"
 RUN_TIMEOUT_S = 600  # every cell of notebook 00 on a shared CPU, Triton in the interpreter

@@ -7,7 +7,7 @@ import pytest
 from mamba_edu.benchmarks.clocks import clocks_per_row, read_clock_log
 from mamba_edu.benchmarks.ttft import Result, load_results
 
-DATA = Path(__file__).resolve().parent.parent / "data" / "bench"
+DATA = Path(__file__).resolve().parents[2] / "data" / "bench"
 HEADER = "timestamp, clocks.current.sm [MHz], clocks.current.memory [MHz], power.draw [W], temperature.gpu\n"
 
 

@@ -24,7 +24,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PINNED = REPO / "requirements-pinned.txt"
 PYPI = "https://pypi.org/simple"
 

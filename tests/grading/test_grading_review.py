@@ -9,7 +9,7 @@ import pytest
 from mamba_edu.grading import review
 from mamba_edu.grading.review import Flag, review_flags, summary
 
-SOLUTIONS = Path(__file__).resolve().parents[1] / "notebooks" / "solutions"
+SOLUTIONS = Path(__file__).resolve().parents[2] / "notebooks" / "solutions"
 
 #: One plausible cheat per category: the cell, and the reason it must get.
 CHEATS = {

@@ -287,6 +287,8 @@ def _tensor_patches(mode):
         return isinstance(t, FakeTensor) and t.fake_device.type == "cuda"
 
     def guarded(name):
+        # fake_device.call_on_meta does the same; this module keeps its own so that it runs
+        # against an older checkout too (its "before" measurement)
         method = getattr(torch.Tensor, name)
 
         def call(self, *args, **kwargs):

@@ -139,6 +139,27 @@ def _read_recorder():
     return ReadRecorder()
 
 
+def call_on_meta(method, self, args, kwargs):
+    """``method(self, *args, **kwargs)`` (a :data:`GUARDED` ``Tensor`` method) with the fake device
+    tensors among its arguments reporting ``meta`` for the call, since a CPU-only torch has no
+    ``cuda`` device guard; the fake tensors it returns get the fake device back."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._pytree import tree_leaves
+
+    moved = [t for t in tree_leaves((self, args, kwargs)) if _on_device(t)]
+    for t in moved:
+        t.fake_device = torch.device("meta")
+    try:
+        out = method(self, *args, **kwargs)
+    finally:
+        for t in moved:
+            t.fake_device = DEVICE
+    for t in tree_leaves(out) if moved else ():
+        if isinstance(t, FakeTensor) and t.fake_device.type == "meta":
+            t.fake_device = DEVICE
+    return out
+
+
 @contextlib.contextmanager
 def _device_methods(mode):
     """While the block runs, the :data:`GUARDED`, :data:`TO_HOST` and :data:`READS` methods of fake
@@ -158,18 +179,7 @@ def _device_methods(mode):
                 mode.refuse(f"device data read with torch's dispatch switched off (Tensor.{name})")
             if _on_device(self) and name in TO_HOST:
                 mode.refuse(f"a copy of device data to the host (Tensor.{name})")
-            moved = [t for t in tree_leaves((self, args, kwargs)) if _on_device(t)] if name in GUARDED else []
-            for t in moved:
-                t.fake_device = torch.device("meta")
-            try:
-                out = method(self, *args, **kwargs)
-            finally:
-                for t in moved:
-                    t.fake_device = DEVICE
-            for t in tree_leaves(out) if moved else ():
-                if isinstance(t, FakeTensor) and t.fake_device.type == "meta":
-                    t.fake_device = DEVICE
-            return out
+            return call_on_meta(method, self, args, kwargs) if name in GUARDED else method(self, *args, **kwargs)
         return call
 
     names = GUARDED + TO_HOST + READS

@@ -53,6 +53,7 @@ def _grade_class(tmp_path: Path, attack: list[str], confined: bool) -> list[dict
 
 
 @needs_landlock
+@pytest.mark.solutions
 def test_one_student_cannot_touch_the_environment_the_package_or_another_student(tmp_path):
     pth = Path(site.getsitepackages()[0]) / "zz_mamba_edu_isolation_test.pth"
     victim = tmp_path / "cls" / "bob" / "00_start_here.ipynb"
@@ -71,6 +72,7 @@ def test_one_student_cannot_touch_the_environment_the_package_or_another_student
     assert "raise SystemExit" not in package_file.read_text()
 
 
+@pytest.mark.solutions
 def test_unconfined_a_change_made_past_the_audit_hook_zeroes_its_notebook_and_stops_the_run(tmp_path):
     """No Landlock: a write through a shell escapes the judge's audit hook, but not the grader's
     look at the environment after the notebook: 0 for it, and no later grade is trusted."""

@@ -96,6 +96,7 @@ def _solution_cells(path: Path) -> list[str]:
     return ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
 
 
+@pytest.mark.solutions
 def test_the_solutions_are_flagged_only_where_listed():
     found = {(path.stem, f.cell, f.line, f.reason)
              for path in sorted(SOLUTIONS.glob("*.ipynb")) for f in review_flags(_solution_cells(path))}

@@ -2,6 +2,9 @@
 # One GPU call for the lean-engine issue: the GPU tests at HEAD, then the eager fused prefill of
 # qwen3.5-tp8 1 x 512 before (the checkout in .before/, carried) and after (HEAD), arms alternated
 # over $ROUNDS rounds in processes of their own, the SM clock logged. Results in $OUT/lean.tgz.
+# The GPU machine's copy has no usable git history: pass the commit, as
+#   MAMBA_EDU_COMMIT=$(git rev-parse --short HEAD) OUT=... bash scripts/gpu_lean.sh
+# (the benchmarks stamp their files with it).
 set -uo pipefail
 OUT=$(realpath -m "${OUT:-out}"); S=/tmp/lean; rm -rf $S; mkdir -p $S $OUT
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import threading
+from pathlib import Path
 
 import torch
 
@@ -141,3 +144,32 @@ def compare_with_three_kernels_on_gpu(fn, lengths, heads):
     (o, ckpt, pool), (o2, ckpt2, pool2) = runs
     assert rel_err(o2.float(), o.float()) <= 1e-2
     assert rel_err(ckpt2, ckpt) <= 1e-2 and rel_err(pool2, pool) <= 1e-2
+
+
+# --- small profiler traces (the trace loader's tests and the refusals) ---------------------
+
+def ev(name, cat, ts, dur, pid=1, tid=1, **args):
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": pid, "tid": tid,
+            "args": args}
+
+
+def small_trace():
+    """A forward [0, 100] with two kernels and a host sync: bubbles [0,5], [30,60], [80,100]."""
+    return {"traceEvents": [
+        {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python"}},
+        ev("prefill_forward", "user_annotation", 0, 100),
+        ev("aten::mm", "cpu_op", 1, 10),
+        ev("cudaLaunchKernel", "cuda_runtime", 2, 2, correlation=1),
+        ev("K1", "kernel", 5, 25, pid=0, tid=7, correlation=1),
+        ev("aten::nonzero", "cpu_op", 20, 45),
+        ev("cudaStreamSynchronize", "cuda_runtime", 25, 35),
+        ev("cudaLaunchKernel", "cuda_runtime", 61, 2, correlation=2),
+        ev("K2", "kernel", 60, 20, pid=0, tid=7, correlation=2),
+        {"ph": "s", "id": 1, "pid": 1, "tid": 1, "ts": 2, "cat": "ac2g", "name": "ac2g"},
+    ]}
+
+
+def write(path: Path, obj=None, *, text=None, raw=None, gz=False) -> Path:
+    data = raw if raw is not None else (text if text is not None else json.dumps(obj)).encode()
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return path

@@ -333,7 +333,7 @@ def commit_hash() -> str | None:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip() or None
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("MAMBA_EDU_COMMIT")
+        return None
 
 
 def sm_clock_mhz() -> float | None:

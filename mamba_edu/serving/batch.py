@@ -6,7 +6,6 @@ the device tensors are uploaded from those lists with one pinned, non-blocking c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch

@@ -73,7 +73,7 @@ def test_tp_launch_needs_finite_timeouts(kw):
 # --- the trace command: untrusted text, many traces ------------------------------------------
 
 def hostile_trace(path: Path, op: str) -> Path:
-    from test_trace_loader_hostile import small_trace, write
+    from _helpers import small_trace, write
     trace = small_trace()
     for event in trace["traceEvents"]:
         if event["name"] == "aten::nonzero":
@@ -211,7 +211,7 @@ def scratch(tmp: Path) -> Path:
     """The probes' folder: a text file, an empty folder, a small real trace."""
     (tmp / "notes.txt").write_text("hello")
     (tmp / "empty").mkdir()
-    from test_trace_loader_hostile import small_trace, write
+    from _helpers import small_trace, write
     write(tmp / "t.json", small_trace())
     return tmp
 

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _helpers import run_main
+from _helpers import ev, run_main, small_trace, write
 from mamba_edu import data_dir
 from mamba_edu.profiling.bubbles import (
     MAX_STACK_DEPTH,
@@ -45,33 +45,6 @@ MiB = 2**20
 
 # --------------------------------------------------------------------------------------------
 # Helpers
-
-
-def ev(name, cat, ts, dur, pid=1, tid=1, **args):
-    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": pid, "tid": tid,
-            "args": args}
-
-
-def small_trace():
-    """A forward [0, 100] with two kernels and a host sync: bubbles [0,5], [30,60], [80,100]."""
-    return {"traceEvents": [
-        {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python"}},
-        ev("prefill_forward", "user_annotation", 0, 100),
-        ev("aten::mm", "cpu_op", 1, 10),
-        ev("cudaLaunchKernel", "cuda_runtime", 2, 2, correlation=1),
-        ev("K1", "kernel", 5, 25, pid=0, tid=7, correlation=1),
-        ev("aten::nonzero", "cpu_op", 20, 45),
-        ev("cudaStreamSynchronize", "cuda_runtime", 25, 35),
-        ev("cudaLaunchKernel", "cuda_runtime", 61, 2, correlation=2),
-        ev("K2", "kernel", 60, 20, pid=0, tid=7, correlation=2),
-        {"ph": "s", "id": 1, "pid": 1, "tid": 1, "ts": 2, "cat": "ac2g", "name": "ac2g"},
-    ]}
-
-
-def write(path: Path, obj=None, *, text=None, raw=None, gz=False) -> Path:
-    data = raw if raw is not None else (text if text is not None else json.dumps(obj)).encode()
-    path.write_bytes(gzip.compress(data) if gz else data)
-    return path
 
 
 def refused(capsys, path: Path, *words: str) -> str:

@@ -277,6 +277,9 @@ below (each row names its file; the sections below give the run's commit, date a
 """
 
 
+GPU_TESTS_NEWEST = "benchmarks/pytest_gpu_3d0e388_h100.log"  # scripts/gpu_tests.sh
+
+
 def section_tests() -> str:
     return f"""## GPU tests
 
@@ -284,6 +287,8 @@ def section_tests() -> str:
 {run_line("benchmarks/pytest_kernels.log")}
 - Other GPU-marked tests: **{pytest_outcome("serving/pytest_gpu.log")}**  
 {run_line("serving/pytest_gpu.log")}
+- Every GPU-marked test, the newest run: **{pytest_outcome(GPU_TESTS_NEWEST)}**  
+{run_line(GPU_TESTS_NEWEST)}
 """
 
 
@@ -1167,6 +1172,7 @@ def readme_block() -> str:
     breaks = [{r["strategy"]: r["idle_per_break_us"] for r in bucket_rows(lb, rel) if r["mode"] == "breakable"}
               for rel in dict.fromkeys((main, BUCKETS))]
     inside = ("fused", "breakable"), ("fused", "gdn_inside")
+    swing = max(max(r["round_ms"]) / min(r["round_ms"]) for r in bucket_rows(None, BUCKETS) if r["mode"] == "eager")
     header = ["arm", "GPU-bound (qwen3-next, ≤ 8 requests, ≤ 8192 tokens): ms", "vs eager",
               "launch-bound (qwen3.5-tp8, 1 request, ≤ 512 tokens): ms", "vs eager",
               "syncs / forward (qwen3.5-tp8)"]
@@ -1182,7 +1188,7 @@ today, `gdn_inside` the same with the GDN layers inside the graph pieces (SGLang
 whole-forward graph attends with one masked attention over the whole bucket, which costs more
 than all the graphs save. GDN inside the pieces against SGLang's breakable graphs, launch-bound,
 `fused`: {bucket_ratio(main, lb, *inside)} faster in this run, {bucket_ratio(BUCKETS, lb, *inside)} in a
-second run ({tp['device']}, {tp['date'][:10]}, a busy host: its eager rounds differ up to 2×).
+second run ({tp['device']}, {tp['date'][:10]}, a busy host: its eager round medians differ up to {swing:.1f}×).
 Eager `fused` launches {eager['fused']['kernels']} kernels to `sync_free`'s
 {eager['sync_free']['kernels']} at {f(eager['fused']['host_us_per_kernel'], 1)} µs of host time
 each to {f(eager['sync_free']['host_us_per_kernel'], 1)}, so it is faster in all.

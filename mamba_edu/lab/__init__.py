@@ -29,6 +29,11 @@ Modules (each built on the package's public kernels and helpers):
 - :mod:`.prologue_gemms`: projections that compute the RMSNorm, SwiGLU or gated output norm in
   their own GEMM's prologue, one launch instead of two. Never timed against cuBLAS on a GPU.
 
+- :mod:`.fused_bytes`: the byte, FLOP and occupancy model of one fused chunk kernel against our
+  three kernels and FlashInfer's measured times (``data/benchmarks/fused_byte_model.json``,
+  ``docs/fused_design.md``): the bytes would allow about half of FlashInfer's time; the serial
+  chunk loop's tensor-core share decides, which points to a warp-specialised single pass.
+
 Tools that measure the lab beside the package (the benchmarks' face, also never imported):
 
 - :mod:`.bench_lab_arms`: the reference benchmark with the lab's prefills (the chunk loop, the

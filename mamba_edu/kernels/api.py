@@ -1,4 +1,5 @@
-"""Pool-based GDN prefill/decode and causal conv1d: the checks, then :mod:`.launch`.
+"""Pool-based GDN prefill/decode, causal conv1d and the model's fused ops: the checks, then the
+unchecked function of the same name (:mod:`.launch`, :mod:`.fused_ops`).
 
 ``impl="auto"`` runs Triton on CUDA tensors and the torch reference path elsewhere;
 ``"triton"`` forces the kernels (the interpreter on CPU: fp32/fp16 inputs, tiny shapes);
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from mamba_edu.kernels import launch
+from mamba_edu.kernels import fused_ops, launch
 from mamba_edu.kernels.validation import (FLOATS, check_eps, check_flag, check_float,
                                           check_head_dims, check_meta, check_tensor, device_of,
                                           resolve_impl, slot_indices, track_indices)
@@ -230,3 +231,83 @@ def conv1d_decode(x, weight, bias=None, *, conv_pool, state_indices, activation=
                               allow_padding=True)
     return launch.conv1d_decode(x, weight, bias, conv_pool=conv_pool, state_indices=state_t,
                                 activation=activation, impl=impl)
+
+
+def _check_norm(x, weight, eps):
+    """``x [T, D]`` (row-strided allowed) and ``weight [D]`` in x's dtype; returns eps."""
+    check_tensor("x", x, (None, None), device=device_of("x", x), rows=True)
+    check_tensor("weight", weight, (x.shape[1],), device=x.device, dtypes=(x.dtype,))
+    return check_eps(eps)
+
+
+def rms_norm(x, weight, eps, *, impl="auto"):
+    """``x · rsqrt(mean(x²) + eps) · weight`` per row.
+
+    Args:
+        x: ``[T, D]`` (row-strided allowed); weight: ``[D]`` in x's dtype.
+    Returns:
+        ``[T, D]`` in x's dtype.
+    """
+    eps = _check_norm(x, weight, eps)
+    return fused_ops.rms_norm(x, weight, eps, resolve_impl(impl, x.device, x.dtype, "x"))
+
+
+def add_rms_norm(x, delta, weight, eps, *, impl="auto"):
+    """The pre-norm residual step: ``s = x + delta`` (rounded to x's dtype), then ``rms_norm(s)``.
+
+    Args:
+        x, delta: ``[T, D]`` (row-strided allowed, one dtype); weight: ``[D]`` in x's dtype.
+    Returns:
+        ``(s, n)``: the new residual stream and its norm, both ``[T, D]`` in x's dtype.
+    """
+    eps = _check_norm(x, weight, eps)
+    check_tensor("delta", delta, tuple(x.shape), device=x.device, dtypes=(x.dtype,), rows=True)
+    return fused_ops.add_rms_norm(x, delta, weight, eps, resolve_impl(impl, x.device, x.dtype, "x"))
+
+
+def gated_rms_norm(o, z, weight, eps, *, impl="auto"):
+    """The GDN output norm: ``rms_norm(o) · weight · silu(z)`` per head, normalised over V.
+
+    Args:
+        o: ``[T, HV, V]`` contiguous; z: ``[T, HV·V]`` in o's dtype (row-strided allowed: a
+            column slice of the input projection); weight: ``[V]`` in o's dtype.
+    Returns:
+        ``[T, HV, V]`` in o's dtype.
+    """
+    check_tensor("o", o, (None, None, None), device=device_of("o", o))
+    T, HV, V = o.shape
+    check_tensor("z", z, (T, HV * V), device=o.device, dtypes=(o.dtype,), rows=True)
+    check_tensor("weight", weight, (V,), device=o.device, dtypes=(o.dtype,))
+    return fused_ops.gated_rms_norm(o, z, weight, check_eps(eps), resolve_impl(impl, o.device, o.dtype, "o"))
+
+
+def silu_mul(gate_up, *, impl="auto"):
+    """The SwiGLU product ``silu(gate) · up`` of the MLP's fused projection.
+
+    Args:
+        gate_up: ``[T, 2F]``, the gate and up halves side by side (row-strided allowed).
+    Returns:
+        ``[T, F]`` in gate_up's dtype.
+    """
+    check_tensor("gate_up", gate_up, (None, None), device=device_of("gate_up", gate_up), rows=True)
+    if gate_up.shape[1] % 2:
+        raise ValueError(f"gate_up must have an even last dim (gate and up halves); got {gate_up.shape[1]}")
+    return fused_ops.silu_mul(gate_up, resolve_impl(impl, gate_up.device, gate_up.dtype, "gate_up"))
+
+
+def rope(x, cos, sin, *, impl="auto"):
+    """Rotary position embedding, rotate-half form.
+
+    Args:
+        x: ``[T, heads, D]`` (row-strided allowed: each ``x[t]`` contiguous), D even;
+        cos, sin: ``[T, 1, D/2]`` fp32, from :func:`mamba_edu.model.layers.rope_tables`.
+    Returns:
+        ``[T, heads, D]`` in x's dtype.
+    """
+    check_tensor("x", x, (None, None, None), device=device_of("x", x), rows=True)
+    T, heads, D = x.shape
+    if D % 2:
+        raise ValueError(f"x must have an even last dim (RoPE rotates two halves); got {D}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        check_tensor(name, t, (T, 1, D // 2), device=x.device, dtypes=(torch.float32,))
+    return fused_ops.rope(x, cos, sin, resolve_impl(impl, x.device, x.dtype, "x"))

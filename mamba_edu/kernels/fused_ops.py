@@ -11,6 +11,10 @@ are the model's own); ``"triton"`` forces the kernel (the interpreter on CPU: fp
 wider projection, each row contiguous); every result is a new contiguous tensor in the input's
 dtype, computed in fp32 inside the kernels.
 
+The functions here do not check their arguments: the model calls them in every layer with
+tensors it built itself. :mod:`mamba_edu.kernels` exports the same five functions with their
+checks (:mod:`.api`), for a learner who calls them directly.
+
 Every kernel works on rows: row ``r`` of a ``[T, heads, width]`` tensor is head ``r % heads`` of
 token ``r // heads`` (``heads = 1`` for ``[T, width]``), and one program owns ``ROWS`` rows.
 """
@@ -25,7 +29,7 @@ import triton
 import triton.language as tl
 
 from mamba_edu.kernels.tiles import cdiv, next_power_of_2
-from mamba_edu.kernels.validation import check_eps, check_tensor, device_of, resolve_impl
+from mamba_edu.kernels.validation import runs_torch
 
 
 @triton.jit
@@ -123,100 +127,36 @@ def _launch_rms(x, delta, z, weight, eps, heads, stride_x, want_sum):
     return s, y
 
 
-def _impl(impl: str, name: str, x: torch.Tensor) -> str:
-    return resolve_impl(impl, x.device, x.dtype, name)
-
-
-def _check_norm(x, weight, eps):
-    """``x [T, D]`` (row-strided allowed) and ``weight [D]`` in x's dtype; returns eps."""
-    check_tensor("x", x, (None, None), device=device_of("x", x), rows=True)
-    check_tensor("weight", weight, (x.shape[1],), device=x.device, dtypes=(x.dtype,))
-    return check_eps(eps)
-
-
-def rms_norm(x, weight, eps, *, impl="auto"):
-    """``x · rsqrt(mean(x²) + eps) · weight`` per row.
-
-    Args:
-        x: ``[T, D]`` (row-strided allowed); weight: ``[D]`` in x's dtype.
-    Returns:
-        ``[T, D]`` in x's dtype.
-    """
-    eps = _check_norm(x, weight, eps)
-    return _rms_norm(x, weight, eps, _impl(impl, "x", x))
-
-
-def _rms_norm(x, weight, eps, impl):
-    """:func:`rms_norm` on validated inputs, ``impl`` resolved (``"torch"`` or ``"triton"``)."""
-    if impl == "torch":
+def rms_norm(x, weight, eps, impl="auto"):
+    """``x · rsqrt(mean(x²) + eps) · weight`` per row: ``x [T, D]`` (row-strided allowed),
+    ``weight [D]`` in x's dtype → ``[T, D]``."""
+    if runs_torch(impl, x.device):
         return F.rms_norm(x, (x.shape[1],), weight, eps)
     return _launch_rms(x, None, None, weight, eps, 1, x.stride(0), False)[1]
 
 
-def add_rms_norm(x, delta, weight, eps, *, impl="auto"):
+def add_rms_norm(x, delta, weight, eps, impl="auto"):
     """The pre-norm residual step: ``s = x + delta`` (rounded to x's dtype), then ``rms_norm(s)``.
-
-    Args:
-        x, delta: ``[T, D]`` (row-strided allowed, one dtype); weight: ``[D]`` in x's dtype.
-    Returns:
-        ``(s, n)``: the new residual stream and its norm, both ``[T, D]`` in x's dtype.
-    """
-    eps = _check_norm(x, weight, eps)
-    check_tensor("delta", delta, tuple(x.shape), device=x.device, dtypes=(x.dtype,), rows=True)
-    return _add_rms_norm(x, delta, weight, eps, _impl(impl, "x", x))
-
-
-def _add_rms_norm(x, delta, weight, eps, impl):
-    """:func:`add_rms_norm` on validated inputs, ``impl`` resolved."""
-    if impl == "torch":
+    ``x, delta [T, D]`` (row-strided allowed) → ``(s, n)``, both ``[T, D]``."""
+    if runs_torch(impl, x.device):
         s = x + delta
         return s, F.rms_norm(s, (x.shape[1],), weight, eps)
     return _launch_rms(x, delta, None, weight, eps, 1, x.stride(0), True)
 
 
-def gated_rms_norm(o, z, weight, eps, *, impl="auto"):
-    """The GDN output norm: ``rms_norm(o) · weight · silu(z)`` per head, normalised over V.
-
-    Args:
-        o: ``[T, HV, V]`` contiguous; z: ``[T, HV·V]`` in o's dtype (row-strided allowed: a
-            column slice of the input projection); weight: ``[V]`` in o's dtype.
-    Returns:
-        ``[T, HV, V]`` in o's dtype.
-    """
-    check_tensor("o", o, (None, None, None), device=device_of("o", o))
+def gated_rms_norm(o, z, weight, eps, impl="auto"):
+    """The GDN output norm, ``rms_norm(o) · weight · silu(z)`` per head over V: ``o [T, HV, V]``
+    contiguous, ``z [T, HV·V]`` (row-strided allowed), ``weight [V]`` → ``[T, HV, V]``."""
     T, HV, V = o.shape
-    check_tensor("z", z, (T, HV * V), device=o.device, dtypes=(o.dtype,), rows=True)
-    check_tensor("weight", weight, (V,), device=o.device, dtypes=(o.dtype,))
-    eps = check_eps(eps)
-    return _gated_rms_norm(o, z, weight, eps, _impl(impl, "o", o))
-
-
-def _gated_rms_norm(o, z, weight, eps, impl):
-    """:func:`gated_rms_norm` on validated inputs, ``impl`` resolved."""
-    T, HV, V = o.shape
-    if impl == "torch":
+    if runs_torch(impl, o.device):
         return F.rms_norm(o, (V,), weight, eps) * F.silu(z.view(T, HV, V))
     return _launch_rms(o, None, z, weight, eps, HV, HV * V, False)[1].view(T, HV, V)
 
 
-def silu_mul(gate_up, *, impl="auto"):
-    """The SwiGLU product ``silu(gate) · up`` of the MLP's fused projection.
-
-    Args:
-        gate_up: ``[T, 2F]``, the gate and up halves side by side (row-strided allowed).
-    Returns:
-        ``[T, F]`` in gate_up's dtype.
-    """
-    check_tensor("gate_up", gate_up, (None, None), device=device_of("gate_up", gate_up), rows=True)
-    F2 = gate_up.shape[1]
-    if F2 % 2:
-        raise ValueError(f"gate_up must have an even last dim (gate and up halves); got {F2}")
-    return _silu_mul(gate_up, _impl(impl, "gate_up", gate_up))
-
-
-def _silu_mul(gate_up, impl):
-    """:func:`silu_mul` on validated inputs, ``impl`` resolved."""
-    if impl == "torch":
+def silu_mul(gate_up, impl="auto"):
+    """The SwiGLU product ``silu(gate) · up``: ``gate_up [T, 2F]`` (the halves side by side,
+    row-strided allowed) → ``[T, F]``."""
+    if runs_torch(impl, gate_up.device):
         gate, up = gate_up.chunk(2, -1)
         return F.silu(gate) * up
     T, F2 = gate_up.shape
@@ -230,24 +170,14 @@ def _silu_mul(gate_up, impl):
     return y
 
 
-def rope(x, cos, sin, *, impl="auto"):
-    """Rotary position embedding, rotate-half form.
-
-    Args:
-        x: ``[T, heads, D]`` (row-strided allowed: each ``x[t]`` contiguous), D even;
-        cos, sin: ``[T, 1, D/2]`` fp32, from :func:`mamba_edu.model.layers.rope_tables`.
-    Returns:
-        ``[T, heads, D]`` in x's dtype.
-    """
-    check_tensor("x", x, (None, None, None), device=device_of("x", x), rows=True)
-    T, heads, D = x.shape
-    if D % 2:
-        raise ValueError(f"x must have an even last dim (RoPE rotates two halves); got {D}")
-    for name, t in (("cos", cos), ("sin", sin)):
-        check_tensor(name, t, (T, 1, D // 2), device=x.device, dtypes=(torch.float32,))
-    if _impl(impl, "x", x) == "torch":
+def rope(x, cos, sin, impl="auto"):
+    """Rotary position embedding, rotate-half form: ``x [T, heads, D]`` (each ``x[t]``
+    contiguous), ``cos, sin [T, 1, D/2]`` fp32 (:func:`mamba_edu.model.layers.rope_tables`) →
+    ``[T, heads, D]``."""
+    if runs_torch(impl, x.device):
         x1, x2 = x.float().chunk(2, dim=-1)
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    T, heads, D = x.shape
     y = torch.empty(T, heads, D, device=x.device, dtype=x.dtype)
     block, rows, warps = _tiling(D // 2)
     rope_kernel[(cdiv(T * heads, rows),)](

@@ -26,12 +26,7 @@ from mamba_edu.kernels.metadata import checked_indices
 from mamba_edu.kernels.prefill import apply_output_norm, prefill_triton
 from mamba_edu.kernels.torch_path import (conv1d_decode_torch, conv1d_prefill_torch, decode_torch,
                                           prefill_torch)
-from mamba_edu.kernels.validation import default_impl
-
-
-def _runs_torch(impl: str, device) -> bool:
-    """Whether the call takes the torch path (``"auto"``: :func:`~.validation.default_impl`)."""
-    return (default_impl(device) if impl == "auto" else impl) == "torch"
+from mamba_edu.kernels.validation import runs_torch
 
 
 def _host(t):
@@ -60,7 +55,7 @@ def gdn_prefill(q, k, v, g=None, beta=None, *, a=None, b=None, A_log=None, dt_bi
     """:func:`mamba_edu.kernels.gdn_prefill` on checked arguments: ``(o, checkpoints or None)``.
     The gating runs inside when ``a`` is given (then ``A_log``, ``dt_bias`` too)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if _runs_torch(impl, q.device):
+    if runs_torch(impl, q.device):
         if a is not None:
             g, beta = gdn_gating(A_log, a, b, dt_bias)
         o, ckpt = prefill_torch(q, k, v, g, beta, state_pool, _host(state_indices), meta, scale,
@@ -80,7 +75,7 @@ def gdn_decode(q, k, v, a, b, A_log, dt_bias, *, state_pool, state_indices, scal
                use_qk_l2norm=True, impl="auto"):
     """:func:`mamba_edu.kernels.gdn_decode` on checked arguments: ``o [N, HV, V]``."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if _runs_torch(impl, q.device):
+    if runs_torch(impl, q.device):
         return decode_torch(q, k, v, a, b, A_log, dt_bias, state_pool, _host(state_indices),
                             scale, use_qk_l2norm)
     return decode_triton(q, k, v, a, b, A_log, dt_bias, state_pool, _kernel_copy(state_indices),
@@ -90,7 +85,7 @@ def gdn_decode(q, k, v, a, b, A_log, dt_bias, *, state_pool, state_indices, scal
 def conv1d_prefill(x, weight, bias=None, *, conv_pool, state_indices, meta, activation="silu",
                    track_slots=None, track_chunks=None, impl="auto"):
     """:func:`mamba_edu.kernels.conv1d_prefill` on checked arguments: ``y [T, D]``."""
-    if _runs_torch(impl, x.device):
+    if runs_torch(impl, x.device):
         return conv1d_prefill_torch(x, weight, bias, conv_pool, _host(state_indices), meta,
                                     activation, _track_targets(track_slots, track_chunks))
     return conv1d_prefill_triton(x, weight, bias, conv_pool, _kernel_copy(state_indices),
@@ -101,7 +96,7 @@ def conv1d_prefill(x, weight, bias=None, *, conv_pool, state_indices, meta, acti
 def conv1d_decode(x, weight, bias=None, *, conv_pool, state_indices, activation="silu",
                   impl="auto"):
     """:func:`mamba_edu.kernels.conv1d_decode` on checked arguments: ``y [N, D]``."""
-    if _runs_torch(impl, x.device):
+    if runs_torch(impl, x.device):
         return conv1d_decode_torch(x, weight, bias, conv_pool, _host(state_indices), activation)
     return conv1d_update_triton(x, weight, bias, conv_pool, _kernel_copy(state_indices),
                                 activation == "silu")

@@ -81,6 +81,11 @@ def default_impl(device: torch.device) -> str:
     return "triton" if device.type == "cuda" else "torch"
 
 
+def runs_torch(impl: str, device: torch.device) -> bool:
+    """Whether a call with a checked ``impl`` takes the torch path (``"auto"``: :func:`default_impl`)."""
+    return (default_impl(device) if impl == "auto" else impl) == "torch"
+
+
 def resolve_impl(impl: str, device: torch.device, dtype: torch.dtype, name: str = "q") -> str:
     """``impl`` checked and ``"auto"`` resolved (:func:`default_impl`); a forced Triton run on CPU
     must be able to work (``name``: the argument whose dtype decides, for the error message)."""

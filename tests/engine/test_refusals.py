@@ -14,7 +14,7 @@ from _helpers import run_main  # noqa: E402
 from test_misuse import MODEL, P  # noqa: E402
 
 from mamba_edu.engine import MAX_DECODE_STEPS, Engine, Request  # noqa: E402
-from mamba_edu.kernels.fused_ops import add_rms_norm, gated_rms_norm, rms_norm, silu_mul  # noqa: E402
+from mamba_edu.kernels import add_rms_norm, gated_rms_norm, rms_norm, silu_mul  # noqa: E402
 
 
 @pytest.mark.parametrize("argv, says", [

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from mamba_edu import triton_interpreted
-from mamba_edu.kernels.fused_ops import add_rms_norm, gated_rms_norm, rms_norm, rope, silu_mul
+from mamba_edu.kernels import add_rms_norm, gated_rms_norm, rms_norm, rope, silu_mul
 from mamba_edu.model.layers import rope_tables
 from mamba_edu.testing import rel_err
 

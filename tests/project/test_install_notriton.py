@@ -85,7 +85,7 @@ def test_package_imports_and_says_what_needs_triton(no_triton_python):
 def test_a_triton_launch_raises_a_clear_error(no_triton_python):
     code = ("import torch\n"
             "from mamba_edu._runtime import TritonUnavailable\n"
-            "from mamba_edu.kernels.fused_ops import rms_norm\n"
+            "from mamba_edu.kernels import rms_norm\n"
             "x = torch.randn(4, 32); w = torch.ones(32)\n"
             "print(tuple(rms_norm(x, w, 1e-6).shape))\n"
             "try:\n"

@@ -9,6 +9,7 @@
 #   STEP=3 (carry .wB: the second half) FlashInfer installed; the reference table on $CASES with
 #          every arm, then the breakdown of FlashInfer while $BUDGET_S lasts (BREAKDOWN_FI=0: none).
 #          Again with STEP=3 and no carry, on the same warm machine, for more $CASES.
+#   STEP=0 (any carry) stages what it carried and stops.
 #   STEP=4 (no carry; after 1-3 for FlashInfer, else ARMS=ours,lab_scan_builds_wu) the lab's
 #          scan_builds_wu: its GPU test, timed beside ours (and FlashInfer) on the breakdown's
 #          shapes, then its per-kernel breakdown (docs/references.md, "A first step ...").
@@ -22,6 +23,10 @@ command -v ncu >/dev/null || export PATH=$PATH:$(ls -d /opt/nvidia/nsight-comput
 for f in .wR/refs_site.tar.xz .wR/fi_trim.tar.xz; do
     [ -f "$f" ] && [ ! -f "/tmp/site/.got_$(basename "$f")" ] && tar -xJf "$f" -C /tmp/site \
         && touch "/tmp/site/.got_$(basename "$f")"
+done
+for whl in .wR/einops-*.whl; do  # fla imports einops, which not every GPU image has
+    [ -f "$whl" ] && ! python3 -c "import einops" 2>/dev/null && \
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$whl"
 done
 cp -n .wA/* .wB/* /tmp/parts/ 2>/dev/null
 if [ -f /tmp/parts/cu13.tar.xz.part.ab ] && [ -f /tmp/parts/cu13.tar.xz.part.aa ] && [ ! -f /tmp/cut/.got ]; then
@@ -47,9 +52,9 @@ case $STEP in
     step replay 120 python3 -m mamba_edu.benchmarks.replay --out $S/replay.json
     step kernels 150 python3 -m mamba_edu.benchmarks.kernels --out $S/kernels --quick --no-fla \
         --budget-s 90 ;;
-3)  TAIL=20 step references 420 python3 -m mamba_edu.benchmarks.references --out $S/references.json \
+3)  TAIL=20 step references "${REFS_S:-420}" python3 -m mamba_edu.benchmarks.references --out $S/references.json \
         --cases "$CASES" --arms ours,fla_triton,fla_dispatch,flashqla,flashinfer \
-        --clock-log benchmarks/references_staged_clocks.csv
+        --clock-log benchmarks/references_staged_clocks.csv --budget-s "${REFS_BUDGET_S:-1e9}"
     left=$(( ${BUDGET_S:-560} - SECONDS ))
     [ "${BREAKDOWN_FI:-1}" = 1 ] && [ $left -gt 60 ] && TAIL=20 step breakdown_fi $left python3 -m mamba_edu.benchmarks.breakdown \
         --out $S --arms flashinfer --timeout-s 120 --clock-log benchmarks/breakdown_fi_clocks.csv ;;

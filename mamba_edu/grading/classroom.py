@@ -1,24 +1,8 @@
-"""Grading a class: one sub-folder per student, every student scored over the whole course (or
-over the notebooks of one assignment).
-
-The conventions instructors know from nbgrader and otter-grader:
-
-- ``submissions/<student id>/NN_name.ipynb``: a folder with no notebook directly inside but
-  sub-folders is a class folder, and each of its sub-folders is a student, named by its folder
-  (hidden folders are ignored, a symbolic link is refused); a folder that reads both ways is
-  refused;
-- a fixed denominator: every exercise of the notebooks graded is worth its points for every
-  student, and a notebook that was not submitted counts 0, "not submitted";
-- a notebook whose name is not one of the course's is not graded (an instructor decides what it
-  was meant to be) and is reported with the closest course name;
-- the learner handout submitted unchanged is "not done", without a judge;
-- a grade book (one row per student, a column per exercise) and one feedback file per student,
-  every name and message in them printable (:func:`printable`), each naming the seed, version and
-  commit that replay the run (:func:`provenance`).
-
-Each notebook is still graded by :func:`~mamba_edu.grading.grader.grade_paths`, in its own
-judge process; ``jobs`` notebooks, whoever submitted them, are graded at a time, each from a
-thread of this process.
+"""Grading a class, with the conventions of nbgrader and otter-grader: one sub-folder per student,
+scored over the whole course or an assignment (a notebook not submitted counts 0), misnamed
+notebooks reported with the closest name, the handout unchanged "not done" without a judge,
+``jobs`` notebooks graded at a time, a grade book and a feedback file per student, every name
+and message printable, each naming what replays the run. ``docs/teaching.md`` gives the rules.
 """
 
 from __future__ import annotations
@@ -38,21 +22,20 @@ import mamba_edu
 from mamba_edu.exercises import core
 from mamba_edu.exercises.core import ExerciseResult, NotebookResult
 from mamba_edu.grading.containment import JudgeLimits, children, kill_descendants, read_regular
-from mamba_edu.grading.grader import CONFINED, REPO_DIR, Environment, code_cells, fresh_seed, grade_paths
+from mamba_edu.grading.grader import (CONFINED, REPO_DIR, Environment, code_cells, every_exercise,
+                                      fresh_seed, grade_paths)
 
 NAME_BYTES = 64  # a longer student name is shortened: a file name holds at most 255 bytes
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # a spreadsheet may read such a cell as a formula (OWASP)
-HANDOUT = "the handout, unchanged"
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # a spreadsheet may read these as a formula (OWASP)
 
 
 class NothingToGrade(ValueError):
-    """The path holds nothing to grade (no notebook of the course, no student folder), or its
-    layout reads two ways."""
+    """The path holds no notebook of the course and no student folder, or reads two ways."""
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C while grading: ``reports`` holds the students finished before it, ``unfinished``
-    the names of the others (left out of every output)."""
+    """Ctrl-C while grading: the ``reports`` of the students finished before it, and the names of
+    the others."""
 
     def __init__(self, reports: list[StudentReport], unfinished: list[str]):
         super().__init__(f"interrupted: {len(unfinished)} student(s) not finished")
@@ -66,25 +49,23 @@ def _silent(line: str) -> None:
 # --- what reaches the outputs -----------------------------------------------------------------
 
 def printable(text: str) -> str:
-    """``text`` on one line, as every output shows it: each line break becomes ``␤`` and any
-    other control character (or an undecodable byte of a file name) ``�``, so that no message
-    can write a line of its own (``score: 4/4``) into a report."""
+    """``text`` on one line: a line break becomes ``␤``, another control character (or a file
+    name's undecodable byte) ``�``, so that no message writes a line (``score: 4/4``) of its own."""
     one_line = "␤".join(text.splitlines())
     return "".join("�" if unicodedata.category(c) in ("Cc", "Cs") else c for c in one_line)
 
 
 def cell(value):
-    """A CSV cell: a string made printable, with a leading ``'`` where it starts (after spaces)
-    as a formula may."""
+    """A CSV cell: a string made printable, after a ``'`` where it starts (spaces aside) as a
+    formula may."""
     if not isinstance(value, str):
         return value
     return "'" + printable(value) if value.lstrip(" ").startswith(FORMULA_START) else printable(value)
 
 
 def student_name(folder: str) -> str:
-    """The name a student folder is shown by everywhere (reports, CSV, feedback file): the
-    folder's own when it is printable and at most :data:`NAME_BYTES` bytes (a file name, no
-    ``/``), else its printable start, ``…`` and 8 hex digits of its hash (two folders, two names)."""
+    """The name a student folder is shown by: its own when printable and at most
+    :data:`NAME_BYTES` bytes, else its printable start, ``…`` and 8 hex digits of its hash."""
     raw, shown = os.fsencode(folder), printable(folder).replace("/", "�")
     if shown == folder and len(raw) <= NAME_BYTES:
         return folder
@@ -94,8 +75,7 @@ def student_name(folder: str) -> str:
 
 @cache
 def commit() -> str:
-    """The commit of the checkout the package runs from, or ``unknown`` (an installed package,
-    no git): never fails."""
+    """The commit of the checkout the package runs from, or ``unknown``."""
     try:
         top, head = subprocess.run(["git", "-C", str(REPO_DIR), "rev-parse", "--show-toplevel", "HEAD"],
                                    capture_output=True, text=True, timeout=10, check=True).stdout.splitlines()
@@ -110,27 +90,25 @@ def provenance(seed: int) -> dict:
 
 
 def replay(meta: dict) -> str:
-    """:func:`provenance` in words, for the text report and the feedback."""
+    """:func:`provenance` in words."""
     return f"seed {meta['seed']}, mamba_edu {meta['version']}, commit {meta['commit']}"
 
 
 # --- the course's names and points ------------------------------------------------------------
 
 def course_notebooks() -> list[str]:
-    """The stems of the course's notebooks: those with exercises, and the repository's others
-    (the appendices: they have none and are never graded, nor reported as misnamed)."""
+    """The stems of the course's notebooks: those with exercises, and the appendices."""
     return sorted(set(core.REGISTRY) | {p.stem for p in (REPO_DIR / "notebooks").glob("*.ipynb")})
 
 
 def course_points(stems=()) -> int:
-    """The fixed denominator: the points of every exercise of the notebooks ``stems`` (empty:
-    the whole course)."""
+    """The fixed denominator: the points of the notebooks ``stems`` (empty: the course)."""
     return sum(ex.points for stem in (stems or core.REGISTRY) for ex in core.REGISTRY[stem].values())
 
 
 def assignment(choices: str) -> list[str]:
-    """The notebooks ``choices`` names (``05``, ``05,07``, full names), as registry stems;
-    ``ValueError`` naming the choices for one that has no exercises."""
+    """The notebooks ``choices`` names (``05``, ``05,07``, full names); ``ValueError`` for one
+    without exercises."""
     stems = []
     for choice in choices.split(","):
         found = [s for s in core.REGISTRY if choice.strip().removesuffix(".ipynb") in (s, s[:2])]
@@ -142,7 +120,7 @@ def assignment(choices: str) -> list[str]:
 
 
 def closest(stem: str) -> str | None:
-    """The course notebook ``stem`` most likely meant, or None when none is close."""
+    """The course notebook ``stem`` most likely meant, or None."""
     match = difflib.get_close_matches(stem, course_notebooks(), n=1)
     return match[0] if match else None
 
@@ -160,37 +138,32 @@ def score(points: int, max_points: int) -> str:
 
 
 def scored(nb: NotebookResult, e: ExerciseResult) -> int:
-    """The points exercise ``e`` of ``nb`` earned: its worth if it passed in a graded notebook."""
+    """The points exercise ``e`` earned: its worth if it passed in a graded notebook."""
     return e.points if nb.status == "graded" and e.status == core.PASS else 0
 
 
 def earned(nb: NotebookResult) -> int:
-    """The points notebook ``nb`` earned."""
     return sum(scored(nb, e) for e in nb.exercises)
 
 
 def worth(nb: NotebookResult) -> int:
-    """The points notebook ``nb`` was worth."""
     return sum(e.points for e in nb.exercises)
 
 
 # --- the layout -------------------------------------------------------------------------------
 
 def notebooks_in(path: Path) -> list[Path]:
-    """``path`` itself if it names a notebook, else the entries directly inside it whose names end
-    in ``.ipynb`` (files or not: the grader refuses a folder by name), sorted."""
+    """``path`` if it names a notebook, else what lies directly in it named ``*.ipynb`` (a
+    folder too: the grader refuses it by name), sorted."""
     if path.suffix == ".ipynb" and (path.is_symlink() or not path.is_dir()):
         return [path]
-    if path.is_dir():
-        return sorted(p for p in path.iterdir() if p.name.endswith(".ipynb"))
-    return []
+    return sorted(p for p in path.iterdir() if p.name.endswith(".ipynb")) if path.is_dir() else []
 
 
 def is_class_folder(path: Path) -> bool:
-    """A folder with no notebook directly inside, but sub-folders: one per student. Raises
-    :class:`NothingToGrade` for a folder that reads two ways: only folders named like notebooks
-    beside other sub-folders (a class with a student ``bob.ipynb``?), or notebooks beside
-    sub-folders that hold notebooks."""
+    """A folder with sub-folders (one per student) and no notebook directly inside;
+    :class:`NothingToGrade` for one that reads two ways: folders named like notebooks beside
+    other sub-folders, or notebooks beside sub-folders of notebooks."""
     if not path.is_dir():
         return False
     named = notebooks_in(path)
@@ -199,18 +172,18 @@ def is_class_folder(path: Path) -> bool:
         raise NothingToGrade(f"{path} reads two ways: {named[0].name} is a folder named like a notebook, "
                              f"beside the folder {folders[0].name}; rename it, or grade one folder")
     if any(not p.is_dir() for p in named) and (holders := [f for f in folders if notebooks_in(f)]):
-        raise NothingToGrade(f"{path} reads two ways: notebooks ({named[0].name}) beside folders of notebooks "
-                             f"({holders[0].name}); a class folder holds only student folders")
+        raise NothingToGrade(f"{path} reads two ways: notebooks ({named[0].name}) beside folders of "
+                             f"notebooks ({holders[0].name}); a class folder holds only student folders")
     return not named and any(p.is_dir() for p in path.iterdir())
 
 
-# --- one student ------------------------------------------------------------------------------
+# --- grading students -------------------------------------------------------------------------
 
 @dataclass
 class Run:
-    """What a grading run applies to every notebook: each judge's ``timeout`` (s) and
-    ``limits``, ``sandbox``, ``jobs`` judges at a time, the checks' ``seed`` (None: a fresh one)
-    and ``stems``, the notebooks graded (empty: all of the course's)."""
+    """What a run applies to every notebook: the judges' ``timeout`` (s), ``sandbox`` and
+    ``limits``, ``jobs`` judges at a time, the checks' ``seed`` (None: a fresh one) and the
+    notebooks graded, ``stems`` (empty: the course's)."""
 
     timeout: int
     sandbox: bool = False
@@ -222,7 +195,8 @@ class Run:
 
     def __post_init__(self):
         if type(self.jobs) is not int or self.jobs < 1:
-            raise ValueError(f"jobs (notebooks graded at a time) must be a whole number of at least 1, got {self.jobs!r}")
+            raise ValueError("jobs (notebooks graded at a time) must be a whole number of at least 1, "
+                             f"got {self.jobs!r}")
         self.seed = fresh_seed() if self.seed is None else self.seed
         self.stems = tuple(sorted(set(self.stems or core.REGISTRY)))
         self.environment = Environment(CONFINED and not self.sandbox)
@@ -230,8 +204,8 @@ class Run:
 
 @dataclass
 class StudentReport:
-    """One student's grade: ``notebooks`` holds every notebook reported (graded, zero, refused,
-    missing, misnamed); ``reason`` says why the whole folder was refused, if it was."""
+    """One student's grade: every notebook reported (graded, zero, refused, missing, misnamed),
+    and why the whole folder was refused, if it was."""
 
     student: str
     notebooks: list[NotebookResult]
@@ -251,14 +225,14 @@ class StudentReport:
 
 
 def notebook_dict(nb: NotebookResult) -> dict:
-    """One notebook of the JSON report: its fields, with ``passed`` and ``total`` (exercises)
-    and ``points`` and ``max_points``."""
-    return {**asdict(nb), "passed": nb.passed, "total": nb.total, "points": earned(nb), "max_points": worth(nb)}
+    """A notebook of the JSON report, its exercises and points counted."""
+    return {**asdict(nb), "passed": nb.passed, "total": nb.total, "points": earned(nb),
+            "max_points": worth(nb)}
 
 
 def tidy(nb: NotebookResult) -> NotebookResult:
-    """``nb``, changed in place, as every output shows it: its file, reason and messages
-    printable, each exercise worth its registered points."""
+    """``nb`` as every output shows it (changed in place): its texts printable, each exercise
+    worth its registered points."""
     registered = core.REGISTRY.get(Path(nb.file).stem, {})
     nb.file, nb.reason = printable(nb.file), printable(nb.reason)
     for e in nb.exercises:
@@ -267,79 +241,59 @@ def tidy(nb: NotebookResult) -> NotebookResult:
 
 
 def submitted(path: Path, stems=()) -> tuple[list[Path], list[NotebookResult]]:
-    """At ``path`` (a folder or one notebook): the notebooks to grade (those of ``stems``,
-    empty: the course's), and a ``misnamed`` result for each one whose name is not a course
-    notebook's."""
-    found = notebooks_in(path)
-    course = course_notebooks()
-    wrong = [tidy(NotebookResult(p.name, "misnamed", misnamed_reason(p.name))) for p in found if p.stem not in course]
+    """The notebooks at ``path`` (a folder or one notebook) to grade, those of ``stems`` (empty:
+    the course's), and a ``misnamed`` result for each whose name is not a course notebook's."""
+    found, course = notebooks_in(path), course_notebooks()
+    wrong = [tidy(NotebookResult(p.name, "misnamed", misnamed_reason(p.name))) for p in found
+             if p.stem not in course]
     return [p for p in found if p.stem in (stems or core.REGISTRY)], wrong
-
-
-def every_exercise(stem: str, status: str, message: str) -> list[ExerciseResult]:
-    """Each exercise of notebook ``stem``, all with ``status`` and ``message``."""
-    return [ExerciseResult(n, ex.title, status, message, points=ex.points)
-            for n, ex in sorted(core.REGISTRY[stem].items())]
 
 
 def whole_course(results: list[NotebookResult], wrong: list[NotebookResult],
                  why: str = "not submitted", stems=()) -> list[NotebookResult]:
-    """``results`` and ``wrong``, with every notebook of ``stems`` (empty: the course's) not
-    among the results added as missing (naming the misnamed files that look like it), sorted by
-    file: the fixed denominator."""
-    graded = {Path(r.file).stem for r in results}
-    missing = []
+    """``results`` and ``wrong``, and each notebook of ``stems`` (empty: the course's) not among
+    the results as missing (naming the misnamed files that look like it), sorted by file."""
+    graded, missing = {Path(r.file).stem for r in results}, []
     for stem in sorted(set(stems or core.REGISTRY) - graded):
-        lookalikes = [w.file for w in wrong if closest(Path(w.file).stem) == stem]
-        note = f" ({', '.join(lookalikes)} was not graded: its name is not this one)" if lookalikes else ""
-        missing.append(NotebookResult(f"{stem}.ipynb", "missing", why + note,
-                                      every_exercise(stem, core.FAIL, why + note)))
+        lookalikes = ", ".join(w.file for w in wrong if closest(Path(w.file).stem) == stem)
+        reason = why + (f" ({lookalikes} was not graded: its name is not this one)" if lookalikes else "")
+        missing.append(NotebookResult(f"{stem}.ipynb", "missing", reason,
+                                      every_exercise(stem, core.FAIL, reason)))
     return sorted(results + wrong + missing, key=lambda r: r.file)
 
 
 def untouched(path: Path) -> bool:
-    """Whether the code cells of notebook ``path`` are the learner handout's, unchanged (False
-    where there is no handout, or ``path`` is no readable notebook: the grader refuses it)."""
+    """Whether the code cells of notebook ``path`` are the checkout's handout's, unchanged."""
     handout = REPO_DIR / "notebooks" / path.name
     try:
         return handout.is_file() and code_cells(read_regular(path)) == code_cells(handout.read_bytes())
-    except (OSError, ValueError, TypeError, AttributeError, KeyError):
+    except (OSError, ValueError, TypeError, AttributeError, KeyError):  # no notebook: refused later
         return False
 
 
-def _summary(nb: NotebookResult) -> str:
-    if nb.status == "graded":
-        return f"{earned(nb)}/{worth(nb)} ({nb.seconds:.0f} s)"
-    return f"0/{worth(nb)}, {nb.status}: {nb.reason}"
-
-
 def grade_notebook(student: str, path: Path, run: Run, progress) -> NotebookResult:
-    """``student``'s notebook at ``path``, tidied: in a judge of its own, but the handout
-    unchanged, which is not run; ``progress(line)`` as it starts and ends."""
+    """``student``'s notebook at ``path`` in a judge of its own (the handout unchanged is not
+    run), tidied; ``progress(line)`` as it starts and ends."""
     if untouched(path):
-        result = NotebookResult(path.name, "graded", exercises=every_exercise(path.stem, core.NOT_DONE, HANDOUT))
+        result = NotebookResult(path.name, "graded",
+                                exercises=every_exercise(path.stem, core.NOT_DONE, "the handout, unchanged"))
     else:
-        [result] = grade_paths([path], run.timeout, run.sandbox, started=lambda p: progress(f"[{student}] {p.name} …"),
-                               limits=run.limits, seed=run.seed, environment=run.environment)
-    progress(f"[{student}] {result.file}: {_summary(tidy(result))}")
+        [result] = grade_paths([path], run.timeout, run.sandbox, limits=run.limits, seed=run.seed,
+                               environment=run.environment,
+                               started=lambda p: progress(f"[{student}] {p.name} …"))
+    tidy(result)
+    if result.status == "graded":
+        progress(f"[{student}] {result.file}: {earned(result)}/{worth(result)} ({result.seconds:.0f} s)")
+    else:
+        progress(f"[{student}] {result.file}: 0/{worth(result)}, {result.status}: {result.reason}")
     return result
-
-
-def stop(pool: ThreadPoolExecutor, futures: list, spared: frozenset) -> None:
-    """After Ctrl-C: cancel the notebooks not started and kill the judges of those in flight
-    (the processes started since ``spared``, this process's children then, was taken) until no
-    grading thread is left."""
-    pool.shutdown(wait=False, cancel_futures=True)
-    while wait(futures, timeout=0.5).not_done:
-        kill_descendants(keep=spared)
 
 
 def grade_students(students: list[tuple[str, Path]], run: Run, progress=_silent,
                    fixed_denominator: bool = True) -> list[StudentReport]:
-    """Grade the notebooks of each ``(name, folder or notebook)`` of ``students``: each notebook
-    is one job, ``run.jobs`` at a time; the reports in the students' order. ``fixed_denominator``:
-    every notebook of the run is reported, those not submitted as missing; else only what was
-    submitted. Ctrl-C raises :class:`Interrupted` with the students finished before it."""
+    """Grade each ``(name, folder or notebook)``, a job per notebook, ``run.jobs`` at a time; with
+    a ``fixed_denominator`` every notebook of the run is reported (those not submitted missing),
+    else what was submitted. Ctrl-C raises :class:`Interrupted` with the students finished."""
     found = {name: submitted(path, run.stems) for name, path in students}
     for name, (_, wrong) in found.items():
         for result in wrong:
@@ -350,7 +304,7 @@ def grade_students(students: list[tuple[str, Path]], run: Run, progress=_silent,
         return StudentReport(name, whole_course(results, wrong, stems=run.stems) if fixed_denominator
                              else sorted(results + wrong, key=lambda r: r.file))
 
-    spared = frozenset(children())
+    spared = frozenset(children())  # this process's children from before any judge
     with ThreadPoolExecutor(max_workers=run.jobs) as pool:
         jobs = {name: [pool.submit(grade_notebook, name, p, run, progress) for p in gradable]
                 for name, (gradable, _) in found.items()}
@@ -358,36 +312,48 @@ def grade_students(students: list[tuple[str, Path]], run: Run, progress=_silent,
             return [report(name) for name in jobs]
         except KeyboardInterrupt:
             finished = [name for name, mine in jobs.items()
-                        if all(job.done() and not job.cancelled() and job.exception() is None for job in mine)]
-            stop(pool, [job for mine in jobs.values() for job in mine], spared)
-            raise Interrupted([report(name) for name in finished], [n for n in jobs if n not in finished]) from None
+                        if all(j.done() and not j.cancelled() and j.exception() is None for j in mine)]
+            pool.shutdown(wait=False, cancel_futures=True)  # then kill the judges in flight
+            while wait([job for mine in jobs.values() for job in mine], timeout=0.5).not_done:
+                kill_descendants(keep=spared)
+            unfinished = [name for name in jobs if name not in finished]
+            raise Interrupted([report(name) for name in finished], unfinished) from None
 
 
-# --- a class ----------------------------------------------------------------------------------
+def grade_folder(path: Path, timeout: int, progress=_silent, **settings) -> list[StudentReport]:
+    """One student's folder or notebook under ``Run(timeout, **settings)``, scored over what was
+    submitted; the student is named by the folder."""
+    run = Run(timeout, **settings)
+    gradable, wrong = submitted(path, run.stems)
+    if not gradable:
+        raise NothingToGrade(f"no notebook with registered exercises at {path} (expected names like "
+                             f"{course_notebooks()[0]}.ipynb, or one sub-folder per student)"
+                             + "".join(f"; {w.file}: {w.reason}" for w in wrong))
+    folder = Path(os.path.abspath(path))
+    student = student_name(folder.parent.name if folder.suffix == ".ipynb" else folder.name)
+    return grade_students([(student, path)], run, progress, fixed_denominator=False)
+
 
 def students_in(class_dir: Path, stems=()) -> tuple[list[Path], list[StudentReport]]:
-    """The student folders of ``class_dir`` (its sub-folders not hidden, sorted), and a refused
-    report (0 points of the notebooks ``stems``) for each one that is a symbolic link."""
+    """The student folders of ``class_dir`` (not hidden, sorted), and a refused report (0 points
+    of the notebooks ``stems``) for each one that is a symbolic link."""
     folders, refused = [], []
-    for entry in sorted(class_dir.iterdir()):
-        if entry.name.startswith(".") or not entry.is_dir():
-            continue
+    for entry in sorted(p for p in class_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        name = student_name(entry.name)
         if entry.is_symlink():
-            why = f"{student_name(entry.name)} is a symbolic link (copy the student's folder itself)"
-            refused.append(StudentReport(student_name(entry.name),
-                                         whole_course([], [], "not graded: " + why, stems), why))
+            why = f"{name} is a symbolic link (copy the student's folder itself)"
+            refused.append(StudentReport(name, whole_course([], [], "not graded: " + why, stems), why))
         else:
             folders.append(entry)
     return folders, refused
 
 
 def grade_class(class_dir: Path, timeout: int, progress=_silent, **settings) -> list[StudentReport]:
-    """Grade every student of ``class_dir`` under ``Run(timeout, **settings)``, sorted by
-    student. Raises :class:`NothingToGrade` when it holds no student folder, and
-    :class:`Interrupted` (the refused students among its reports) on Ctrl-C."""
+    """Every student of ``class_dir`` under ``Run(timeout, **settings)``, sorted by name."""
     run = Run(timeout, **settings)
     if not class_dir.is_dir():
-        raise NothingToGrade(f"{class_dir}: no such folder (expected a class folder, one sub-folder per student)")
+        raise NothingToGrade(f"{class_dir}: no such folder (expected a class folder, one sub-folder per "
+                             "student)")
     folders, refused = students_in(class_dir, run.stems)
     if not folders and not refused:
         raise NothingToGrade(f"{class_dir} holds no student sub-folders (hidden ones are ignored): "
@@ -405,28 +371,28 @@ def grade_class(class_dir: Path, timeout: int, progress=_silent, **settings) -> 
 # --- what is written out ----------------------------------------------------------------------
 
 def wide_rows(reports: list[StudentReport]) -> list[dict]:
-    """One row per student, as a grade book imports it: the points of each exercise (column
-    ``05.1``: exercise 1 of ``05_….ipynb``), ``total``, ``max_points`` and ``needs_review``, the
-    exercises an instructor should read (``06.1;07.2``)."""
+    """A row per student, as a grade book imports it: the points of each exercise (``05.1``:
+    exercise 1 of ``05_….ipynb``), ``total``, ``max_points``, ``needs_review`` (``06.1;07.2``)."""
     rows = []
     for r in reports:
-        done = [(f"{nb.file[:2]}.{e.number}", scored(nb, e), e.review) for nb in r.notebooks for e in nb.exercises]
-        rows.append({"student": r.student, **{column: points for column, points, _ in done}, "total": r.points,
-                     "max_points": r.max_points, "needs_review": ";".join(column for column, _, why in done if why)})
+        done = {f"{nb.file[:2]}.{e.number}": (scored(nb, e), e.review)
+                for nb in r.notebooks for e in nb.exercises}
+        rows.append({"student": r.student, **{column: points for column, (points, _) in done.items()},
+                     "total": r.points, "max_points": r.max_points,
+                     "needs_review": ";".join(column for column, (_, why) in done.items() if why)})
     return rows
 
 
 def long_rows(reports: list[StudentReport]) -> list[dict]:
-    """One row per (student, exercise) of every notebook reported."""
+    """A row per (student, exercise) of every notebook reported."""
     return [{"student": r.student, "notebook": nb.file, "exercise": e.number, "title": e.title,
              "status": e.status, "points": scored(nb, e), "max_points": e.points, "message": e.message,
-             "review": e.review}
-            for r in reports for nb in r.notebooks for e in nb.exercises]
+             "review": e.review} for r in reports for nb in r.notebooks for e in nb.exercises]
 
 
 def write_csv(reports: list[StudentReport], path: Path, meta: dict, form: str = "wide") -> None:
-    """The grade book: :func:`wide_rows` (or, ``form="long"``, :func:`long_rows`), each row
-    ending with the run's :func:`provenance`, every cell through :func:`cell`."""
+    """The grade book, :func:`wide_rows` or :func:`long_rows`, each row ending with the run's
+    :func:`provenance`, every cell through :func:`cell`."""
     rows = [{**row, **meta} for row in (wide_rows if form == "wide" else long_rows)(reports)]
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, list(dict.fromkeys(key for row in rows for key in row)), restval="")
@@ -436,19 +402,20 @@ def write_csv(reports: list[StudentReport], path: Path, meta: dict, form: str = 
 
 def feedback(report: StudentReport, meta: dict) -> str:
     """A student's feedback in Markdown: the score and the run's provenance, then each notebook
-    with its exercises (one line for a notebook missing, misnamed or not graded)."""
-    lines = [f"# {report.student}: {score(report.points, report.max_points)}", "", f"Graded with {replay(meta)}.", ""]
+    and its exercises."""
+    lines = [f"# {report.student}: {score(report.points, report.max_points)}", "",
+             f"Graded with {replay(meta)}.", ""]
     if report.reason:
         return "\n".join(lines + [f"Not graded: {report.reason}.", ""])
     for nb in report.notebooks:
-        if nb.status == "misnamed":
-            lines.append(f"## {nb.file}: {nb.reason}")
-        elif nb.status == "graded":
+        if nb.status == "graded":
             lines.append(f"## {nb.file}: {earned(nb)}/{worth(nb)}")
-            lines += [f"- exercise {e.number} ({e.title}): {e.status}" + (f" — {e.message}" if e.message else "")
-                      for e in nb.exercises]
+            for e in nb.exercises:
+                message = f" — {e.message}" if e.message else ""
+                lines.append(f"- exercise {e.number} ({e.title}): {e.status}{message}")
         else:
-            lines.append(f"## {nb.file}: 0/{worth(nb)}, {nb.reason}")
+            lines.append(f"## {nb.file}: {nb.reason}" if nb.status == "misnamed"
+                         else f"## {nb.file}: 0/{worth(nb)}, {nb.reason}")
         lines.append("")
     return "\n".join(lines)
 

@@ -1,44 +1,157 @@
 """One notebook's judge: the process that runs the notebook, then checks its answers.
 
-The grader (:mod:`~mamba_edu.grading.grader`) starts this module's :func:`main` with an isolated
-Python (``-I``) in a throwaway copy of the notebook's folder, under resource limits (and where the
-kernel allows, Landlock's confinement), and writes one line of orders to its stdin: the report's
-secret, the notebook's name and code cells. The judge
-
-1. adds its audit hook (:class:`~mamba_edu.grading.watch.Watch`: a write outside the notebook's
-   folders is refused and gives 0; inspection, code built by hand, ``ctypes``… are flagged for
-   review) and remembers the modules as they are (:class:`~mamba_edu.grading.watch.Pristine`),
-2. runs the code cells in an IPython shell of its own (magics work, a failing cell does not stop
-   it, whatever the notebook prints goes nowhere),
-3. puts back what the cells replaced in the package, torch or numpy (flagged), asks the grader for
-   the grading seed (the cells never saw it), then judges each exercise of the registry as it was
-   before any cell ran, with the functions the notebook defined (:func:`judge_exercise`): every
-   call of an answer runs with the package functions and torch ops its exercise forbids absent
-   (:func:`~mamba_edu.exercises.absent.absent`),
-4. writes each step, each flag, then the verdicts, as JSON lines that start with the secret.
-
-A cell or an answer that raises a ``BaseException`` that is not an ``Exception`` (``exit()``,
-``KeyboardInterrupt``), or a cell that runs out of memory, gives the notebook 0 with the reason.
-The notebook runs in this process: ``docs/teaching.md`` says what is guaranteed, and what is only
-flagged for an instructor's review.
+The grader starts :func:`main` as an isolated Python in a throwaway copy of the notebook's folder
+and writes one line of orders to its stdin (the report's secret, the notebook's name and code
+cells). The judge adds its audit hook (:class:`Watch`, which no code in the process can remove),
+runs the cells in an IPython shell of its own, puts back what they replaced in the package
+(:class:`Pristine`), asks for the grading seed, judges each exercise with the registry as it was
+before any cell ran, and reports each step, flag and verdict as a JSON line that starts with the
+secret. A ``BaseException`` that is not an ``Exception`` (``exit()``, ``KeyboardInterrupt``) or a
+cell out of memory gives the notebook 0.
 """
 
+from __future__ import annotations
+
+import builtins
 import dataclasses
 import functools
 import json
 import os
 import sys
+import types
 from json import dumps  # bound before the notebook runs
 
 from mamba_edu.exercises import core
 from mamba_edu.exercises.absent import absent
-from mamba_edu.grading.watch import Pristine, Watch
 
+# --- what the judge watches while the cells run ------------------------------------------------
+
+#: Audit events the notebook's own code raises only to look behind the checks, by reason.
+FLAGGED = {"frame or memory inspection": ("sys._getframe", "sys._current_frames", "gc.get_objects",
+                                          "gc.get_referrers", "gc.get_referents", "object.__getattr__"),
+           "code built or run by hand": ("code.__new__", "function.__new__", "exec", "compile",
+                                         "marshal.loads"),
+           "ctypes": ("ctypes.dlopen", "ctypes.dlsym", "ctypes.addressof", "ctypes.string_at", "ctypes.cdata",
+                      "ctypes.call_function"),
+           "starts a process": ("subprocess.Popen", "os.system", "os.fork", "os.forkpty", "os.exec",
+                                "os.posix_spawn", "os.spawn"),
+           "tracing or auditing": ("sys.setprofile", "sys.settrace", "sys.addaudithook"),
+           "patches a class": ("object.__setattr__", "object.__delattr__")}
+_REASON = {event: reason for reason, events in FLAGGED.items() for event in events}
+#: Audit events that change the file system, with the positions of their path arguments.
+WRITES = {"os.remove": (0,), "os.rmdir": (0,), "os.mkdir": (0,), "os.rename": (0, 1), "os.link": (0, 1),
+          "os.symlink": (1,), "os.chmod": (0,), "os.chown": (0,), "os.utime": (0,), "os.truncate": (0,),
+          "shutil.rmtree": (0,), "shutil.copyfile": (1,), "shutil.copytree": (1,), "shutil.move": (0, 1)}
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+MAX_FLAGS = 20  # the most review lines one notebook sends (each distinct reason and line once)
+
+
+class Watch:
+    """The audit hook of one judge: ``writable`` are the folders it may write into; ``say`` sends
+    a report line (``refused=`` a write, ``review=`` a flag); ``handout`` numbers the code cells
+    that are the handout's own, unchanged (their ``eval`` is the course's, not flagged)."""
+
+    def __init__(self, writable: list[str], say, handout=()):
+        self.writable = tuple(os.path.realpath(p) for p in writable) + ("/dev/null",)
+        self.say, self.handout, self.sent, self.busy = say, set(handout), set(), False
+
+    def __call__(self, event: str, args: tuple) -> None:
+        if not self.busy:  # the hook's own calls (realpath, getframe) are not the notebook's
+            self.busy = True
+            try:
+                self.judge(event, args)
+            finally:
+                self.busy = False
+
+    def inside(self, path) -> bool:
+        if isinstance(path, int):  # a descriptor: it was opened (and judged) before
+            return True
+        path = os.path.realpath(os.fsdecode(path))
+        return any(path == root or path.startswith(root + os.sep) for root in self.writable)
+
+    def judge(self, event: str, args: tuple) -> None:
+        paths = [args[i] for i in WRITES.get(event, ()) if i < len(args)]
+        if event == "open" and args[0] is not None:  # open(path, mode, flags)
+            mode, flags = args[1] or "", args[2] or 0
+            if any(c in mode for c in "wax+") or flags & _WRITE_FLAGS:
+                paths = [args[0]]
+        outside = [p for p in paths if not self.inside(p)]
+        if outside:
+            self.say(refused=f"tried to write {os.fsdecode(outside[0])!s:.200}, outside its folder")
+            raise PermissionError(f"the grader lets a notebook write only inside its folder, "
+                                  f"not {outside[0]}")
+        if event not in _REASON:
+            return
+        frame, reason = sys._getframe(2), f"{_REASON[event]} ({event})"
+        name = frame.f_code.co_filename
+        if name.startswith("<ipython-input-"):  # IPython names code cell N <ipython-input-N-…>
+            where = name.split("-")[2]
+            mine = int(where) not in self.handout
+        else:  # or a module of the notebook's folder
+            where, mine = name, name.startswith(os.getcwd() + os.sep)
+        key = (reason, name, frame.f_lineno)
+        if mine and key not in self.sent and len(self.sent) < MAX_FLAGS:
+            self.sent.add(key)
+            self.say(review=f"{reason} in {frame.f_code.co_name}, cell {where} line {frame.f_lineno}"[:300])
+
+
+#: The modules put back after the cells. (torch fills and wraps its own namespaces lazily; a
+#: cell's patch of torch is flagged by the review scan instead.)
+_WATCHED = ("mamba_edu", "builtins")
+_GONE = object()
+
+
+def _code(value) -> bool:
+    """A function, method or class: what a patch replaces (not a cache the package fills)."""
+    return isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
+                              functools.partial))
+
+
+class Pristine:
+    """The watched modules' namespaces, and the package's classes and function code, as they are
+    now."""
+
+    def __init__(self):
+        self.modules = {name: (m, dict(vars(m))) for name, m in list(sys.modules.items())
+                        if m is not None and name.split(".")[0] in _WATCHED}
+        own = [value for name, (_, namespace) in self.modules.items() if name.startswith("mamba_edu")
+               for value in namespace.values()
+               if isinstance(value, (type, types.FunctionType)) and value.__module__ == name]
+        self.classes = {value: dict(vars(value)) for value in own if isinstance(value, type)}
+        self.code = {value: value.__code__ for value in own if isinstance(value, types.FunctionType)}
+
+    def restore(self) -> list[str]:
+        """Put back what changed since; the functions and classes replaced or added, by name."""
+        changed = []
+        for name, (module, namespace) in self.modules.items():
+            now = vars(module)
+            changed += [f"{name}.{k}" for k, v in namespace.items()
+                        if now.get(k, _GONE) is not v and (_code(v) or _code(now.get(k)))]
+            if name.startswith("mamba_edu"):  # names the cells added (not Triton's interpreter's)
+                added = [k for k in now if k not in namespace and not k.startswith("__")
+                         and (getattr(now[k], "__module__", None) == "__main__" or hasattr(builtins, k))]
+                changed += [f"{name}.{k} (added)" for k in added]
+                for k in added:
+                    del now[k]
+            now.update(namespace)
+        for cls, namespace in self.classes.items():
+            for k, v in namespace.items():
+                if cls.__dict__.get(k, _GONE) is not v and k not in ("__dict__", "__weakref__"):
+                    changed.append(f"{cls.__module__}.{cls.__qualname__}.{k}")
+                    setattr(cls, k, v)
+        for function, code in self.code.items():
+            if function.__code__ is not code:
+                changed.append(f"{function.__module__}.{function.__qualname__} (its code)")
+                function.__code__ = code
+        return changed
+
+
+# --- the notebook's run and the checks ------------------------------------------------------
 
 def guarded(fn, forbidden: tuple[str, ...]):
-    """``fn`` as the check calls it: it runs with ``forbidden`` absent, and a call of one of them
-    fails the answer, even if the answer caught what it raised. (A Triton kernel, launched by its
-    check as ``kernel[grid](…)``, goes as it is: ``_require_kernel`` in ``nb03.py`` checks it.)"""
+    """``fn`` as the check calls it: with ``forbidden`` absent, and failing if it called one of them,
+    even if it caught what that raised. (A Triton kernel goes as it is: ``_require_kernel`` in
+    ``nb03.py`` checks it.)"""
     if not callable(fn) or hasattr(fn, "__getitem__"):
         return fn
 
@@ -66,35 +179,28 @@ def judge_exercise(ex: core.Exercise, namespace: dict, note: str = "") -> core.V
     return core.judge(ex, *(guarded(namespace[name], ex.forbidden) for name in ex.names))
 
 
-def _shell():
-    """IPython without a front end: ``%matplotlib inline`` needs no GUI, ``exit()`` ends the
-    notebook as it ends a kernel. (Imported here: the checks run without IPython.)"""
-    from IPython.core.interactiveshell import InteractiveShell
+def out_of_memory(err: BaseException) -> bool:
+    """Whether an error says an allocation failed (``MemoryError``, numpy's too, or torch's)."""
+    return isinstance(err, MemoryError) or "can't allocate memory" in str(err) or "bad_alloc" in str(err)
 
-    class Shell(InteractiveShell):
+
+def run(orders: dict, say, seed) -> dict:
+    """Run the notebook, then judge its exercises (``say(step=…)`` before each; ``seed()`` asks the
+    grader for the seed): ``{"exercises": [[number, status, message], …]}`` or ``{"zero": reason}``."""
+    from IPython.core.interactiveshell import InteractiveShell  # the checks alone run without IPython
+
+    class Shell(InteractiveShell):  # no front end: %matplotlib needs no GUI, exit() ends the notebook
         def enable_gui(self, gui=None):
             pass
 
         def ask_exit(self):
             raise SystemExit("exit()")
-    return Shell.instance()
 
-
-def out_of_memory(err: BaseException) -> bool:
-    """Whether an error says an allocation failed: ``MemoryError`` (numpy's too), torch's
-    ``can't allocate memory``."""
-    return isinstance(err, MemoryError) or "can't allocate memory" in str(err) or "bad_alloc" in str(err)
-
-
-def run(orders: dict, say, seed) -> dict:
-    """Run the notebook, then judge its exercises (``say(step=…)`` before each; ``seed()`` asks
-    the grader for the grading seed): ``{"exercises": [[number, status, message], …]}`` or
-    ``{"zero": reason}``."""
-    shell, cells, errors = _shell(), orders["cells"], []
+    shell, errors = Shell.instance(), []
     registered = {n: dataclasses.replace(ex) for n, ex in core.REGISTRY[orders["notebook"]].items()}
     pristine = Pristine()
     sys.path.append("")  # the notebook's folder, as in Jupyter, after the package and its libraries
-    for number, source in enumerate(cells, 1):
+    for number, source in enumerate(orders["cells"], 1):
         say(step=f"code cell {number}")
         result = shell.run_cell(source, store_history=True)
         err = result.error_before_exec or result.error_in_exec
@@ -119,8 +225,8 @@ def run(orders: dict, say, seed) -> dict:
 
 
 def main() -> None:
-    """Read the orders, judge the notebook, write the verdict (the grader kills what the notebook
-    started before it reports it)."""
+    """Read the orders, judge the notebook, write the verdict; whatever the notebook left running
+    is the grader's to kill."""
     orders = json.loads(sys.stdin.readline())
     report, grader = os.fdopen(os.dup(1), "w"), os.fdopen(os.dup(0), "r")
     nowhere = os.open(os.devnull, os.O_RDWR)

@@ -1,15 +1,8 @@
 """What the checks cannot judge: a static scan that flags the cells an instructor should read.
 
-An answer runs inside its own judge, so a notebook that patches the checks, reads their frames,
-switches torch's modes off or writes outside its folder changes its own verdict (``docs/teaching.md``,
-"What is protected, and what is not"). :func:`review_flags` names, by cell and line, every use of
-the routes listed there: threads and processes, ``ctypes``/``cffi``/``mmap``, frame or memory
-inspection, code built at run time, torch's mode switches, file access outside the notebook's
-folder, writes to the output, assignments to the package, dynamic attribute access.
-
-A static scan is defeated by obfuscation (names assembled from strings, an import hidden behind
-a computed name, a route reached through an allowed object); it flags, it does not prove. Its
-point is that no route the docs name passes unflagged. Nothing here imports torch.
+:func:`review_flags` names, by cell and line, every use of the routes ``docs/teaching.md`` lists
+as flagged. Names assembled from strings or reached through an allowed object defeat it: it
+flags, it does not prove. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -41,33 +34,26 @@ MAGIC = "runs a shell command or an unusual magic"
 UNPARSED = "could not be parsed"
 
 #: Imported names (a module, or one of its members) and the reason their use is flagged.
-MODULES = {
-    **dict.fromkeys(("threading", "_thread", "concurrent.futures", "multiprocessing", "subprocess", "signal",
-                     "os.fork", "os.forkpty", "os.system", "os.popen", "os.kill", "os.killpg", "os.posix_spawn",
-                     "os.execv", "os.execve", "os.spawnv", "pty"), THREADS),
-    **dict.fromkeys(("ctypes", "cffi", "mmap"), RAW_MEMORY),
-    **dict.fromkeys(("sys._getframe", "sys.settrace", "sys.setprofile", "sys.modules", "gc", "traceback",
-                     "inspect.currentframe", "inspect.stack", "inspect.trace", "inspect.getouterframes",
-                     "inspect.getinnerframes", "inspect.getclosurevars", "inspect.getgeneratorlocals"), FRAMES),
-    **dict.fromkeys(("importlib", "types.FunctionType", "types.CodeType", "types.LambdaType", "runpy",
-                     "marshal", "builtins"), CODE),
-    **dict.fromkeys(("torch._C._", "torch.library", "torch.utils._python_dispatch", "torch.overrides"), TORCH_MODES),
-    **dict.fromkeys(("sys.stdout", "sys.stderr", "sys.__stdout__", "sys.__stderr__", "os.write", "os.dup",
-                     "os.dup2", "os.fdopen", "os.open", "os.pipe"), OUTPUT),
-    **dict.fromkeys(("os.remove", "os.unlink", "os.rename", "os.replace", "os.rmdir", "os.removedirs",
-                     "os.symlink", "os.link", "os.chmod", "os.truncate", "os.listdir", "os.scandir", "os.walk",
-                     "os.chdir", "glob"), FILES),
-}
-
+MODULES = {name: reason for reason, names in (
+    (THREADS, "threading _thread concurrent.futures multiprocessing subprocess signal os.fork os.forkpty "
+              "os.system os.popen os.kill os.killpg os.posix_spawn os.execv os.execve os.spawnv pty"),
+    (RAW_MEMORY, "ctypes cffi mmap"),
+    (FRAMES, "sys._getframe sys.settrace sys.setprofile sys.modules gc traceback inspect.currentframe "
+             "inspect.stack inspect.trace inspect.getouterframes inspect.getinnerframes "
+             "inspect.getclosurevars inspect.getgeneratorlocals"),
+    (CODE, "importlib types.FunctionType types.CodeType types.LambdaType runpy marshal builtins"),
+    (TORCH_MODES, "torch._C._ torch.library torch.utils._python_dispatch torch.overrides"),
+    (OUTPUT, "sys.stdout sys.stderr sys.__stdout__ sys.__stderr__ os.write os.dup os.dup2 os.fdopen os.open "
+             "os.pipe"),
+    (FILES, "os.remove os.unlink os.rename os.replace os.rmdir os.removedirs os.symlink os.link os.chmod "
+            "os.truncate os.listdir os.scandir os.walk os.chdir glob")) for name in names.split()}
 #: Attribute or member names flagged wherever they appear.
-ANYWHERE = {
-    **dict.fromkeys(("_getframe", "f_back", "f_locals", "f_globals", "f_code", "tb_frame", "gi_frame", "cr_frame",
-                     "__code__", "__globals__", "__closure__", "__builtins__"), FRAMES),
-    **dict.fromkeys(("__import__",), CODE),
-    **dict.fromkeys(("TorchDispatchMode", "TorchFunctionMode", "_disable_current_modes", "_DisableTorchDispatch",
-                     "set_sync_debug_mode"), TORCH_MODES),
-}
-
+ANYWHERE = {name: reason for reason, names in (
+    (FRAMES, "_getframe f_back f_locals f_globals f_code tb_frame gi_frame cr_frame __code__ __globals__ "
+             "__closure__ __builtins__"),
+    (CODE, "__import__"),
+    (TORCH_MODES, "TorchDispatchMode TorchFunctionMode _disable_current_modes _DisableTorchDispatch "
+                  "set_sync_debug_mode")) for name in names.split()}
 BUILTINS = {"exec": CODE, "eval": CODE, "compile": CODE, "__import__": CODE, "breakpoint": FRAMES}
 PATH_WRITES = {"write_text", "write_bytes", "unlink", "touch", "symlink_to", "hardlink_to", "rmdir"}
 #: Magics that leave the rest of the line, or of the cell, plain Python.
@@ -75,8 +61,8 @@ PYTHON_MAGICS = {"matplotlib", "time", "timeit", "config", "load_ext", "autorelo
 
 
 def _prepare(source: str) -> tuple[str, list[int]]:
-    """The cell with IPython's magics, shell lines and help lines commented out (lines kept), and
-    the lines holding a magic that is not in :data:`PYTHON_MAGICS` (or a ``!`` shell command)."""
+    """The cell with IPython's magics, shell and help lines commented out (lines kept), and the
+    lines of a magic not in :data:`PYTHON_MAGICS` or a ``!`` shell command."""
     lines, odd = source.splitlines(), []
     for i, line in enumerate(lines):
         bare = line.lstrip()
@@ -93,24 +79,23 @@ def _prepare(source: str) -> tuple[str, list[int]]:
 def _aliases(trees) -> dict[str, str]:
     """``local name → dotted name`` of every import of the notebook, whatever its cell."""
     names = {}
-    for tree in trees:
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                for a in node.names:
-                    names[a.asname or a.name.partition(".")[0]] = a.name if a.asname else a.name.partition(".")[0]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+    for node in (node for tree in trees for node in ast.walk(tree)):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                names[a.asname or a.name.partition(".")[0]] = a.name if a.asname else a.name.partition(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
     return names
 
 
-def _dotted(node, aliases: dict) -> str | None:
-    """``a.b.c`` for an attribute chain whose head is an imported name, else None."""
+def _dotted(node, aliases: dict) -> str:
+    """``a.b.c`` for an attribute chain whose head is an imported name, else ``""``."""
     parts = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)
         node = node.value
     if not isinstance(node, ast.Name) or node.id not in aliases:
-        return None
+        return ""
     return ".".join([aliases[node.id], *reversed(parts)])
 
 
@@ -122,16 +107,16 @@ def _named(dotted: str) -> str | None:
     return next((ANYWHERE[p] for p in dotted.split(".") if p in ANYWHERE), None)
 
 
+def _literal(node) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
 def _safe_path(node) -> bool:
     """A plain relative string literal that stays inside the notebook's folder."""
-    if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+    if not _literal(node):
         return False
     path = node.value.replace("\\", "/")
     return not path.startswith(("/", "~")) and ":" not in path and ".." not in path.split("/")
-
-
-def _literal(node) -> bool:
-    return isinstance(node, ast.Constant) and isinstance(node.value, str)
 
 
 def _call_reason(node: ast.Call, aliases: dict) -> str | None:
@@ -139,9 +124,9 @@ def _call_reason(node: ast.Call, aliases: dict) -> str | None:
     not :func:`_safe_path`, ``getattr``/``setattr`` with a computed name or on the package."""
     func, args = node.func, node.args
     name = func.id if isinstance(func, ast.Name) and func.id not in aliases else None
-    dotted = _dotted(func, aliases) or ""
+    dotted = _dotted(func, aliases)
     if name in ("getattr", "setattr", "delattr", "hasattr") and len(args) > 1:
-        if name != "getattr" and name != "hasattr" and (_dotted(args[0], aliases) or "").startswith("mamba_edu"):
+        if name in ("setattr", "delattr") and _dotted(args[0], aliases).startswith("mamba_edu"):
             return PATCH
         return None if _literal(args[1]) else DYNAMIC
     if name == "vars" and args and _dotted(args[0], aliases):
@@ -149,17 +134,12 @@ def _call_reason(node: ast.Call, aliases: dict) -> str | None:
     if name == "open" or dotted in ("io.open", "pathlib.Path.open", "codecs.open"):
         return None if args and _safe_path(args[0]) else FILES
     if dotted.startswith("shutil."):
-        return None if args and all(_safe_path(a) for a in args) else FILES
+        return None if args and all(map(_safe_path, args)) else FILES
     if isinstance(func, ast.Attribute) and func.attr in PATH_WRITES:
-        path = func.value
-        literal = isinstance(path, ast.Call) and (_dotted(path.func, aliases) or "").startswith("pathlib.")
+        path = func.value  # safe only as pathlib.Path('relative/literal')
+        literal = isinstance(path, ast.Call) and _dotted(path.func, aliases).startswith("pathlib.")
         return None if literal and path.args and _safe_path(path.args[0]) else FILES
     return BUILTINS.get(name)
-
-
-def _patched(dotted: str) -> bool:
-    """An attribute of the package, torch or numpy (torch's settings, ``torch.backends``, aside)."""
-    return dotted.startswith(("mamba_edu.", "torch.", "numpy.")) and not dotted.startswith("torch.backends.")
 
 
 def _dunder_built(node) -> bool:
@@ -173,22 +153,22 @@ def _reasons(tree, aliases: dict):
     """``(line, reason)`` for every flagged node of one cell's syntax tree."""
     for node in ast.walk(tree):
         line = getattr(node, "lineno", None)
-        if isinstance(node, ast.Import):
-            yield from ((line, r) for a in node.names if (r := _named(a.name)))
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            yield from ((line, r) for a in node.names if (r := _named(f"{node.module}.{a.name}")))
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            module = f"{node.module}." if getattr(node, "module", None) else ""
+            yield from ((line, r) for a in node.names if (r := _named(module + a.name)))
         elif isinstance(node, (ast.Attribute, ast.Name)):
-            dotted = _dotted(node, aliases)
-            reason = _named(dotted) if dotted else ANYWHERE.get(getattr(node, "attr", getattr(node, "id", "")))
-            if reason:
+            dotted = _dotted(node, aliases)  # an imported name's, else a bare name or attribute
+            if reason := _named(dotted) if dotted else ANYWHERE.get(getattr(node, "attr", None) or node.id):
                 yield line, reason
             if isinstance(node, ast.Attribute) and node.attr == "__dict__" and _dotted(node.value, aliases):
                 yield line, FRAMES
         elif isinstance(node, ast.Call) and (reason := _call_reason(node, aliases)):
             yield line, reason
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
-            targets = getattr(node, "targets", None) or [node.target]
-            if any(isinstance(t, ast.Attribute) and _patched(_dotted(t, aliases) or "") for t in targets):
+            # an attribute of the package, torch or numpy (torch's settings, torch.backends, aside)
+            targets = [_dotted(t, aliases) for t in getattr(node, "targets", None) or [node.target]]
+            if any(t.startswith(("mamba_edu.", "torch.", "numpy.")) and not t.startswith("torch.backends.")
+                   for t in targets):
                 yield line, PATCH
         elif _dunder_built(node):
             yield line, DYNAMIC
@@ -210,14 +190,14 @@ def review_flags(cells: list[str]) -> list[Flag]:
     flags = set()
     for number, (source, (_, odd), tree) in enumerate(zip(cells, prepared, trees), 1):
         lines = source.splitlines() or [""]
-        found = {(n, MAGIC) for n in odd} | ({(1, UNPARSED)} if tree is None else set(_reasons(tree, aliases)))
+        found = {(n, MAGIC) for n in odd} | (set(_reasons(tree, aliases)) if tree else {(1, UNPARSED)})
         flags |= {Flag(number, n, reason, lines[min(n, len(lines)) - 1].strip()[:120]) for n, reason in found}
     return sorted(flags, key=lambda f: (f.cell, f.line, f.reason))
 
 
 def summary(flags: list[Flag], limit: int = 400) -> str:
-    """One line for the grade book, at most about ``limit`` characters: ``needs review: cell 3
-    line 2 uses threads or processes (threading.Thread(...)); …``, or ``""`` without flags."""
+    """One line, at most about ``limit`` characters: ``needs review: cell 3 line 2 uses threads or
+    processes (threading.Thread(...)); …``, or ``""`` without flags."""
     if not flags:
         return ""
     line = "needs review:"

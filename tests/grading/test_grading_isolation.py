@@ -22,7 +22,7 @@ nbformat = pytest.importorskip("nbformat")
 
 from mamba_edu.grading import grader
 from mamba_edu.grading.containment import JudgeLimits, landlock_abi
-from mamba_edu.grading.watch import Pristine
+from mamba_edu.grading.judge import Pristine
 
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTION_00 = ROOT / "notebooks" / "solutions" / "00_start_here.ipynb"
@@ -104,7 +104,7 @@ def test_a_confined_process_reads_and_writes_only_its_folders(tmp_path):
 
 
 def test_the_audit_hook_refuses_a_write_outside_and_flags_inspection(tmp_path):
-    code = ("import os, sys\nfrom mamba_edu.grading.watch import Watch\nsaid = []\n"
+    code = ("import os, sys\nfrom mamba_edu.grading.judge import Watch\nsaid = []\n"
             "sys.addaudithook(Watch([os.getcwd()], lambda **m: said.append(m)))\n"
             "open('inside.txt', 'w').write('fine')\n"
             f"try:\n    open({str(tmp_path / 'outside.txt')!r}, 'w')\nexcept PermissionError:\n    pass\n"

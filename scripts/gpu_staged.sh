@@ -20,7 +20,7 @@ export PYTHONPATH=/tmp/site:/tmp/cut:/tmp/cut/nvidia_cutlass_dsl/dsl_packages:$P
     PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 source scripts/gpu_step.sh
 command -v ncu >/dev/null || export PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ 2>/dev/null | tail -1)
-for f in .wR/refs_site.tar.xz .wR/fi_trim.tar.xz; do
+for f in .w?/refs_site.tar.xz .w?/fi_trim.tar.xz; do
     [ -f "$f" ] && [ ! -f "/tmp/site/.got_$(basename "$f")" ] && tar -xJf "$f" -C /tmp/site \
         && touch "/tmp/site/.got_$(basename "$f")"
 done
@@ -28,7 +28,7 @@ for whl in .wR/einops-*.whl; do  # fla imports einops, which not every GPU image
     [ -f "$whl" ] && ! python3 -c "import einops" 2>/dev/null && \
         python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$whl"
 done
-cp -n .wA/* .wB/* /tmp/parts/ 2>/dev/null
+cp -n .wA/*.whl .wA/*.part.* .wB/*.part.* /tmp/parts/ 2>/dev/null
 if [ -f /tmp/parts/cu13.tar.xz.part.ab ] && [ -f /tmp/parts/cu13.tar.xz.part.aa ] && [ ! -f /tmp/cut/.got ]; then
     # the four CUTLASS DSL packages share nvidia_cutlass_dsl/: the three wheels in one pip call,
     # then libs-cu13 unpacked over them

@@ -23,7 +23,7 @@ export TRITON_INTERPRET ?= 1
 export MPLBACKEND ?= Agg
 endif
 
-.PHONY: setup check-python demo test test-extra test-all lab lab-solutions lab-quiet notebooks lock clean help
+.PHONY: setup check-python demo test test-extra test-triton-newest test-all lab lab-solutions lab-quiet notebooks lock clean help
 
 setup: $(STAMP)
 
@@ -70,7 +70,7 @@ demo: $(STAMP)
 # two pytest processes side by side, one core each (scripts/run_tests.py).
 # make test-extra: the rest (nbval over notebooks/solutions, the no-Triton venv, the hostile-grader
 # corpus, 2-rank tensor parallelism, PyPI resolution, the learner copy's own make test, browser,
-# HTA); make test-all runs both. One torch thread per process: tiny tensors gain nothing from more,
+# HTA, and the kernels under the newest Triton: test-triton-newest); make test-all runs both. One torch thread per process: tiny tensors gain nothing from more,
 # and on a loaded machine they oversubscribe the cores. pytest exits 5 when it collects nothing;
 # that is not a failure of the code. -rs (pyproject's addopts) lists every skip with its reason.
 PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -p no:cacheprovider -q
@@ -83,6 +83,24 @@ test: $(STAMP)
 test-extra: $(STAMP)
 	$(PYTEST) notebooks/solutions $(NBVAL) $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(PYTEST) tests -m extra $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(MAKE) --no-print-directory test-triton-newest
+
+# The kernels under the newest Triton that pyproject.toml allows (a CPU-only torch requires no
+# triton, so `pip install -e .` there picks it), in the interpreter, GPUs hidden: that triton alone
+# (it has no dependencies) in a folder of .venv, ahead of the lock's on PYTHONPATH; .venv keeps the
+# lock's. About 1 GB on disk, a minute. tests/project/test_packaging.py keeps TRITON_NEWEST inside
+# pyproject's range.
+TRITON_NEWEST     ?= 3.9.0
+TRITON_NEWEST_DIR := $(VENV)/triton-$(TRITON_NEWEST)
+
+test-triton-newest: $(STAMP)
+	@echo "==> test-triton-newest: tests/kernels and tests/gdn in the interpreter under triton $(TRITON_NEWEST) ($(TRITON_NEWEST_DIR))"
+	test -d $(TRITON_NEWEST_DIR) || { rm -rf $(TRITON_NEWEST_DIR).part && \
+	  $(PIP) -q --no-deps --target $(TRITON_NEWEST_DIR).part "triton==$(TRITON_NEWEST)" && \
+	  mv $(TRITON_NEWEST_DIR).part $(TRITON_NEWEST_DIR); }
+	PYTHONPATH=$(abspath $(TRITON_NEWEST_DIR)) $(PY) -c 'import triton; assert triton.__version__ == "$(TRITON_NEWEST)", triton.__file__'
+	CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 PYTHONPATH=$(abspath $(TRITON_NEWEST_DIR)) \
+	  $(PYTEST) tests/kernels tests/gdn $(PYTEST_ARGS)
 
 test-all: test test-extra
 
@@ -129,8 +147,9 @@ help:
 	@echo "make setup      create .venv (Python >= 3.11) and install the pinned set; CPU-only torch without a GPU"
 	@echo "make demo       run the main job on the default device (python -m mamba_edu demo)"
 	@echo "make test       unit tests + nbval over the learner notebooks, about 2½ min on 2 cores (skips listed with reasons)"
-	@echo "make test-extra the slower rest: solutions, no-Triton venv, hostile grading, 2-rank TP, PyPI, learner copy"
+	@echo "make test-extra the slower rest: solutions, no-Triton venv, hostile grading, 2-rank TP, PyPI, learner copy, newest Triton"
 	@echo "make test-all   both, as CI (.ci/run) runs them"
+	@echo "make test-triton-newest  the kernel tests in the interpreter under the newest Triton allowed (part of test-extra)"
 	@echo "make lab        open JupyterLab on the learner notebooks and docs/ (solutions hidden; works as root, no news pop-up)"
 	@echo "make lab-solutions  the same with notebooks/solutions/ shown (for instructors)"
 	@echo "make notebooks  regenerate the learner notebooks from the solutions and execute both"

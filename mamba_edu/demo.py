@@ -204,11 +204,82 @@ def check_fits(parser: argparse.ArgumentParser, preset: str, device: torch.devic
     from mamba_edu.model.hybrid import weight_bytes
 
     need = weight_bytes(preset, torch.bfloat16 if device.type == "cuda" else torch.float32)
-    have = free_memory_bytes(device)
+    have, where = free_memory_bytes(device), device.type
+    if device.type == "cpu" and (limited := cgroup_memory_free()) is not None:
+        if have is None or limited < have:  # a container's limit, below what the host has free
+            have, where = limited, "cpu (this container's memory limit)"
     if have is not None and need > have:
         parser.error(f"--preset {preset} needs about {need / 2**30:.1f} GiB for its weights alone, and "
-                     f"{device.type} has {have / 2**30:.1f} GiB free: use --preset tiny (or qwen3.5-tp8, "
+                     f"{where} has {have / 2**30:.1f} GiB free: use --preset tiny (or qwen3.5-tp8, "
                      f"one GPU's slice of Qwen3.5)")
+
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")    # where the cgroup file systems are mounted
+PROC_CGROUP = Path("/proc/self/cgroup")  # this process's cgroup, one line per hierarchy
+NO_LIMIT = 2**60                         # cgroup v1 writes "no limit" as a number near 2**63
+
+
+def cgroup_memory_free(root: Path | None = None, proc_cgroup: Path | None = None) -> int | None:
+    """Bytes this process's memory cgroup (a container's ``--memory``) can still take: its limit
+    less what it uses, page cache it can drop (``inactive_file``) not counted; the lowest over the
+    cgroup and its ancestors, which limit it too. cgroup v2 (``memory.max``, ``memory.current``)
+    and v1 (``memory/…/memory.limit_in_bytes``, ``memory.usage_in_bytes``). None where no limit is
+    set or none can be read. ``/proc/meminfo``'s ``MemAvailable`` is the host's: a container sees
+    the host's memory there, not its own limit."""
+    root = CGROUP_ROOT if root is None else Path(root)
+    proc_cgroup = PROC_CGROUP if proc_cgroup is None else Path(proc_cgroup)
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        lines = []
+    folders = []  # (folder, limit file, usage file, inactive page cache key of memory.stat)
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":
+            folders.append((root, path, "memory.max", "memory.current", "inactive_file"))
+        elif "memory" in controllers.split(","):
+            folders.append((root / "memory", path, "memory.limit_in_bytes", "memory.usage_in_bytes",
+                            "total_inactive_file"))
+    if not lines:  # nothing says where: the mount points themselves (a container's own cgroup)
+        folders = [(root, "/", "memory.max", "memory.current", "inactive_file"),
+                   (root / "memory", "/", "memory.limit_in_bytes", "memory.usage_in_bytes",
+                    "total_inactive_file")]
+    lowest = None
+    for mount, path, limit_name, usage_name, cache_key in folders:
+        # The cgroup's folder and every ancestor up to the mount point; inside a container the
+        # path of /proc/self/cgroup may not exist under the mount, whose top is then its cgroup.
+        parts = [p for p in path.strip("/").split("/") if p]
+        for depth in range(len(parts), -1, -1):
+            folder = mount.joinpath(*parts[:depth])
+            limit = _read_int(folder / limit_name)
+            if limit is None or limit >= NO_LIMIT:
+                continue
+            used = _read_int(folder / usage_name) or 0
+            used -= _memory_stat(folder / "memory.stat", cache_key)
+            free = max(limit - max(used, 0), 0)
+            lowest = free if lowest is None else min(lowest, free)
+    return lowest
+
+
+def _read_int(path: Path) -> int | None:
+    """The number in a cgroup file; None for ``max`` (no limit) or an unreadable file."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _memory_stat(path: Path, key: str) -> int:
+    """One entry of a cgroup's ``memory.stat`` (0 where absent)."""
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key and value.strip().isdigit():
+                return int(value)
+    except OSError:
+        pass
+    return 0
 
 
 def check_tp_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -37,44 +37,60 @@ import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from mamba_edu.engine import CAPTURE_MODES, Bucket
+    from mamba_edu.engine import Bucket
 
+# Plain data, no torch: the cases are read by --help's parser, notebook 12 and its tests, and
+# importing mamba_edu.engine imports torch (seconds). tests/benchmarks/test_bench_buckets.py checks
+# that these names are the engine's and the serving layer's.
 STRATEGIES = ("naive", "precomputed", "sync_free", "fused")
+CAPTURE_MODES = ("breakable", "gdn_inside", "graph")
 
 
 @dataclass(frozen=True)
 class BucketCase:
-    """A preset and a bucket; ``lengths`` draws a batch's lengths (None: any that fits)."""
+    """A preset and a bucket (``max_tokens``, ``max_requests``); ``batch_tokens``: every batch
+    is one request of that many tokens (the sweep), else any batch that fits the bucket."""
 
     name: str
     preset: str
-    bucket: Bucket
+    max_tokens: int
+    max_requests: int
     batch_tokens: tuple[int, int] | None = None  # one request of this many tokens (the sweep)
+
+    @property
+    def bucket(self) -> Bucket:
+        """The engine's :class:`~mamba_edu.engine.Bucket` of this case (imports the engine)."""
+        from mamba_edu.engine import Bucket
+
+        return Bucket(self.max_tokens, self.max_requests)
 
 
 CASES = [
-    BucketCase("launch_bound_512x1", "qwen3.5-tp8", Bucket(512, 1)),
-    BucketCase("launch_bound_4096x16", "qwen3.5-tp8", Bucket(4096, 16)),
-    BucketCase("gpu_bound_8192x8", "qwen3-next", Bucket(8192, 8)),
+    BucketCase("launch_bound_512x1", "qwen3.5-tp8", 512, 1),
+    BucketCase("launch_bound_4096x16", "qwen3.5-tp8", 4096, 16),
+    BucketCase("gpu_bound_8192x8", "qwen3-next", 8192, 8),
     # The arms that do not fit beside the first set's, each set with fused eager as its baseline.
-    BucketCase("gpu_bound_8192x8_rest", "qwen3-next", Bucket(8192, 8)),
+    BucketCase("gpu_bound_8192x8_rest", "qwen3-next", 8192, 8),
 ]
-SWEEP = [BucketCase(f"sweep_{t}", "qwen3.5-tp8", Bucket(t, 1), batch_tokens=(384, 512))
+SWEEP = [BucketCase(f"sweep_{t}", "qwen3.5-tp8", t, 1, batch_tokens=(384, 512))
          for t in (512, 1024, 2048, 4096, 8192)]
 
 
 def draw_lengths(case: BucketCase, gen: torch.Generator) -> tuple[int, ...]:
     """A fresh batch for ``case``: 1..max_requests requests, max_tokens/2..max_tokens tokens."""
+    import torch
+
     def randint(lo, hi):
         return int(torch.randint(lo, hi + 1, (1,), generator=gen))
     if case.batch_tokens is not None:
         return (randint(*case.batch_tokens),)
-    b = case.bucket
-    n = randint(1, b.max_requests)
-    total = randint(max(n, b.max_tokens // 2), b.max_tokens)
+    n = randint(1, case.max_requests)
+    total = randint(max(n, case.max_tokens // 2), case.max_tokens)
     cuts = sorted(torch.randperm(total - 1, generator=gen)[:n - 1].add(1).tolist())
     return tuple(e - s for s, e in zip([0, *cuts], [*cuts, total]))
 
@@ -88,7 +104,7 @@ def arms(case: BucketCase) -> list[tuple[str, str]]:
     if case.name.endswith("_rest"):
         return [("fused", "eager"), ("precomputed", "breakable"), ("sync_free", "breakable"),
                 ("sync_free", "graph"), ("fused", "graph")]
-    if case.bucket.max_tokens > 4096:
+    if case.max_tokens > 4096:
         return out[:4] + [("naive", "breakable"), ("fused", "breakable"),
                           ("sync_free", "gdn_inside"), ("fused", "gdn_inside")]
     return out + [(s, m) for m in ("gdn_inside", "graph") for s in ("sync_free", "fused")]
@@ -102,7 +118,7 @@ class Arm:
         from mamba_edu.engine import Engine
 
         self.case, self.strategy, self.mode = case, strategy, mode
-        engine = Engine(model, strategy, max_requests=case.bucket.max_requests, cache_slots=2)
+        engine = Engine(model, strategy, max_requests=case.max_requests, cache_slots=2)
         self.prefills = Prefills(engine, lambda gen: draw_lengths(case, gen), 0)
         self.captured = None if mode == "eager" else engine.capture_prefill(case.bucket, mode)
         self.replay = None if self.captured is None else self.captured.replay
@@ -186,8 +202,8 @@ def run_case(model, case: BucketCase, rounds: int, repeats: int, warmup: int, lo
              trace_dir: Path) -> list[dict]:
     from mamba_edu.benchmarks.common import sm_clock_mhz
     live = [Arm(model, case, s, m) for s, m in arms(case)]
-    rows = [dict(case=case.name, preset=case.preset, max_tokens=case.bucket.max_tokens,
-                 max_requests=case.bucket.max_requests, strategy=a.strategy, mode=a.mode,
+    rows = [dict(case=case.name, preset=case.preset, max_tokens=case.max_tokens,
+                 max_requests=case.max_requests, strategy=a.strategy, mode=a.mode,
                  round_ms=[], round_host_ms=[], repeat_ms=[], sm_mhz=[], compiles_while_timed=0)
             for a in live]
     for arm in live:  # warm-up: Triton compiles a kernel per specialisation of its int arguments
@@ -253,7 +269,6 @@ def make_timelines(out: Path, cases: list[str]) -> list[Path]:
 
 def main(argv=None) -> int:
     from mamba_edu.benchmarks.common import OUT, commit_hash, package_versions, say_where
-    from mamba_edu.model import build_model
     parser = argparse.ArgumentParser(prog="python -m mamba_edu bench-buckets",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=OUT / "bench" / "buckets")
@@ -262,13 +277,17 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=8, help="fresh batches per arm before timing")
     parser.add_argument("--cases", default="all", help="comma-separated case names, 'sweep' (the bucket sweep) or 'all'")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU (CUDA graphs)")
     every = {c.name: c for c in CASES + SWEEP}
     names = args.cases.replace("all", ",".join(c.name for c in CASES) + ",sweep").split(",")
     unknown = sorted(set(names) - set(every) - {"sweep"})
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(every)}, sweep, all")
+    import torch  # after the arguments: --help and usage errors answer at once
+
+    from mamba_edu.model import build_model
+
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU (CUDA graphs)")
     chosen = [c for name in names for c in (SWEEP if name == "sweep" else [every[name]])]
     say_where(args.out)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -35,8 +35,6 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
-
 from mamba_edu.benchmarks.common import OUT, say_where
 
 K, V, W = 128, 128, 4
@@ -80,6 +78,8 @@ def _case_name(preset: str, lengths: list[int]) -> str:
 
 
 def _make_prefill_case(lengths, H, HV, seed):
+    import torch
+
     from mamba_edu.kernels import build_chunk_meta_with_indices
     from mamba_edu.kernels.inputs import random_prefill_inputs
     N = len(lengths)
@@ -97,6 +97,7 @@ def _rotating(fns):
 
 
 def _time(fn, graph: bool):
+    import torch
     import triton.testing as tt
     fn()
     torch.cuda.synchronize()
@@ -107,6 +108,8 @@ def _time(fn, graph: bool):
 
 def _check_prefill(sets, meta, HV, out_fn):
     """Relative error of ``out_fn(inputs, h0) -> (o, final)`` against the fp32 torch reference."""
+    import torch
+
     from mamba_edu.gdn import chunk_gated_delta_rule
     from mamba_edu.testing import rel_err
     x = sets[0]
@@ -135,6 +138,7 @@ def _fla_runner():
 def _bench_fla(fla, sets, meta, HV, row):
     """fla's ``chunk_gated_delta_rule`` on the same inputs, with precomputed chunk indices (so
     that it can be captured in a graph), under ``torch.inference_mode`` (no autograd)."""
+    import torch
     fla_chunk, prepare_chunk_indices = fla
     cu_cpu = torch.tensor(meta.cu_seqlens.cpu().tolist(), dtype=torch.int64)
     cu = cu_cpu.to(DEVICE)
@@ -173,6 +177,8 @@ def _stage_times(x, pool, meta, idx, row):
 
 
 def bench_prefill(preset, lengths, fla, results, seed=0):
+    import torch
+
     from mamba_edu.kernels import gdn_prefill
     H, HV = PRESETS[preset]
     sets, pools, meta, idx = _make_prefill_case(lengths, H, HV, seed)
@@ -213,6 +219,8 @@ def _layer_inputs(preset, lengths, seed=0):
     """What one GDN layer of the serving path gets: the conv input ``x [T, D]`` and the gate
     projections ``a, b [T, HV]`` as column views of one projection, the layer's weights, the
     pools (fused-strategy tracking into a second slot per sequence) and the metadata."""
+    import torch
+
     from mamba_edu.kernels import build_chunk_meta_with_indices
     H, HV = PRESETS[preset]
     N, T, D = len(lengths), sum(lengths), _conv_dim(H, HV)
@@ -244,6 +252,8 @@ def _layer_call(c, layout=None):
 
 
 def bench_conv(preset, lengths, results):
+    import torch
+
     from mamba_edu.kernels import build_chunk_meta_with_indices, conv1d_prefill
     from mamba_edu.kernels.conv import conv_launch
     from mamba_edu.testing import rel_err
@@ -291,6 +301,7 @@ def bench_layer(preset, lengths, results):
 def _host_us(call, metas) -> float:
     """Median host time of ``call(meta)`` over ``metas`` (a sync every 50 calls only, so the
     GPU never holds the host back)."""
+    import torch
     times = []
     for i, meta in enumerate(metas):
         start = time.perf_counter()
@@ -322,6 +333,8 @@ def bench_host(preset, lengths, results, calls=300):
 
 
 def bench_decode(results, N=256, seed=0):
+    import torch
+
     from mamba_edu.kernels import gdn_decode, upload_indices
     from mamba_edu.testing import rel_err
     H, HV = PRESETS["qwen3-next"]
@@ -422,7 +435,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-fla", action="store_true", help="skip flash-linear-attention")
     parser.add_argument("--budget-s", type=float, default=220.0,
                         help="skip the remaining cases after this many seconds")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # before torch: --help and usage errors answer at once
+    import torch
+
     if not torch.cuda.is_available():
         print("bench-kernels needs a CUDA GPU; nothing to do on this machine")
         return 0

@@ -245,8 +245,9 @@ def main(argv=None) -> int:
 
 
 def _ptxas_path() -> str:
-    from triton import knobs
-    return knobs.nvidia.ptxas.path
+    """The ptxas Triton itself would use for sm_90a (Triton 3.9 ships a second one for newer PTX)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+    return get_ptxas(TARGET_CAPABILITY).path
 
 
 if __name__ == "__main__":

@@ -361,12 +361,12 @@ def synthetic_results(path: Path) -> None:
     rows = []
     for case in CASES + SWEEP:
         for strategy, mode in arms(case):
-            t = case.bucket.max_tokens
+            t = case.max_tokens
             if case in SWEEP:
                 ttft = {"eager": 10.0, "gdn_inside": 6.0 + t / 4096, "graph": 4.0 + t / 512}[mode]
             else:
                 ttft = {"eager": 20.0, "breakable": 12.0, "gdn_inside": 8.0, "graph": 5.0}[mode]
-            row = dict(case=case.name, preset=case.preset, max_tokens=t, max_requests=case.bucket.max_requests,
+            row = dict(case=case.name, preset=case.preset, max_tokens=t, max_requests=case.max_requests,
                        strategy=strategy, mode=mode, round_ms=[ttft * 0.98, ttft, ttft * 1.03], sm_mhz=[1980] * 3,
                        ttft_ms=ttft, spread_ms=ttft * 0.05)
             if case not in SWEEP:

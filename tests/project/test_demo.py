@@ -123,9 +123,72 @@ def test_demo_refuses_a_preset_larger_than_the_free_memory_before_building_it(tm
     import mamba_edu._runtime as runtime
 
     monkeypatch.setattr(runtime, "free_memory_bytes", lambda device: 2**30)
+    monkeypatch.setattr(demo, "PROC_CGROUP", tmp_path / "no-cgroup")  # no container limit here
+    monkeypatch.setattr(demo, "CGROUP_ROOT", tmp_path / "no-cgroup-fs")
     monkeypatch.setattr(demo, "strategy_report", lambda *a, **k: pytest.fail("built a model"))
     with pytest.raises(SystemExit) as exit_:
         main(["demo", "--preset", "qwen3-next", "--device", "cpu", "--out", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and "--preset qwen3-next needs about" in err[-1]
     assert "1.0 GiB free" in err[-1]
+
+
+GiB = 2**30
+
+
+def fake_cgroup(root, files: dict[str, str], proc: str):
+    """A cgroup file system under ``root`` (``files``: path under it -> text) and the process's
+    ``/proc/self/cgroup`` (``proc``); returns the two paths ``cgroup_memory_free`` takes."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    (root / "proc_self_cgroup").write_text(proc)
+    return root / "fs", root / "proc_self_cgroup"
+
+
+def test_cgroup_v2_limit_is_the_lowest_headroom_over_the_cgroup_and_its_ancestors(tmp_path):
+    """v2: 8 GiB limit, 3 GiB used of which 1 GiB droppable page cache -> 6 GiB; its parent's
+    4 GiB limit with 3.5 GiB used -> 0.5 GiB: the parent's is the one that binds."""
+    fs, proc = fake_cgroup(tmp_path, {
+        "fs/job.slice/run/memory.max": f"{8 * GiB}\n",
+        "fs/job.slice/run/memory.current": f"{3 * GiB}\n",
+        "fs/job.slice/run/memory.stat": f"anon {2 * GiB}\ninactive_file {GiB}\n",
+        "fs/job.slice/memory.max": f"{4 * GiB}\n",
+        "fs/job.slice/memory.current": f"{7 * GiB // 2}\n",
+        "fs/memory.max": "max\n",
+    }, "0::/job.slice/run\n")
+    assert demo.cgroup_memory_free(fs, proc) == GiB // 2
+    (tmp_path / "fs/job.slice/memory.max").write_text("max\n")
+    assert demo.cgroup_memory_free(fs, proc) == 6 * GiB
+    (tmp_path / "fs/job.slice/run/memory.max").write_text("max\n")
+    assert demo.cgroup_memory_free(fs, proc) is None  # no limit anywhere: the host's MemAvailable decides
+
+
+def test_cgroup_v1_limit_in_a_container_whose_path_is_not_under_the_mount(tmp_path):
+    """v1 in a container: /proc/self/cgroup names /docker/<id>, but the mount's top is that
+    cgroup; v1 writes "no limit" as a number near 2**63."""
+    fs, proc = fake_cgroup(tmp_path, {
+        "fs/memory/memory.limit_in_bytes": f"{2 * GiB}\n",
+        "fs/memory/memory.usage_in_bytes": f"{GiB}\n",
+        "fs/memory/memory.stat": f"inactive_file 7\ntotal_inactive_file {GiB // 4}\n",
+    }, "5:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n0::/\n")
+    assert demo.cgroup_memory_free(fs, proc) == GiB + GiB // 4
+    (tmp_path / "fs/memory/memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert demo.cgroup_memory_free(fs, proc) is None
+    assert demo.cgroup_memory_free(tmp_path / "nothing", tmp_path / "nothing") is None
+
+
+def test_demo_refuses_a_preset_larger_than_the_containers_memory_limit(tmp_path, capsys, monkeypatch):
+    """The host has 1 TiB free, the container 1 GiB: the demo goes by the container's limit."""
+    import mamba_edu._runtime as runtime
+
+    fs, proc = fake_cgroup(tmp_path, {"fs/memory.max": f"{GiB}\n", "fs/memory.current": "0\n"}, "0::/\n")
+    monkeypatch.setattr(runtime, "free_memory_bytes", lambda device: 1024 * GiB)
+    monkeypatch.setattr(demo, "CGROUP_ROOT", fs)
+    monkeypatch.setattr(demo, "PROC_CGROUP", proc)
+    monkeypatch.setattr(demo, "strategy_report", lambda *a, **k: pytest.fail("built a model"))
+    with pytest.raises(SystemExit) as exit_:
+        main(["demo", "--preset", "qwen3-next", "--device", "cpu", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and "--preset qwen3-next needs about" in err[-1]
+    assert "container's memory limit) has 1.0 GiB free" in err[-1]

@@ -178,7 +178,10 @@ def scan_start(pool_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr, seq, hv
     slab = rk[:, None] * V + cv[None, :]
     slab_mask = (rk < K)[:, None] & (cv < V)[None, :]
     slot = tl.load(state_idx_ptr + seq).to(tl.int64)
-    state_mask = slab_mask & (slot >= 0)
+    # A select, not `slab_mask & (slot >= 0)`: Triton's interpreter splats a scalar comparison
+    # into an int array, which its tl.load refuses as a mask from Triton 3.8 on ("mask has
+    # unsupported dtype"). Compiled, the two are the same i1 and.
+    state_mask = tl.where(slot >= 0, slab_mask, False)
     state_ptr = pool_ptr + (tl.maximum(slot, 0) * HV + hv) * (K * V) + slab
     S = tl.load(state_ptr, mask=state_mask, other=0.0)
     track_ptr, track_chunk = state_ptr, -1

@@ -34,7 +34,8 @@ from mamba_edu.kernels.metadata import ChunkMeta, chunk_table, remember_host_val
 from mamba_edu.serving.batch import ForwardBatch
 from mamba_edu.serving.planning import TrackDecision
 from mamba_edu.serving.pool import SCRATCH_SLOT
-from mamba_edu.serving.tracking import ForwardMetadata, TrackIndices, host_track_indices, working_sources
+from mamba_edu.serving.tracking import (ForwardMetadata, SlotArgs, TrackIndices, host_track_indices,
+                                        working_sources)
 
 PAD_TOKEN = 0
 
@@ -222,16 +223,17 @@ class StaticBucket:
                          T=self.bucket.max_tokens, NT=self.bucket.chunk_capacity,
                          cu_seqlens=ints["cu"], chunk_indices=ints["chunks"].view(-1, 2),
                          chunk_offsets=ints["offsets"])
-        md = ForwardMetadata(b, self.conv_width, meta, {"state_indices": ints["state_indices"]})
-        md.conv_args = dict(meta=meta, state_indices=ints["state_indices"])
-        if strategy.name == "fused":
-            md.conv_args.update(track_slots=ints["kernel_track_slots"], track_chunks=ints["track_chunks"])
-        else:
+        fused = strategy.name == "fused"
+        slots = SlotArgs(meta, ints["state_indices"],
+                         track_slots=ints["kernel_track_slots"] if fused else None,
+                         track_chunks=ints["track_chunks"] if fused else None,
+                         output_checkpoints=strategy.needs_checkpoints)
+        md = ForwardMetadata(b, self.conv_width, slots)
+        if not fused:
             lv = self.long
             md.track = TrackIndices(dst=lv["dst"], conv_positions=lv["conv_positions"].view(b.size, -1),
                                     working=lv["track_working"], checkpoint=lv["checkpoint"],
                                     from_final=self.from_final)
-        md.prefill_args = dict(md.conv_args, output_checkpoints=strategy.needs_checkpoints)
         return md
 
     def attend(self, layer, q, k, v) -> torch.Tensor:

@@ -116,7 +116,8 @@ class Engine:
         cache_slots = 2 * max_requests if cache_slots is None else _positive_int("cache_slots", cache_slots)
         capacity = max_requests * (1 + self.tracks_per_request) + cache_slots
         pool = StatePool.for_model(self.config, capacity, model.device, model.dtype)
-        self.backend = LinearAttentionBackend(pool, strategy, self.config.conv_width)
+        gdn_layers = [layer.mixer for layer in model.layers if layer.kind == "gdn"]
+        self.backend = LinearAttentionBackend(pool, strategy, gdn_layers)
         self.pool = pool
         self.cache = self._new_cache()
         self._owner = _Owner()

@@ -121,10 +121,10 @@ class CapturedBucket:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                backend.init_forward_metadata(static.batch)
+                backend.init_forward_metadata_capture(static)
                 model(static.batch, backend)
         torch.cuda.current_stream().wait_stream(stream)
-        backend.init_forward_metadata(static.batch)
+        backend.init_forward_metadata_capture(static)
         if self.mode == "graph":
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
@@ -145,15 +145,14 @@ class CapturedBucket:
         static, backend, model = self.static, self.engine.backend, self.engine.model
         static.fill(live)
         if self.graph is None:  # eager: the same static-buffer forward, cut the same way
-            backend.init_forward_metadata(static.batch)
+            backend.init_forward_metadata_capture(static)
             if self.mode == "graph":
                 out = model(static.batch, backend)
             else:
                 self.pieces = Pieces()
                 out = run_in_pieces(model, static.batch, backend, self.pieces, break_gdn=self.mode == "breakable")
             return static.results(out.logits, out.kv)
-        if self.mode == "breakable":  # its GDN breaks read this batch's own metadata
-            backend.init_forward_metadata(static.batch)
+        backend.init_forward_metadata_replay(static)
         if self.mode == "graph":
             self.graph.replay()
             logits = self._out.logits

@@ -53,7 +53,7 @@ def strategy_syncs(batch, strategy: str, n_layers: int, conv_width: int = 4):
     layers: ``prepare`` once, then per layer ``conv_indices`` and ``ssm_indices`` (the backend's
     calls; the kernels between them do not sync, so they are left out)."""
     s = get_strategy(strategy)
-    md = ForwardMetadata(batch, conv_width, chunk_meta=None)
+    md = ForwardMetadata(batch, conv_width)
     with count_syncs() as syncs:
         s.prepare(md)
         for _ in range(n_layers):
@@ -254,7 +254,7 @@ def check_naive_track(fn) -> str:
         check_host_fields(batch, before, what)
         want_conv, want_ssm = conv.clone(), ssm.clone()
         naive = get_strategy("naive")
-        md = ForwardMetadata(batch, W, chunk_meta=None)
+        md = ForwardMetadata(batch, W)
         naive.prepare(md)
         track = naive.conv_indices(md)
         if track is not None:

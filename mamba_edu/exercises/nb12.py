@@ -335,7 +335,7 @@ def measured_cut(n_layers: int, attn_every: int, mode: str) -> tuple[int, int]:
     batch = engine.prepare_prefill([Request("r", list(range(1, 21)))])
     try:
         captured.static.fill(batch.forward_batch)
-        engine.backend.init_forward_metadata(captured.static.batch)
+        engine.backend.init_forward_metadata_capture(captured.static)
         pieces = Pieces()
         if mode == "graph":
             pieces.begin_piece()

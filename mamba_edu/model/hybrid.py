@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from mamba_edu.model.config import ModelConfig, get_config
@@ -13,12 +14,15 @@ from mamba_edu.probes import profile_range
 
 
 class HybridLayer(nn.Module):
-    """``x += mixer(norm(x)); x += mlp(norm(x))``; the mixer is a GDN layer or full attention.
+    """One pre-norm residual block, as in the paper::
 
-    Each residual add is fused with the norm that follows it, and that norm with the projection
-    after it (:meth:`RMSNorm.add_linear`, with the mixer's ``in_weight`` or the MLP's
-    ``gate_up``): the mixer and the MLP take their projected input. So the MLP's output is handed
-    on *unadded* (``pending``) and the next layer's first norm adds it.
+        h   = x + mixer(norm(x))
+        out = h + mlp(norm(h))
+
+    The mixer is a GDN layer or full attention. Each residual add is fused into the norm after it
+    (:meth:`RMSNorm.fused_add_norm`), which saves a pass over the hidden states (a kernel on a GPU),
+    as SGLang fuses the residual add into its RMSNorm. So a layer hands ``out`` on as two terms,
+    ``h`` and ``mlp(norm(h))``, and the next layer's first norm (or the final norm) adds them.
     ``rotary``: the forward's rotary tables (:func:`~mamba_edu.model.layers.rope_tables`), used by
     attention layers only.
     """
@@ -33,19 +37,20 @@ class HybridLayer(nn.Module):
         self.mlp = MLP(cfg, gen, device, dtype, out_std)
         self._mixer_range, self._mlp_range = f"layer{index:02d}.{self.kind}", f"layer{index:02d}.mlp"
 
-    def forward(self, x, pending, batch, backend, rotary):
-        """``x [T, hidden]`` the residual stream, ``pending`` the previous layer's MLP output (None
-        in the first layer); returns ``(x, pending, kv)``: the next layer's inputs, and the
-        attention mixer's per-sequence KV (None in a GDN layer)."""
+    def forward(self, x, mlp_out, batch, backend, rotary):
+        """The residual stream is ``x + mlp_out`` (``[T, hidden]`` each; ``mlp_out`` is the
+        previous layer's, None in the first layer). Returns ``(h, mlp(norm(h)), kv)``: the next
+        layer's ``x`` and ``mlp_out``, and the attention mixer's per-sequence KV (None in a GDN
+        layer)."""
         with profile_range(self._mixer_range):
-            x, projected = self.mixer_norm.add_linear(x, pending, self.mixer.in_weight)
+            x, normed = self.mixer_norm.fused_add_norm(x, mlp_out)  # x = x + mlp_out; norm(x)
             if self.kind == "gdn":
-                delta, kv = self.mixer(projected, batch, backend), None
+                mixer_out, kv = self.mixer(normed, batch, backend), None
             else:
-                delta, kv = self.mixer(projected, batch, rotary, backend)
+                mixer_out, kv = self.mixer(normed, batch, rotary, backend)
         with profile_range(self._mlp_range):
-            x, gate_up = self.mlp_norm.add_linear(x, delta, self.mlp.gate_up)
-            return x, self.mlp(gate_up), kv
+            h, normed = self.mlp_norm.fused_add_norm(x, mixer_out)  # h = x + mixer(norm(x)); norm(h)
+            return h, self.mlp(normed), kv                          # out = h + mlp(norm(h))
 
 
 class ModelOutput(NamedTuple):
@@ -128,15 +133,17 @@ def run_forward(model: nn.Module, embed, batch, backend, gather_logits=None) -> 
         x = embed(batch.input_ids)
         rotary = (rope_tables(batch.positions, cfg.attn_head_dim, cfg.rope_theta)
                   if model.has_attention else None)
-    pending, attn_kv = None, []  # attn_kv[j][i]: attention layer j, sequence i
+    mlp_out, attn_kv = None, []  # attn_kv[j][i]: attention layer j, sequence i
     for layer in model.layers:
-        x, pending, kv = layer(x, pending, batch, backend, rotary)
+        x, mlp_out, kv = layer(x, mlp_out, batch, backend, rotary)
         if kv is not None:
             attn_kv.append(kv)
+
     def lm_head():
-        rows = batch.last_token_index  # only the last tokens need the final add and norm
-        _, logits = model.norm.add_linear(x[rows], pending[rows], model.lm_head)
-        return logits.float() if gather_logits is None else gather_logits(logits.float())
+        rows = batch.last_token_index  # only the last tokens need the last add and the final norm
+        _, normed = model.norm.fused_add_norm(x[rows], mlp_out[rows])
+        logits = F.linear(normed, model.lm_head).float()
+        return logits if gather_logits is None else gather_logits(logits)
 
     with profile_range("lm_head"):
         logits = backend.logits(lm_head)

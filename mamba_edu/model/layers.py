@@ -39,14 +39,13 @@ class RMSNorm(nn.Module):
     def forward(self, x):
         return rms_norm(x, self.weight, self.eps)
 
-    def add_linear(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor):
-        """The pre-norm residual step and the projection after it: ``x += delta``, then
-        ``norm(x) @ weightᵀ``; returns ``(x, projection)``. ``delta = None``: nothing to add.
-        On a GPU a norm kernel and a cuBLAS GEMM."""
+    def fused_add_norm(self, x: torch.Tensor, delta: torch.Tensor | None):
+        """A residual add and this norm after it, fused: ``(x + delta, norm(x + delta))``, both
+        ``[T, D]``, in one pass over the rows (one kernel on a GPU, where the add alone would be a
+        second one). ``delta = None``: nothing to add, ``(x, norm(x))``."""
         if delta is None:
-            return x, F.linear(rms_norm(x, self.weight, self.eps), weight)
-        x, h = add_rms_norm(x, delta, self.weight, self.eps)
-        return x, F.linear(h, weight)
+            return x, rms_norm(x, self.weight, self.eps)
+        return add_rms_norm(x, delta, self.weight, self.eps)
 
 
 class MLP(nn.Module):
@@ -59,11 +58,10 @@ class MLP(nn.Module):
         self.down = init_param(gen, (cfg.hidden, cfg.mlp_width), out_std * cfg.mlp_width ** -0.5,
                                device, dtype)
 
-    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """The MLP after its gate/up projection (``self.gate_up``, applied with the norm before it
-        by :meth:`RMSNorm.add_linear`): ``silu(gate) · up`` of ``gate_up [T, 2·mlp_width]``,
-        projected down to ``[T, hidden]``."""
-        return F.linear(silu_mul(gate_up), self.down)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [T, hidden]`` → gate/up projection ``[T, 2·mlp_width]`` → ``silu(gate) · up`` →
+        down projection ``[T, hidden]``."""
+        return F.linear(silu_mul(F.linear(x, self.gate_up)), self.down)
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float):
@@ -83,9 +81,7 @@ class Attention(nn.Module):
     faster than SDPA, SDPA otherwise and on the CPU). ``forward`` returns
     ``(out [T, hidden], kv)``: ``kv[i] = (k, v)``, each ``[P_i + E_i, kv_heads, head_dim]``, the
     full KV of sequence i (its prefix and its new tokens), for the engine (and the prefix cache)
-    to keep. ``rotary``: the forward's ``(cos, sin)`` from :func:`rope_tables`. The QKV
-    projection (``in_weight``) is the model's, applied with the norm before it: ``forward`` takes
-    its result.
+    to keep. ``rotary``: the forward's ``(cos, sin)`` from :func:`rope_tables`.
     """
 
     def __init__(self, cfg: ModelConfig, attn_index: int, gen, device, dtype, out_std: float):
@@ -97,16 +93,12 @@ class Attention(nn.Module):
         self.out = init_param(gen, (cfg.hidden, self.heads * self.head_dim),
                               out_std * (self.heads * self.head_dim) ** -0.5, device, dtype)
 
-    @property
-    def in_weight(self) -> torch.Tensor:
-        """The in-projection's weight, which the model applies with the norm before it."""
-        return self.qkv
-
-    def forward(self, qkv: torch.Tensor, batch, rotary, backend) -> tuple[torch.Tensor, list[KV]]:
-        """The layer after its in-projection ``qkv [T, (heads + 2·kv_heads)·head_dim]``. The
-        attention core goes through ``backend.attend`` (which runs :meth:`attend`), so that a
+    def forward(self, x: torch.Tensor, batch, rotary, backend) -> tuple[torch.Tensor, list[KV]]:
+        """``x [T, hidden]`` → ``qkv [T, (heads + 2·kv_heads)·head_dim]`` → ``(out [T, hidden], kv)``.
+        The attention core goes through ``backend.attend`` (which runs :meth:`attend`), so that a
         breakable CUDA graph can cut the forward there (:mod:`mamba_edu.serving.breakable`)."""
-        T = qkv.shape[0]
+        T = x.shape[0]
+        qkv = F.linear(x, self.qkv)
         qk, v = qkv.split(
             [(self.heads + self.kv_heads) * self.head_dim, self.kv_heads * self.head_dim], -1)
         # q and k are neighbours in the projection: one rotation covers both.
@@ -157,13 +149,12 @@ class Attention(nn.Module):
 class GDNMixer(nn.Module):
     """A Gated DeltaNet layer, with Qwen3-Next's layout.
 
-    ``x [T, hidden]`` → one in-projection (``in_weight``, which the model applies with the norm
-    before it, so ``forward`` takes its result) → ``mixed_qkv [T, D]`` (``D = 2·H·K + HV·V``), the
-    output gate ``z [T, HV·V]`` and the gate inputs ``a, b [T, HV]`` → **backend** (causal conv1d on
-    ``mixed_qkv`` with the pooled conv state, split into q/k/v, gating with ``A_log``/``dt_bias``,
-    the GDN core with the pooled SSM state, state tracking, and the gated RMSNorm
-    ``rms(o)·norm_weight·silu(z)`` per head, inside the prefill's output kernel on a GPU)
-    → ``o [T, HV, V]`` → out-projection.
+    ``x [T, hidden]`` → one in-projection (``in_proj``) → ``mixed_qkv [T, D]``
+    (``D = 2·H·K + HV·V``), the output gate ``z [T, HV·V]`` and the gate inputs ``a, b [T, HV]`` →
+    **backend** (causal conv1d on ``mixed_qkv`` with the pooled conv state, split into q/k/v,
+    gating with ``A_log``/``dt_bias``, the GDN core with the pooled SSM state, state tracking, and
+    the gated RMSNorm ``rms(o)·norm_weight·silu(z)`` per head, inside the prefill's output kernel
+    on a GPU) → ``o [T, HV, V]`` → out-projection.
 
     The backend reads the layer's parameters from this module: ``conv_weight [D, W]``,
     ``conv_bias [D]``, ``A_log, dt_bias [HV]``, ``norm_weight [V]``, ``norm_eps`` and the head
@@ -200,17 +191,11 @@ class GDNMixer(nn.Module):
         q, k, v = y.split([H * K, H * K, HV * V], dim=-1)
         return q.view(T, H, K), k.view(T, H, K), v.view(T, HV, V)
 
-    @property
-    def in_weight(self) -> torch.Tensor:
-        """The in-projection's weight, which the model applies with the norm before it."""
-        return self.in_proj
-
-    def forward(self, projected: torch.Tensor, batch, backend) -> torch.Tensor:
-        """The layer after its in-projection ``projected [T, D + HV·V + 2·HV]``
-        (``mixed_qkv | z | b | a``)."""
-        T = projected.shape[0]
-        HV, V = self.value_heads, self.value_dim
-        mixed_qkv, z, b, a = projected.split([self.conv_dim, HV * V, HV, HV], -1)
+    def forward(self, x: torch.Tensor, batch, backend) -> torch.Tensor:
+        """``x [T, hidden]`` → ``projected [T, D + HV·V + 2·HV]`` (``mixed_qkv | z | b | a``) →
+        backend → ``[T, hidden]``."""
+        T, HV, V = x.shape[0], self.value_heads, self.value_dim
+        mixed_qkv, z, b, a = F.linear(x, self.in_proj).split([self.conv_dim, HV * V, HV, HV], -1)
         # mixed_qkv, z, a and b are column slices of the projection: the kernels read their rows
         # with its row stride, so nothing is copied out.
         o = backend.forward(self, mixed_qkv, a, b, batch, z=z)  # normed: rms(o)·w·silu(z)

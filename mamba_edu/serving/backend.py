@@ -1,10 +1,13 @@
 """The linear-attention backend: runs every GDN layer's conv + core on the state pool and tracks.
 
-The model calls :meth:`LinearAttentionBackend.forward` from each GDN layer with that layer's
-projections; the backend owns the slots, the kernels and the tracking strategy. Per forward:
+It implements the seam :class:`~mamba_edu.serving.seam.GDNBackend`: the model calls
+:meth:`LinearAttentionBackend.forward` from each GDN layer with that layer's projections; the
+backend owns the slots, the kernels and the tracking strategy. Per forward:
 
-1. ``init_forward_metadata(batch)`` — once: the kernels' chunk metadata (host-built), whatever
-   the strategy precomputes, and every other argument that is the same in all layers;
+1. ``init_forward_metadata(batch)`` — once: the kernels' chunk metadata (host-built) and slots
+   (:class:`~mamba_edu.serving.tracking.SlotArgs`), whatever the strategy precomputes, and every
+   other argument that is the same in all layers (a bucket's captured forward: the
+   ``init_forward_metadata_capture`` and ``_replay`` hooks);
 2. per GDN layer, extend: [track.conv] → conv1d (working slots) → split q/k/v (views) →
    GDN core with the gating inside (working slots; checkpoints ``h`` unless fused) and, given the
    output gate ``z``, the output norm (in the prefill's output kernel on a GPU) → [track.ssm]
@@ -12,9 +15,13 @@ projections; the backend owns the slots, the kernels and the tracking strategy. 
 3. per GDN layer, decode: conv1d step → GDN step [→ output norm]; after the model,
    :meth:`track_decode` copies the rows due for tracking into their track slots, all layers in
    one op.
+
+The layers are checked once, when the backend is built for them; the forward trusts them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import torch
 
@@ -24,27 +31,33 @@ from mamba_edu.probes import profile_range
 from mamba_edu.serving.batch import ForwardBatch
 from mamba_edu.serving.gdn_layer import GDNLayerParams
 from mamba_edu.serving.pool import StatePool
-from mamba_edu.serving.tracking import ForwardMetadata, TrackIndices, get_strategy
+from mamba_edu.serving.seam import GDNBackend
+from mamba_edu.serving.tracking import ForwardMetadata, SlotArgs, TrackIndices, get_strategy
 
 
-class LinearAttentionBackend:
+class LinearAttentionBackend(GDNBackend):
     """GDN layers' state handling for one model.
 
     Args:
-        pool: the :class:`StatePool` (one pool layer per GDN layer).
+        pool: the :class:`StatePool` (one pool layer per GDN layer, conv width ``W``).
         strategy: ``naive``, ``precomputed``, ``sync_free`` or ``fused``.
-        conv_width: the conv kernel width ``W``.
+        layers: the model's GDN layers (:class:`GDNLayerParams`); each one's ``conv_weight`` must
+            be ``[D, W]`` like the pool's conv states, checked here once.
     """
 
-    def __init__(self, pool: StatePool, strategy: str, conv_width: int):
+    def __init__(self, pool: StatePool, strategy: str, layers: Iterable[GDNLayerParams]):
         if not isinstance(pool, StatePool):
             raise TypeError(f"pool must be a StatePool; got {type(pool).__name__}")
-        if type(conv_width) is not int or conv_width != pool.conv.shape[-1] + 1:
-            raise ValueError(f"conv_width must be the pool's conv width W={pool.conv.shape[-1] + 1} "
-                             f"(its conv states hold W-1 inputs); got {conv_width!r}")
         self.pool = pool
         self.strategy = get_strategy(strategy)
-        self.conv_width = conv_width
+        self.conv_width = pool.conv.shape[-1] + 1
+        want = (pool.conv.shape[2], self.conv_width)
+        for layer in layers:
+            weight = getattr(layer, "conv_weight", None)
+            if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != want:
+                got = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+                raise ValueError(f"layer.conv_weight must be [D, W]={list(want)} to match the state pool; "
+                                 f"got {got}")
         self.metadata: ForwardMetadata | None = None
 
     @property
@@ -52,24 +65,36 @@ class LinearAttentionBackend:
         return self.strategy.name
 
     def init_forward_metadata(self, batch: ForwardBatch) -> ForwardMetadata:
-        """Prepare one forward of ``batch``: chunk metadata and the strategy's indices. A bucket
-        captured with its GDN layers inside the graph has them already, in its static buffers
-        (:meth:`StaticBucket.forward_metadata <mamba_edu.engine.bucket.StaticBucket.forward_metadata>`)."""
+        """Prepare one eager forward of ``batch``: the kernels' :class:`SlotArgs` (chunk metadata
+        and slots, one upload) and the strategy's indices."""
         with profile_range("init_forward_metadata"):
-            if batch.bucket is not None and batch.bucket.fixed:
-                self.metadata = batch.bucket.forward_metadata(self.strategy)
-                return self.metadata
             plan = self.strategy.host_indices(batch, self.conv_width) if batch.mode == "extend" else None
             meta, indices = build_chunk_meta_with_indices(
                 batch.extend_lens, batch.cu_seqlens.device, allow_empty=batch.bucket is not None,
                 state_indices=batch.working_slots, **self.strategy.kernel_index_lists(plan))
-            md = ForwardMetadata(batch, self.conv_width, meta, indices, host_indices=plan)
+            slots = SlotArgs(meta, **indices, output_checkpoints=self.strategy.needs_checkpoints)
+            md = ForwardMetadata(batch, self.conv_width, slots, host_indices=plan)
             if batch.mode == "extend":
                 self.strategy.prepare(md)
-                md.conv_args = dict(meta=meta, **indices)
-                md.prefill_args = dict(md.conv_args, output_checkpoints=self.strategy.needs_checkpoints)
             self.metadata = md
             return md
+
+    def init_forward_metadata_capture(self, static) -> None:
+        """With the GDN layers inside the graph (``static.fixed``), their metadata over the
+        bucket's static buffers (:meth:`StaticBucket.forward_metadata
+        <mamba_edu.engine.bucket.StaticBucket.forward_metadata>`), which every replay reads again;
+        otherwise the GDN layers are eager breaks and prepare this batch's own."""
+        if not static.fixed:
+            self.init_forward_metadata(static.batch)
+            return
+        with profile_range("init_forward_metadata"):
+            self.metadata = static.forward_metadata(self.strategy)
+
+    def init_forward_metadata_replay(self, static) -> None:
+        """The GDN breaks of a breakable capture read the live batch's own metadata; a graph with
+        the GDN layers inside reads the static buffers, which ``static.fill`` refilled."""
+        if not static.fixed:
+            self.init_forward_metadata(static.batch)
 
     def _metadata_for(self, batch: ForwardBatch) -> ForwardMetadata:
         if self.metadata is None or self.metadata.batch is not batch:
@@ -78,49 +103,29 @@ class LinearAttentionBackend:
 
     def forward(self, layer: GDNLayerParams, mixed_qkv, a, b, batch: ForwardBatch,
                 z=None) -> torch.Tensor:
-        """One GDN layer: ``mixed_qkv [T, D]``, ``a, b [T, HV]`` → ``o [T, HV, V]``. Given the
-        output gate ``z [T, HV·V]`` (row-strided allowed), ``o`` is the normed output
-        ``rms_norm(o)·norm_weight·silu(z)`` per value head. From ``layer`` it reads only what
-        :class:`GDNLayerParams` lists."""
+        """One GDN layer (:meth:`GDNBackend.forward <mamba_edu.serving.seam.GDNBackend.forward>`).
+        From ``layer`` it reads only what :class:`GDNLayerParams` lists."""
         if batch.mode == "extend":
             return self.forward_extend(layer, mixed_qkv, a, b, batch, z)
         return self.forward_decode(layer, mixed_qkv, a, b, batch, z)
 
-    def attend(self, layer, q, k, v, batch: ForwardBatch):
-        """A full-attention layer's core (``layer.attend``): ``(o, kv)``. It passes through the
-        backend, as in SGLang's hybrid backend, so that a breakable graph can cut there."""
-        return layer.attend(q, k, v, batch)
-
-    @staticmethod
-    def logits(lm_head):
-        """The forward's last step, ``lm_head()`` (final norm and LM head on the last tokens):
-        a breakable graph runs it as an eager tail after its last piece, as SGLang does."""
-        return lm_head()
-
-    def _pool_layer(self, layer: GDNLayerParams):
-        """The pool's views for ``layer``, after checking that its conv weight fits the pool."""
-        conv_pool, ssm_pool = self.pool.layer(getattr(layer, "gdn_index", None))
-        weight = getattr(layer, "conv_weight", None)
-        want = (conv_pool.shape[1], self.conv_width)
-        if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != want:
-            got = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
-            raise ValueError(f"layer.conv_weight must be [D, W]={list(want)} to match the state pool; "
-                             f"got {got}")
-        return conv_pool, ssm_pool
-
     def forward_extend(self, layer: GDNLayerParams, mixed_qkv, a, b, batch: ForwardBatch,
                        z=None) -> torch.Tensor:
         md = self._metadata_for(batch)
-        conv_pool, ssm_pool = self._pool_layer(layer)
+        slots = md.slots
+        conv_pool, ssm_pool = self.pool.layer(layer.gdn_index)
         track = self.strategy.conv_indices(md)
         if track is not None:
             self._track_conv(conv_pool, mixed_qkv, track)
-        y = launch.conv1d_prefill(mixed_qkv, layer.conv_weight, layer.conv_bias,
-                                  conv_pool=conv_pool, **md.conv_args)
+        y = launch.conv1d_prefill(mixed_qkv, layer.conv_weight, layer.conv_bias, conv_pool=conv_pool,
+                                  state_indices=slots.state_indices, meta=slots.meta,
+                                  track_slots=slots.track_slots, track_chunks=slots.track_chunks)
         q, k, v = layer.split_qkv(y)
         norm = None if z is None else (z, layer.norm_weight, layer.norm_eps)
         o, h = launch.gdn_prefill(q, k, v, a=a, b=b, A_log=layer.A_log, dt_bias=layer.dt_bias,
-                                  state_pool=ssm_pool, output_norm=norm, **md.prefill_args)
+                                  state_pool=ssm_pool, state_indices=slots.state_indices, meta=slots.meta,
+                                  track_slots=slots.track_slots, track_chunks=slots.track_chunks,
+                                  output_checkpoints=slots.output_checkpoints, output_norm=norm)
         track = self.strategy.ssm_indices(md, track)
         if track is not None:
             self._track_ssm(ssm_pool, h, track)
@@ -144,9 +149,8 @@ class LinearAttentionBackend:
                        z=None) -> torch.Tensor:
         """One decode token per sequence: ``mixed_qkv [N, D]`` → ``o [N, HV, V]`` (normed with
         ``z [N, HV·V]``, as in :meth:`forward`)."""
-        md = self._metadata_for(batch)
-        conv_pool, ssm_pool = self._pool_layer(layer)
-        slots = md.indices["state_indices"]
+        slots = self._metadata_for(batch).slots.state_indices
+        conv_pool, ssm_pool = self.pool.layer(layer.gdn_index)
         y = launch.conv1d_decode(mixed_qkv, layer.conv_weight, layer.conv_bias,
                                  conv_pool=conv_pool, state_indices=slots)
         q, k, v = layer.split_qkv(y)

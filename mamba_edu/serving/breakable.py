@@ -89,9 +89,10 @@ class CudaGraphPieces(Pieces):
 
 
 class BreakingBackend:
-    """The backend as a capture sees it: ``attend`` (an attention core) is a break between two
-    pieces, ``forward`` (a GDN core) too when ``break_gdn``, and ``logits`` the eager tail;
-    every other attribute is the real backend's."""
+    """The backend as the model sees it during a capture: the three hooks the model calls
+    (:class:`~mamba_edu.serving.seam.GDNBackend`'s ``forward``, ``attend``, ``logits``), each
+    running the real backend's. ``attend`` (an attention core) is a break between two pieces,
+    ``forward`` (a GDN core) too when ``break_gdn``, and ``logits`` the eager tail."""
 
     def __init__(self, backend, pieces: Pieces, break_gdn: bool):
         self._backend, self._pieces, self._break_gdn = backend, pieces, break_gdn
@@ -117,9 +118,6 @@ class BreakingBackend:
         self._pieces.end_piece()
         self._pieces.tail = lm_head
         return lm_head()
-
-    def __getattr__(self, name):
-        return getattr(self._backend, name)
 
 
 def run_in_pieces(model, batch, backend, pieces: Pieces, break_gdn: bool = True):

@@ -31,11 +31,12 @@ fused       the same host lists, given to the kernels: the conv kernel   0
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from mamba_edu.gdn import checkpoint_offsets
+from mamba_edu.kernels import ChunkMeta
 from mamba_edu.probes import host_only
 from mamba_edu.serving.batch import ForwardBatch, upload_host_lists
 from mamba_edu.serving.pool import SCRATCH_SLOT
@@ -139,26 +140,43 @@ def track_indices_on_host(batch: ForwardBatch, plan: HostTrackIndices, device) -
                         checkpoint=checkpoint, from_final=final.bool())
 
 
+@dataclass(frozen=True)
+class SlotArgs:
+    """What every GDN layer of one forward passes to its kernels besides its own tensors: the same
+    in all layers, so built once per forward.
+
+    meta:               the kernels' :class:`~mamba_edu.kernels.ChunkMeta` (the batch's layout).
+    state_indices:      ``[N]`` each row's working slot (−1: a bucket's padding row, no state).
+    track_slots:        ``[N]`` with ``fused``, each row's track slot (the scratch slot if untracked);
+                        else None.
+    track_chunks:       ``[N]`` with ``fused``, the chunk whose state to save (−1: none); else None.
+    output_checkpoints: whether the GDN prefill returns the checkpoints ``h`` (the strategy copies
+                        from them), see :attr:`TrackingStrategy.needs_checkpoints`.
+
+    The index tensors are uploaded with ``meta`` in one copy and remember their host values
+    (:func:`~mamba_edu.kernels.build_chunk_meta_with_indices`).
+    """
+
+    meta: ChunkMeta
+    state_indices: torch.Tensor
+    track_slots: torch.Tensor | None = None
+    track_chunks: torch.Tensor | None = None
+    output_checkpoints: bool = True
+
+
 @dataclass
 class ForwardMetadata:
     """What :meth:`LinearAttentionBackend.init_forward_metadata` prepares once per forward.
 
-    ``chunk_meta`` is the kernels' host-built batch layout; ``indices`` the index tensors
-    uploaded with it (``state_indices``: the working slots; with ``fused`` also ``track_slots``
-    and ``track_chunks``); ``track`` the strategy's precomputed indices (None if it has none);
-    ``host_indices`` the host lists of sync_free/fused; ``conv_args`` and ``prefill_args`` the
-    keyword arguments every layer passes to ``conv1d_prefill`` and ``gdn_prefill`` (the same for
-    all layers of the forward, so built once; each call still checks them).
+    ``slots`` the kernels' arguments (:class:`SlotArgs`); ``track`` the strategy's precomputed
+    indices (None if it has none); ``host_indices`` the host lists of sync_free/fused.
     """
 
     batch: ForwardBatch
     conv_width: int
-    chunk_meta: object
-    indices: dict = field(default_factory=dict)
+    slots: SlotArgs | None = None
     track: TrackIndices | None = None
     host_indices: HostTrackIndices | None = None
-    conv_args: dict = field(default_factory=dict)
-    prefill_args: dict = field(default_factory=dict)
 
 
 class TrackingStrategy:

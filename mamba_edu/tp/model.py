@@ -208,8 +208,8 @@ class TPGDNMixer(GDNMixer):
         self.norm_weight = _param(full.norm_weight)  # per value head, shared by all heads
         self.out = _param(full.out[:, vs * V:(vs + vn) * V])
 
-    def forward(self, projected: torch.Tensor, batch, backend) -> torch.Tensor:
-        return self.comm.all_reduce(super().forward(projected, batch, backend))
+    def forward(self, x: torch.Tensor, batch, backend) -> torch.Tensor:
+        return self.comm.all_reduce(super().forward(x, batch, backend))
 
 
 class TPAttention(Attention):
@@ -228,8 +228,8 @@ class TPAttention(Attention):
         self.qkv = _param(full.qkv[rows])
         self.out = _param(full.out[:, qs * D:(qs + qn) * D])
 
-    def forward(self, qkv: torch.Tensor, batch, rotary, backend):
-        o, kv = super().forward(qkv, batch, rotary, backend)
+    def forward(self, x: torch.Tensor, batch, rotary, backend):
+        o, kv = super().forward(x, batch, rotary, backend)
         return self.comm.all_reduce(o), kv
 
 
@@ -245,8 +245,8 @@ class TPMLP(MLP):
         self.gate_up = _param(full.gate_up[rows])
         self.down = _param(full.down[:, ms:ms + mn])
 
-    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
-        return self.comm.all_reduce(super().forward(gate_up))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.comm.all_reduce(super().forward(x))
 
 
 def _shard_layer(layer: HybridLayer, shapes: TPShapes, comm: Collectives) -> HybridLayer:

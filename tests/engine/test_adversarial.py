@@ -21,6 +21,7 @@ import re
 import pickle
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -234,11 +235,10 @@ plain_case("StatePool conv_width 1", "conv_width", lambda: StatePool(1, 2, 4, 1,
 plain_case("StatePool capacity float", "capacity", lambda: StatePool(1, 2.0, 4, 4, 1, 4, 4))
 plain_case("StatePool conv_dtype int", "conv_dtype",
            lambda: StatePool(1, 2, 4, 4, 1, 4, 4, conv_dtype=torch.int32))
-plain_case("backend conv width mismatch", "conv_width",
-           lambda: LinearAttentionBackend(StatePool(1, 2, 4, 4, 1, 4, 4), "sync_free", 3))
-plain_case("backend pool not a pool", "pool", lambda: LinearAttentionBackend("pool", "sync_free", 4))
-plain_case("backend conv width bool", "conv_width",
-           lambda: LinearAttentionBackend(StatePool(1, 2, 4, 2, 1, 4, 4), "sync_free", True))
+plain_case("backend layer's conv width mismatch", "conv_weight must be",
+           lambda: LinearAttentionBackend(StatePool(1, 2, 4, 4, 1, 4, 4), "sync_free",
+                                          [SimpleNamespace(conv_weight=torch.zeros(4, 3))]))
+plain_case("backend pool not a pool", "pool", lambda: LinearAttentionBackend("pool", "sync_free", []))
 plain_case("plan_tracking prefix nan", "prefix_len", lambda: plan_tracking(float("nan"), 3, 64, 1))
 plain_case("plan_tracking slot bool", "track_slot", lambda: plan_tracking(0, 3, 64, True))
 plain_case("plan_decode steps 0", "steps", lambda: plan_decode([1], [[2]], [0], 0, 4, 0))

@@ -215,7 +215,7 @@ def test_the_cut(strategy, mode):
     pools = engine.pool.conv.clone(), engine.pool.ssm.clone()
     log = _OpLog()
     with count_syncs() as syncs, log:
-        engine.backend.init_forward_metadata(static.batch)
+        engine.backend.init_forward_metadata_capture(static)
         start = (len(log.ops), syncs.count)
         pieces = _RecordedPieces(log, syncs)
         out = run_in_pieces(model, static.batch, engine.backend, pieces, break_gdn=mode == "breakable")
@@ -223,7 +223,7 @@ def test_the_cut(strategy, mode):
     engine.pool.conv.copy_(pools[0])  # the cut forward wrote the working slots: start again
     engine.pool.ssm.copy_(pools[1])
     with count_syncs() as plain_syncs, _OpLog() as plain:
-        engine.backend.init_forward_metadata(static.batch)
+        engine.backend.init_forward_metadata_capture(static)
         start_plain = (len(plain.ops), plain_syncs.count)
         want = model(static.batch, engine.backend)
     n_gdn = sum(layer.kind == "gdn" for layer in model.layers)

@@ -293,7 +293,7 @@ def make_track(window_shift=0, all_rows=False, final_from_h=False, inclusive=Fal
 def track_by_the_backend(conv_pool, ssm_pool, mixed_qkv, h, batch, W):
     from mamba_edu.serving import LinearAttentionBackend, get_strategy
     from mamba_edu.serving.tracking import ForwardMetadata
-    s, md = get_strategy("naive"), ForwardMetadata(batch, W, chunk_meta=None)
+    s, md = get_strategy("naive"), ForwardMetadata(batch, W)
     s.prepare(md)
     t = s.conv_indices(md)
     if t is not None:
@@ -352,7 +352,7 @@ def predict_with_the_sniffer(n_gdn_layers, tracked):     # measuring instead of 
     from mamba_edu.serving import get_strategy
     from mamba_edu.serving.tracking import ForwardMetadata
     batch = nb06.toy_batch([0, 0, 64], [130, 40, 64]) if tracked else nb06.toy_batch([0, 0], [40, 10])
-    s, md = get_strategy("naive"), ForwardMetadata(batch, 4, chunk_meta=None)
+    s, md = get_strategy("naive"), ForwardMetadata(batch, 4)
     with count_syncs() as syncs:
         s.prepare(md)
         for _ in range(n_gdn_layers):

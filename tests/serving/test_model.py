@@ -63,8 +63,8 @@ def test_activations_stay_order_one_over_60_layers():
     rms = {}
 
     def record(layer, _inputs, output):
-        x, pending, _kv = output  # the stream and the MLP output the next layer's norm adds
-        rms[layer.index] = (x + pending).pow(2).mean().sqrt().item()
+        h, mlp_out, _kv = output  # the stream is h + mlp_out: the next layer's norm adds them
+        rms[layer.index] = (h + mlp_out).pow(2).mean().sqrt().item()
 
     hooks = [layer.register_forward_hook(record) for layer in model.layers]
     try:
@@ -103,6 +103,16 @@ def test_gdn_layers_satisfy_the_backend_protocol_with_its_shapes():
         q, k, v = m.split_qkv(torch.randn(5, D))
         assert (q.shape, k.shape, v.shape) == ((5, H, K), (5, H, K), (5, HV, V))
     assert not isinstance(model.layers[cfg.attn_layers[0]].mixer, GDNLayerParams)
+
+
+def test_a_gdn_layer_that_does_not_fit_the_pool_is_refused_when_the_backend_is_built():
+    """The backend checks its model's layers once, when it is built; the forward trusts them."""
+    model = build_model("tiny", device="cpu")
+    mixer = next(layer.mixer for layer in model.layers if layer.kind == "gdn")
+    mixer.conv_weight = torch.nn.Parameter(mixer.conv_weight[:, 1:], requires_grad=False)
+    cfg = model.config
+    with pytest.raises(ValueError, match=rf"conv_weight must be \[D, W\]=\[{cfg.conv_dim}, {cfg.conv_width}\]"):
+        Engine(model)
 
 
 def test_output_norm_in_the_backend_is_the_norm_after_it(monkeypatch):

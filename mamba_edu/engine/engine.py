@@ -51,6 +51,7 @@ from mamba_edu.engine.requests import (MAX_DECODE_STEPS, DecodeResult, EngineSta
 from mamba_edu.model.config import ModelConfig
 from mamba_edu.serving import SCRATCH_SLOT, LinearAttentionBackend, RadixCache, StatePool
 from mamba_edu.serving.batch import build_decode_batch
+from mamba_edu.serving.fla_prefill import check_prefill_kernel
 from mamba_edu.serving.planning import check_cache_chunk, plan_decode
 
 __all__ = ["MAX_DECODE_STEPS", "Engine"]
@@ -101,11 +102,17 @@ class Engine:
         ping_pong: 2 track slots per request instead of 1 (for an overlapping scheduler).
         track_interval: decode tracks every this many tokens (seq_len % interval == 0).
         cache_slots: pool slots for cached snapshots (default ``2·max_requests``).
+        prefill_kernel: the GDN prefill's kernel, chosen once, here: ``triton`` (ours) or ``fla``
+            (flash-linear-attention's Triton path, SGLang's fallback; needs CUDA and
+            ``pip install 'mamba_edu[fla]'``, and a strategy other than ``fused``):
+            :mod:`mamba_edu.serving.fla_prefill`.
     """
 
     def __init__(self, model, strategy: str = "sync_free", max_requests: int = 8, cache_chunk: int = 64,
-                 ping_pong: bool = False, track_interval: int = 256, cache_slots: int | None = None):
+                 ping_pong: bool = False, track_interval: int = 256, cache_slots: int | None = None,
+                 prefill_kernel: str = "triton"):
         _check_model(model)
+        check_prefill_kernel(prefill_kernel, strategy, model.device)  # before the pool is allocated
         if type(ping_pong) is not bool:
             raise TypeError(f"ping_pong must be a bool (True: two track slots per request); got {ping_pong!r}")
         self.model, self.config = model, model.config
@@ -117,7 +124,7 @@ class Engine:
         capacity = max_requests * (1 + self.tracks_per_request) + cache_slots
         pool = StatePool.for_model(self.config, capacity, model.device, model.dtype)
         gdn_layers = [layer.mixer for layer in model.layers if layer.kind == "gdn"]
-        self.backend = LinearAttentionBackend(pool, strategy, gdn_layers)
+        self.backend = LinearAttentionBackend(pool, strategy, gdn_layers, prefill_kernel)
         self.pool = pool
         self.cache = self._new_cache()
         self._owner = _Owner()
@@ -130,6 +137,10 @@ class Engine:
     @property
     def strategy(self) -> str:
         return self.backend.strategy_name
+
+    @property
+    def prefill_kernel(self) -> str:
+        return self.backend.prefill_kernel
 
     stopped = property(lambda self: self._stop.cause, doc="Why the engine stopped (a call that failed "
                                                            "half way), or None while it works.")
@@ -287,7 +298,7 @@ class Engine:
 
         ``mode``: ``breakable``, ``gdn_inside`` or ``graph`` (:mod:`mamba_edu.engine.graph`);
         ``graphs=False``: the same static-buffer forward without CUDA graphs (on a CPU too)."""
-        check_capture(bucket, mode, graphs, self.backend.strategy, self.model)
+        check_capture(bucket, mode, graphs, self.backend.strategy, self.model, self.prefill_kernel)
         captured = CapturedBucket(self, bucket, mode)
         if graphs:
             with self._stop.changing("Engine.capture_prefill"):

@@ -48,10 +48,10 @@ def available_bytes(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def check_capture(bucket, mode, graphs, strategy, model) -> None:
+def check_capture(bucket, mode, graphs, strategy, model, prefill_kernel: str = "triton") -> None:
     """The arguments of ``Engine.capture_prefill``, checked before anything is allocated: a
-    :class:`Bucket`, a mode the ``strategy`` can capture, ``graphs`` a bool (True needs CUDA),
-    and buffers that fit the device (:func:`capture_bytes`)."""
+    :class:`Bucket`, a mode the ``strategy`` and the ``prefill_kernel`` can capture, ``graphs`` a
+    bool (True needs CUDA), and buffers that fit the device (:func:`capture_bytes`)."""
     if not isinstance(bucket, Bucket):
         raise TypeError(f"bucket must be a Bucket(max_tokens, max_requests[, max_prefix_tokens]); "
                         f"got {type(bucket).__name__}")
@@ -62,6 +62,10 @@ def check_capture(bucket, mode, graphs, strategy, model) -> None:
     if mode != "breakable" and not strategy.capturable:
         raise ValueError(f"mode {mode!r} runs the GDN layers inside a graph, which needs a strategy "
                          f"that never syncs (sync_free or fused); engine strategy is {strategy.name!r}")
+    if mode != "breakable" and prefill_kernel != "triton":
+        raise ValueError(f"mode {mode!r} runs the GDN layers inside a graph on the bucket's fixed-capacity "
+                         f"chunk table, which only our kernels read; with prefill_kernel={prefill_kernel!r} "
+                         "capture 'breakable' (the GDN layers run eagerly between the pieces)")
     if graphs and model.device.type != "cuda":
         raise RuntimeError(f"capture_prefill needs a CUDA device; the model is on {model.device} "
                            "(graphs=False runs the same forward without graphs)")

@@ -11,7 +11,9 @@ backend owns the slots, the kernels and the tracking strategy. Per forward:
 2. per GDN layer, extend: [track.conv] → conv1d (working slots) → split q/k/v (views) →
    GDN core with the gating inside (working slots; checkpoints ``h`` unless fused) and, given the
    output gate ``z``, the output norm (in the prefill's output kernel on a GPU) → [track.ssm]
-   (with ``fused`` the two kernels save the snapshots and both copies are skipped);
+   (with ``fused`` the two kernels save the snapshots and both copies are skipped). The core is
+   the ``prefill_kernel`` chosen when the backend was built: ours, or fla's
+   (:mod:`~mamba_edu.serving.fla_prefill`);
 3. per GDN layer, decode: conv1d step → GDN step [→ output norm]; after the model,
    :meth:`track_decode` copies the rows due for tracking into their track slots, all layers in
    one op.
@@ -28,6 +30,7 @@ import torch
 from mamba_edu.kernels import build_chunk_meta_with_indices, launch
 from mamba_edu.kernels.fused_ops import gated_rms_norm
 from mamba_edu.probes import profile_range
+from mamba_edu.serving import fla_prefill
 from mamba_edu.serving.batch import ForwardBatch
 from mamba_edu.serving.gdn_layer import GDNLayerParams
 from mamba_edu.serving.pool import StatePool
@@ -43,13 +46,21 @@ class LinearAttentionBackend(GDNBackend):
         strategy: ``naive``, ``precomputed``, ``sync_free`` or ``fused``.
         layers: the model's GDN layers (:class:`GDNLayerParams`); each one's ``conv_weight`` must
             be ``[D, W]`` like the pool's conv states, checked here once.
+        prefill_kernel: the GDN core of an extend: ``triton`` (ours, :func:`launch.gdn_prefill
+            <mamba_edu.kernels.launch.gdn_prefill>`) or ``fla`` (fla's Triton path, SGLang's
+            fallback: :mod:`~mamba_edu.serving.fla_prefill`; CUDA, not with ``fused``). Chosen
+            here, once.
     """
 
-    def __init__(self, pool: StatePool, strategy: str, layers: Iterable[GDNLayerParams]):
+    def __init__(self, pool: StatePool, strategy: str, layers: Iterable[GDNLayerParams],
+                 prefill_kernel: str = "triton"):
         if not isinstance(pool, StatePool):
             raise TypeError(f"pool must be a StatePool; got {type(pool).__name__}")
         self.pool = pool
         self.strategy = get_strategy(strategy)
+        self.prefill_kernel = fla_prefill.check_prefill_kernel(prefill_kernel, self.strategy.name,
+                                                                pool.ssm.device)
+        self._gdn_prefill = fla_prefill.gdn_prefill if self.prefill_kernel == "fla" else launch.gdn_prefill
         self.conv_width = pool.conv.shape[-1] + 1
         want = (pool.conv.shape[2], self.conv_width)
         for layer in layers:
@@ -122,10 +133,10 @@ class LinearAttentionBackend(GDNBackend):
                                   track_slots=slots.track_slots, track_chunks=slots.track_chunks)
         q, k, v = layer.split_qkv(y)
         norm = None if z is None else (z, layer.norm_weight, layer.norm_eps)
-        o, h = launch.gdn_prefill(q, k, v, a=a, b=b, A_log=layer.A_log, dt_bias=layer.dt_bias,
-                                  state_pool=ssm_pool, state_indices=slots.state_indices, meta=slots.meta,
-                                  track_slots=slots.track_slots, track_chunks=slots.track_chunks,
-                                  output_checkpoints=slots.output_checkpoints, output_norm=norm)
+        o, h = self._gdn_prefill(q, k, v, a=a, b=b, A_log=layer.A_log, dt_bias=layer.dt_bias,
+                                 state_pool=ssm_pool, state_indices=slots.state_indices, meta=slots.meta,
+                                 track_slots=slots.track_slots, track_chunks=slots.track_chunks,
+                                 output_checkpoints=slots.output_checkpoints, output_norm=norm)
         track = self.strategy.ssm_indices(md, track)
         if track is not None:
             self._track_ssm(ssm_pool, h, track)

@@ -74,7 +74,9 @@ def test_wheel_metadata_has_markers_extras_and_classifiers(dists):
     assert not triton.marker.evaluate({"sys_platform": "win32"})
     assert triton.marker.evaluate({"sys_platform": "linux"})
     extras = set(meta.get_all("Provides-Extra"))
-    assert {"lab", "grade", "test", "gpu-bench", "hta", "browser", "dev"} <= extras
+    assert {"lab", "grade", "test", "gpu-bench", "fla", "hta", "browser", "dev"} <= extras
+    fla = {r.name for r in requires if r.marker and r.marker.evaluate({"extra": "fla", "sys_platform": "linux"})}
+    assert {"fla-core", "einops"} <= fla
     grade = {r.name for r in requires if r.marker and r.marker.evaluate({"extra": "grade"})}
     assert {"nbformat", "nbclient"} <= grade
     classifiers = meta.get_all("Classifier")

@@ -102,10 +102,8 @@ class Engine:
         ping_pong: 2 track slots per request instead of 1 (for an overlapping scheduler).
         track_interval: decode tracks every this many tokens (seq_len % interval == 0).
         cache_slots: pool slots for cached snapshots (default ``2·max_requests``).
-        prefill_kernel: the GDN prefill's kernel, chosen once, here: ``triton`` (ours) or ``fla``
-            (flash-linear-attention's Triton path, SGLang's fallback; needs CUDA and
-            ``pip install 'mamba_edu[fla]'``, and a strategy other than ``fused``):
-            :mod:`mamba_edu.serving.fla_prefill`.
+        prefill_kernel: the GDN prefill's kernel, chosen here once: ``triton`` (ours) or ``fla``
+            (SGLang's fallback, :mod:`mamba_edu.serving.fla_prefill`: CUDA, not with ``fused``).
     """
 
     def __init__(self, model, strategy: str = "sync_free", max_requests: int = 8, cache_chunk: int = 64,
@@ -134,14 +132,8 @@ class Engine:
         self._live = LiveBatches(self)  # the prepared batches not finished or aborted
         self.stats = EngineStats()
 
-    @property
-    def strategy(self) -> str:
-        return self.backend.strategy_name
-
-    @property
-    def prefill_kernel(self) -> str:
-        return self.backend.prefill_kernel
-
+    strategy = property(lambda self: self.backend.strategy_name, doc="The tracking strategy's name.")
+    prefill_kernel = property(lambda self: self.backend.prefill_kernel, doc="The GDN prefill's kernel.")
     stopped = property(lambda self: self._stop.cause, doc="Why the engine stopped (a call that failed "
                                                            "half way), or None while it works.")
 
@@ -154,9 +146,8 @@ class Engine:
 
     @_public
     def reset(self) -> None:
-        """A working engine with an empty cache, whatever came before (a failed call included):
-        every slot freed and zeroed, no running request, no cached prefix, fresh stats, and no
-        live batch (an earlier one is refused from now on). Captured buckets stay valid."""
+        """A working engine with an empty cache, whatever came before (a failed call included): every
+        slot freed and zeroed, no request, prefix or live batch, fresh stats; captured buckets stay."""
         with self._stop.changing("Engine.reset"):
             for batch in self._live:
                 self._live.close(batch, ABORTED)
@@ -222,9 +213,8 @@ class Engine:
 
     def _donate(self, tokens, kv, track_slots: list[int], index: int, length: int) -> None:
         """Offer the snapshot in ``track_slots[index]`` (state after ``length`` tokens) to the
-        cache; if taken, the list gets a fresh slot in its place. The fresh slot is taken first:
-        with none to be had the snapshot is simply not cached, and the request never writes a
-        slot the cache owns."""
+        cache; if taken, the list gets a fresh slot, taken first: with none free the snapshot is
+        not cached, so the request never writes a slot the cache owns."""
         if self.pool.n_free == 0:
             self.cache.evict(1)
         if self.pool.n_free == 0:
@@ -271,8 +261,7 @@ class Engine:
             self._close(batch, ABORTED)
 
     def _close(self, batch: PreparedPrefill, status: str) -> None:
-        """End a prepared batch (finished or aborted): no longer live nor pending, its prefix
-        matches unlocked."""
+        """End a prepared batch (finished or aborted): not live nor pending, its matches unlocked."""
         self._live.close(batch, status)
         for rid in batch.forward_batch.rids:
             del self.pending[rid]

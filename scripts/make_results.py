@@ -542,12 +542,16 @@ Console log: [`data/bench/piecewise/bench.log`](../data/bench/piecewise/bench.lo
 
 
 def bucket_rows(case: str | None = None, rel: str = BUCKETS) -> list[dict]:
+    """The rows of our prefill kernel (rows without ``prefill_kernel`` are ours)."""
     rows = load(rel)["rows"]
-    return [r for r in rows if case is None or r["case"] == case]
+    return [r for r in rows if (case is None or r["case"] == case)
+            and r.get("prefill_kernel", "triton") == "triton"]
 
 
 def bucket_label(r) -> str:
-    return r["strategy"] + (" eager" if r["mode"] == "eager" else MODE_LABELS[r["mode"]])
+    kernel = r.get("prefill_kernel", "triton")
+    return ("" if kernel == "triton" else f"{kernel} ") + r["strategy"] + (
+        " eager" if r["mode"] == "eager" else MODE_LABELS[r["mode"]])
 
 
 def bucket_run(rel: str) -> str:

@@ -14,6 +14,10 @@ refill. The arms, each on the same sequence of batches:
   ``sync_free`` and ``fused``;
 * ``graph`` — the whole forward in one bucket graph; ``sync_free`` and ``fused``.
 
+These run our Triton prefill kernel. ``--prefill-kernels triton,fla`` adds the arms of the case
+that SGLang's fallback kernel can run (:mod:`mamba_edu.serving.fla_prefill`: ``eager`` and
+``breakable``, not ``fused``); each row names its kernel (``prefill_kernel``).
+
 Arms alternate within every round (their order rotated from round to round); each arm runs the
 round's batches once untimed, then timed, as a server that has run a while (Triton compiles a
 kernel per specialisation of its int arguments, and a fresh length can need a new one). Each row
@@ -49,6 +53,10 @@ if TYPE_CHECKING:
 # that these names are the engine's and the serving layer's.
 STRATEGIES = ("naive", "precomputed", "sync_free", "fused")
 CAPTURE_MODES = ("breakable", "gdn_inside", "graph")
+#: What fla's prefill can run (fla_prefill.check_prefill_kernel and the engine's check_capture
+#: refuse the rest): no ``fused`` (its tracking is inside our kernel), no GDN inside a graph.
+FLA_STRATEGIES = ("naive", "precomputed", "sync_free")
+FLA_MODES = ("eager", "breakable")
 
 
 @dataclass(frozen=True)
@@ -95,7 +103,16 @@ def draw_lengths(case: BucketCase, gen: torch.Generator) -> tuple[int, ...]:
     return tuple(e - s for s, e in zip([0, *cuts], [*cuts, total]))
 
 
-def arms(case: BucketCase) -> list[tuple[str, str]]:
+def arms(case: BucketCase, kernels=("triton",)) -> list[tuple[str, str, str]]:
+    """The case's arms, ``(strategy, mode, prefill_kernel)``: ours, then for each other kernel
+    those of ours it can run (none in the sweep, which is ``fused`` only)."""
+    ours = triton_arms(case)
+    return ([(s, m, "triton") for s, m in ours]
+            + [(s, m, k) for k in kernels if k != "triton"
+               for s, m in ours if s in FLA_STRATEGIES and m in FLA_MODES])
+
+
+def triton_arms(case: BucketCase) -> list[tuple[str, str]]:
     if case.batch_tokens is not None:  # the sweep: the fastest eager and graph arms only
         return [("fused", "eager"), ("fused", "gdn_inside"), ("fused", "graph")]
     out = [(s, "eager") for s in STRATEGIES] + [(s, "breakable") for s in STRATEGIES]
@@ -111,14 +128,15 @@ def arms(case: BucketCase) -> list[tuple[str, str]]:
 
 
 class Arm:
-    """One (strategy, mode) on one model: its engine, its capture, its stream of batches."""
+    """One (strategy, mode, prefill kernel) on one model: its engine, its capture, its batches."""
 
-    def __init__(self, model, case: BucketCase, strategy: str, mode: str):
+    def __init__(self, model, case: BucketCase, strategy: str, mode: str, kernel: str = "triton"):
         from mamba_edu.benchmarks.timing import Prefills
         from mamba_edu.engine import Engine
 
-        self.case, self.strategy, self.mode = case, strategy, mode
-        engine = Engine(model, strategy, max_requests=case.max_requests, cache_slots=2)
+        self.case, self.strategy, self.mode, self.kernel = case, strategy, mode, kernel
+        engine = Engine(model, strategy, max_requests=case.max_requests, cache_slots=2,
+                        prefill_kernel=kernel)
         self.prefills = Prefills(engine, lambda gen: draw_lengths(case, gen), 0)
         self.captured = None if mode == "eager" else engine.capture_prefill(case.bucket, mode)
         self.replay = None if self.captured is None else self.captured.replay
@@ -134,7 +152,8 @@ class Arm:
 
     @property
     def label(self) -> str:
-        return f"{self.strategy}_{self.mode}"
+        ours = f"{self.strategy}_{self.mode}"  # the trace's name: fla's beside ours
+        return ours if self.kernel == "triton" else f"{self.kernel}_{ours}"
 
     def profile(self, trace_dir: Path) -> dict:
         """One profiled forward, its trace kept in ``trace_dir``: busy, span (first to last
@@ -199,11 +218,12 @@ class CompileCounter:
 
 
 def run_case(model, case: BucketCase, rounds: int, repeats: int, warmup: int, log,
-             trace_dir: Path) -> list[dict]:
+             trace_dir: Path, kernels=("triton",)) -> list[dict]:
     from mamba_edu.benchmarks.common import sm_clock_mhz
-    live = [Arm(model, case, s, m) for s, m in arms(case)]
+    live = [Arm(model, case, s, m, k) for s, m, k in arms(case, kernels)]
     rows = [dict(case=case.name, preset=case.preset, max_tokens=case.max_tokens,
                  max_requests=case.max_requests, strategy=a.strategy, mode=a.mode,
+                 prefill_kernel=a.kernel,
                  round_ms=[], round_host_ms=[], repeat_ms=[], sm_mhz=[], compiles_while_timed=0)
             for a in live]
     for arm in live:  # warm-up: Triton compiles a kernel per specialisation of its int arguments
@@ -233,13 +253,14 @@ def run_case(model, case: BucketCase, rounds: int, repeats: int, warmup: int, lo
                 row["host_us_per_kernel"] = 1e3 * row["host_ms"] / row["kernels"]
             if arm.strategy in ("sync_free", "fused") and arm.mode != "breakable":
                 row["no_sync_with_refill"] = arm.syncs_ok()
-        log(f"{case.name:<22} {arm.strategy:<12} {arm.mode:<10} {row['ttft_ms']:9.3f} ms "
+        log(f"{case.name:<22} {arm.kernel:<7} {arm.strategy:<12} {arm.mode:<10} {row['ttft_ms']:9.3f} ms "
             f"± {row['spread_ms']:.3f}" + (f"  idle/break {row['idle_per_break_us']:.0f} µs"
                                             if row.get("idle_per_break_us") else ""))
         arm.close()
-    eager = {r["strategy"]: r["ttft_ms"] for r in rows if r["mode"] == "eager"}
-    for row in rows:
-        row["vs_eager_same_strategy"] = eager[row["strategy"]] / row["ttft_ms"] if row["strategy"] in eager else None
+    eager = {(r["prefill_kernel"], r["strategy"]): r["ttft_ms"] for r in rows if r["mode"] == "eager"}
+    for row in rows:  # against the eager arm of the same strategy and kernel
+        base = eager.get((row["prefill_kernel"], row["strategy"]))
+        row["vs_eager_same_strategy"] = base / row["ttft_ms"] if base else None
     return rows
 
 
@@ -267,6 +288,22 @@ def make_timelines(out: Path, cases: list[str]) -> list[Path]:
     return written
 
 
+def checked_kernels(parser: argparse.ArgumentParser, text: str) -> tuple[str, ...]:
+    """``--prefill-kernels``, each one this machine can run (fla: CUDA and fla-core importable),
+    or a usage error of one line. Ours always run: the others' arms are compared to them."""
+    import torch
+
+    from mamba_edu.serving import fla_prefill
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    kernels = tuple(dict.fromkeys(["triton", *text.split(",")]))
+    for kernel in kernels:
+        try:  # sync_free: a strategy every kernel runs (arms() leaves out what one cannot)
+            fla_prefill.check_prefill_kernel(kernel, "sync_free", device)
+        except (ValueError, RuntimeError) as error:
+            parser.error(f"--prefill-kernels: {error}")
+    return kernels
+
+
 def main(argv=None) -> int:
     from mamba_edu.benchmarks.common import OUT, commit_hash, package_versions, say_where
     parser = argparse.ArgumentParser(prog="python -m mamba_edu bench-buckets",
@@ -276,13 +313,18 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=10, help="fresh batches per arm and round")
     parser.add_argument("--warmup", type=int, default=8, help="fresh batches per arm before timing")
     parser.add_argument("--cases", default="all", help="comma-separated case names, 'sweep' (the bucket sweep) or 'all'")
+    parser.add_argument("--prefill-kernels", default="triton",
+                        help="comma-separated GDN prefill kernels: triton (ours, always run), fla "
+                             "(SGLang's fallback: adds the eager and breakable arms of naive, "
+                             "precomputed and sync_free; needs fla-core 0.6.0)")
     args = parser.parse_args(argv)
     every = {c.name: c for c in CASES + SWEEP}
     names = args.cases.replace("all", ",".join(c.name for c in CASES) + ",sweep").split(",")
     unknown = sorted(set(names) - set(every) - {"sweep"})
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(every)}, sweep, all")
-    import torch  # after the arguments: --help and usage errors answer at once
+    kernels = checked_kernels(parser, args.prefill_kernels)
+    import torch  # after the arguments: --help answers at once
 
     from mamba_edu.model import build_model
 
@@ -301,6 +343,7 @@ def main(argv=None) -> int:
     meta = dict(commit=commit_hash(), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 device=torch.cuda.get_device_name(), torch=versions["torch"], triton=versions["triton"],
                 rounds=args.rounds, repeats=args.repeats, warmup=args.warmup, dtype="bfloat16",
+                prefill_kernels=list(kernels),
                 instrument="wall time of one synchronized forward (refill + replay for captured "
                            "arms), median of the repeats in a round; busy/span from one profiled forward",
                 note="random weights; a dense MLP stands in for the mixture of experts")
@@ -310,7 +353,7 @@ def main(argv=None) -> int:
             models.clear()
             models[case.preset] = build_model(case.preset, device="cuda", dtype=torch.bfloat16)
         rows += run_case(models[case.preset], case, args.rounds, args.repeats, args.warmup, log,
-                         args.out / "runs")
+                         args.out / "runs", kernels)
         gc.collect()  # a static bucket and its batch refer to each other: free the graphs now
         torch.cuda.empty_cache()
         (args.out / "results.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))

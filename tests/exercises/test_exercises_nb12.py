@@ -357,10 +357,10 @@ def _namespace() -> dict:
 def synthetic_results(path: Path) -> None:
     """A results file in the benchmark's format (every case and arm it runs); made-up numbers:
     the whole-forward graph beats eager in the sweep up to 2048 tokens, gdn_inside everywhere."""
-    from mamba_edu.benchmarks.buckets import CASES, SWEEP, arms
+    from mamba_edu.benchmarks.buckets import CASES, SWEEP, triton_arms
     rows = []
     for case in CASES + SWEEP:
-        for strategy, mode in arms(case):
+        for strategy, mode in triton_arms(case):
             t = case.max_tokens
             if case in SWEEP:
                 ttft = {"eager": 10.0, "gdn_inside": 6.0 + t / 4096, "graph": 4.0 + t / 512}[mode]

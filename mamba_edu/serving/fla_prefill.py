@@ -40,6 +40,7 @@ rounding (ours: bit-exact). Converting all of ``h`` to fp32 would cost a copy an
 
 from __future__ import annotations
 
+import functools
 from importlib import metadata
 from types import SimpleNamespace
 
@@ -56,8 +57,9 @@ FLA_VERSION = "0.6.0"  # the steps below are fla's internals: pinned, as the ext
 INSTALL = "pip install 'mamba_edu[fla]'"
 
 
+@functools.cache
 def fla_steps() -> SimpleNamespace:
-    """fla-core's forward steps, imported when first needed (fla is an optional extra)."""
+    """fla-core's forward steps, imported once, when first needed (fla is an optional extra)."""
     from fla.modules.norm.l2norm import l2norm_fwd
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
     from fla.ops.common.chunk_o import chunk_fwd_o

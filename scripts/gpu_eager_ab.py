@@ -44,7 +44,8 @@ def main() -> None:
                            capture_output=True, text=True).stdout.strip()
     print(json.dumps({"arm": args.arm, "package": mamba_edu.__file__, "median_ms": statistics.median(times),
                       "min_ms": min(times), "max_ms": max(times), "repeats": len(times), "sm_mhz": clock,
-                      "device": torch.cuda.get_device_name()}))
+                      "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                      "triton": __import__("triton").__version__}))
 
 
 if __name__ == "__main__":

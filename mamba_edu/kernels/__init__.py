@@ -9,10 +9,11 @@ synchronise with the host: the batch metadata is built once on the CPU (:func:`b
                      U; scan: the serial state pass, h and Ṽ; output: all chunks in parallel)
 - :mod:`.decode`     the one-token recurrent step
 - :mod:`.conv`       causal conv1d prefill and update
-- :mod:`.attention`  the full-attention layers' causal attention (GQA, after a cached prefix)
+- :mod:`.attention`  the full-attention layers' causal attention (GQA, after a cached prefix),
+                     unchecked
 - :mod:`.fused_ops`  the model's fused elementwise ops (RMSNorm, SwiGLU, RoPE), unchecked
-- :mod:`.api`        the entry points: the checks (:mod:`.validation`), then :mod:`.launch` or
-                     :mod:`.fused_ops`
+- :mod:`.api`        the entry points: the checks (:mod:`.validation`), then :mod:`.launch`,
+                     :mod:`.fused_ops` or :mod:`.attention`
 - :mod:`.launch`     the same four operations unchecked, Triton or the torch reference path
                      (``impl=``): what the serving engine calls, its batch checked once
 
@@ -23,11 +24,11 @@ Set ``TRITON_INTERPRET=1`` before importing this module to run the kernels on a 
 from mamba_edu._runtime import select_triton_mode
 
 select_triton_mode()  # the interpreter without a GPU, before any @triton.jit runs
-from mamba_edu.kernels.api import (add_rms_norm, conv1d_decode, conv1d_prefill, gated_rms_norm, gdn_decode,
-                                   gdn_prefill, rms_norm, rope, silu_mul)
+from mamba_edu.kernels.api import (add_rms_norm, causal_attention, conv1d_decode, conv1d_prefill,
+                                   gated_rms_norm, gdn_decode, gdn_prefill, rms_norm, rope, silu_mul)
 from mamba_edu.kernels.metadata import (ChunkMeta, build_chunk_meta, build_chunk_meta_with_indices,
                                         host_values, upload_indices)
 
-__all__ = ["ChunkMeta", "add_rms_norm", "build_chunk_meta", "build_chunk_meta_with_indices", "conv1d_decode",
-           "conv1d_prefill", "gated_rms_norm", "gdn_decode", "gdn_prefill", "host_values", "rms_norm", "rope",
-           "silu_mul", "upload_indices"]
+__all__ = ["ChunkMeta", "add_rms_norm", "build_chunk_meta", "build_chunk_meta_with_indices", "causal_attention",
+           "conv1d_decode", "conv1d_prefill", "gated_rms_norm", "gdn_decode", "gdn_prefill", "host_values",
+           "rms_norm", "rope", "silu_mul", "upload_indices"]

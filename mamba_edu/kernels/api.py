@@ -1,5 +1,6 @@
-"""Pool-based GDN prefill/decode, causal conv1d and the model's fused ops: the checks, then the
-unchecked function of the same name (:mod:`.launch`, :mod:`.fused_ops`).
+"""Pool-based GDN prefill/decode, causal conv1d, the model's fused ops and its causal attention:
+the checks, then the unchecked function of the same name (:mod:`.launch`, :mod:`.fused_ops`,
+:mod:`.attention`).
 
 ``impl="auto"`` runs Triton on CUDA tensors and the torch reference path elsewhere;
 ``"triton"`` forces the kernels (the interpreter on CPU: fp32/fp16 inputs, tiny shapes);
@@ -20,9 +21,11 @@ directly (it checks its batch once, where the batch enters).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from mamba_edu.kernels import fused_ops, launch
+from mamba_edu.kernels import attention, fused_ops, launch
 from mamba_edu.kernels.validation import (FLOATS, check_eps, check_flag, check_float,
                                           check_head_dims, check_meta, check_tensor, device_of,
                                           resolve_impl, slot_indices, track_indices)
@@ -311,3 +314,48 @@ def rope(x, cos, sin, *, impl="auto"):
     for name, t in (("cos", cos), ("sin", sin)):
         check_tensor(name, t, (T, 1, D // 2), device=x.device, dtypes=(torch.float32,))
     return fused_ops.rope(x, cos, sin, resolve_impl(impl, x.device, x.dtype, "x"))
+
+
+def _check_attention(q, k, v, n_seqs, scale) -> None:
+    """Shapes, dtypes and devices of ``q [n_seqs·Lq, Hq, D]``, ``k, v [n_seqs·Lk, Hkv, D]``."""
+    check_tensor("q", q, (None, None, None), device=device_of("q", q), rows=True)
+    check_tensor("k", k, (None, None, q.shape[2]), device=q.device, dtypes=(q.dtype,), rows=True)
+    check_tensor("v", v, tuple(k.shape), device=q.device, dtypes=(q.dtype,), rows=True)
+    if isinstance(n_seqs, bool) or not isinstance(n_seqs, int) or n_seqs < 1:
+        raise ValueError(f"n_seqs must be a positive int; got {n_seqs!r}")
+    for name, t in (("q", q), ("k", k)):
+        if t.shape[0] % n_seqs:
+            raise ValueError(f"{name} must have a multiple of n_seqs={n_seqs} rows (sequences of "
+                             f"equal length); got {t.shape[0]}")
+    Lq, Lk = q.shape[0] // n_seqs, k.shape[0] // n_seqs
+    if Lk < Lq:
+        raise ValueError(f"k must have at least Lq={Lq} rows per sequence (its prefix, then the "
+                         f"queries' own keys); got Lk={Lk}")
+    Hq, Hkv = q.shape[1], k.shape[1]
+    if Hkv < 1 or Hq % Hkv:
+        raise ValueError(f"k must have a number of heads that divides q's {Hq}; got {Hkv}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite Python float or None; got {scale!r}")
+
+
+def causal_attention(q, k, v, n_seqs=1, scale=None, *, impl="auto"):
+    """Causal attention of ``n_seqs`` sequences of equal length, with GQA, bottom-right aligned.
+
+    Args:
+        q: ``[n_seqs·Lq, Hq, D]``; k, v: ``[n_seqs·Lk, Hkv, D]`` in q's dtype, ``Lk ≥ Lq`` (the
+            first ``Lk − Lq`` keys of each sequence are its cached prefix), ``Hq % Hkv == 0``:
+            query head ``h`` reads KV head ``h // (Hq // Hkv)``. Rows may be strided (each
+            ``q[t]``, ``k[t]``, ``v[t]`` packed ``[H, D]``, e.g. column slices of one wider
+            projection). The Triton kernel takes ``D`` in
+            :data:`~mamba_edu.kernels.attention.HEAD_DIMS`.
+        n_seqs: the number of sequences. scale: the score scale, ``D ** -0.5`` when None.
+        impl: ``"auto"`` takes the kernel on CUDA only where it measured faster than SDPA
+            (:mod:`~mamba_edu.kernels.attention`).
+    Returns:
+        ``o [n_seqs·Lq, Hq, D]``, contiguous, in q's dtype: query ``i`` of a sequence attends
+        to its keys ``j ≤ i + Lk − Lq``.
+    """
+    _check_attention(q, k, v, n_seqs, scale)
+    resolve_impl(impl, q.device, q.dtype, "q")  # checked; "auto" goes on: it depends on Lq there
+    return attention.causal_attention(q, k, v, n_seqs, scale, impl=impl)

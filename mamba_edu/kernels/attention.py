@@ -23,11 +23,13 @@ Alignment is bottom-right: with ``Lk − Lq`` cached prefix keys, query ``i`` se
 :data:`AUTO_MAX_QUERIES` queries per sequence, and the model's SDPA expression otherwise (decode,
 long prompts) and on the CPU (so CPU results are the model's own); ``"triton"`` forces the
 kernel (the interpreter on CPU: fp32/fp16 only); ``"torch"`` forces the expression.
+
+:func:`causal_attention` here does not check its arguments: the model calls it in every
+attention layer with tensors it built itself. :mod:`mamba_edu.kernels` exports it with its checks
+(:mod:`.api`), for a learner who calls it directly.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +37,7 @@ import triton
 import triton.language as tl
 
 from mamba_edu.kernels.tiles import cdiv
-from mamba_edu.kernels.validation import check_tensor, device_of, resolve_impl
+from mamba_edu.kernels.validation import runs_torch
 
 HEAD_DIMS = (16, 32, 64, 128, 256)  # the head dims the kernel takes (powers of two, tl.dot ≥ 16)
 LOG2E = 1.4426950408889634
@@ -131,29 +133,6 @@ def _config(D: int, Lq: int, heads: int) -> tuple[int, int, int, int]:
     return 64, 64, 4, 2
 
 
-def _check_inputs(q, k, v, n_seqs, scale) -> None:
-    """Shapes, dtypes and devices of ``q [n_seqs·Lq, Hq, D]``, ``k, v [n_seqs·Lk, Hkv, D]``."""
-    check_tensor("q", q, (None, None, None), device=device_of("q", q), rows=True)
-    check_tensor("k", k, (None, None, q.shape[2]), device=q.device, dtypes=(q.dtype,), rows=True)
-    check_tensor("v", v, tuple(k.shape), device=q.device, dtypes=(q.dtype,), rows=True)
-    if isinstance(n_seqs, bool) or not isinstance(n_seqs, int) or n_seqs < 1:
-        raise ValueError(f"n_seqs must be a positive int; got {n_seqs!r}")
-    for name, t in (("q", q), ("k", k)):
-        if t.shape[0] % n_seqs:
-            raise ValueError(f"{name} must have a multiple of n_seqs={n_seqs} rows (sequences of "
-                             f"equal length); got {t.shape[0]}")
-    Lq, Lk = q.shape[0] // n_seqs, k.shape[0] // n_seqs
-    if Lk < Lq:
-        raise ValueError(f"k must have at least Lq={Lq} rows per sequence (its prefix, then the "
-                         f"queries' own keys); got Lk={Lk}")
-    Hq, Hkv = q.shape[1], k.shape[1]
-    if Hkv < 1 or Hq % Hkv:
-        raise ValueError(f"k must have a number of heads that divides q's {Hq}; got {Hkv}")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
-                              or not math.isfinite(scale)):
-        raise ValueError(f"scale must be a finite Python float or None; got {scale!r}")
-
-
 def _torch_attention(q, k, v, n_seqs, scale):
     """The model's SDPA expression over ``[n_seqs, heads, L, D]`` views."""
     Lq, Lk = q.shape[0] // n_seqs, k.shape[0] // n_seqs
@@ -167,25 +146,15 @@ def _torch_attention(q, k, v, n_seqs, scale):
 
 
 def causal_attention(q, k, v, n_seqs=1, scale=None, *, impl="auto"):
-    """Causal attention of ``n_seqs`` sequences of equal length, with GQA, bottom-right aligned.
-
-    Args:
-        q: ``[n_seqs·Lq, Hq, D]``; k, v: ``[n_seqs·Lk, Hkv, D]`` in q's dtype, ``Lk ≥ Lq`` (the
-            first ``Lk − Lq`` keys of each sequence are its cached prefix), ``Hq % Hkv == 0``:
-            query head ``h`` reads KV head ``h // (Hq // Hkv)``. Rows may be strided (each
-            ``q[t]``, ``k[t]``, ``v[t]`` packed ``[H, D]``, e.g. column slices of one wider
-            projection). The Triton kernel takes ``D`` in :data:`HEAD_DIMS`.
-        n_seqs: the number of sequences. scale: the score scale, ``D ** -0.5`` when None.
-    Returns:
-        ``o [n_seqs·Lq, Hq, D]``, contiguous, in q's dtype: query ``i`` of a sequence attends
-        to its keys ``j ≤ i + Lk − Lq``.
-    """
-    _check_inputs(q, k, v, n_seqs, scale)
+    """Causal GQA attention of ``n_seqs`` sequences of equal length, bottom-right aligned:
+    ``q [n_seqs·Lq, Hq, D]``, ``k, v [n_seqs·Lk, Hkv, D]`` (rows may be strided) →
+    ``o [n_seqs·Lq, Hq, D]``, contiguous; ``scale=None``: ``D ** -0.5``."""
     T, Hq, D = q.shape
     if impl == "auto" and not 16 < T // n_seqs <= AUTO_MAX_QUERIES:
         impl = "torch"
-    if resolve_impl(impl, q.device, q.dtype, "q") == "torch":
+    if runs_torch(impl, q.device):
         return _torch_attention(q, k, v, n_seqs, scale)
+    # Here, not in the checks: only this function knows whether "auto" takes the kernel.
     if D not in HEAD_DIMS:
         raise ValueError(f"q must have a head dim D in {list(HEAD_DIMS)} for the Triton kernel; "
                          f"got {D}; use impl='torch'")

@@ -80,8 +80,6 @@ def conv_launch(n_chunks: int, D: int) -> tuple[int, int, bool]:
     return WIDE_LAUNCH if n_chunks * cdiv(D, 64) >= WIDE_FROM else NARROW_LAUNCH
 
 
-@triton.heuristics({"HAS_BIAS": lambda args: args["bias_ptr"] is not None,
-                    "TRACK": lambda args: args["track_slot_ptr"] is not None})
 @triton.jit
 def conv1d_prefill_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr,
                           track_slot_ptr, track_chunk_ptr, cu_ptr, chunk_idx_ptr, D, stride_x,
@@ -161,7 +159,6 @@ def _save_window(x_ptr, state_ptr, dst_ptr, cols, writes, has_state, bos, end, s
             dst_ptr.dtype.element_ty), mask=writes)
 
 
-@triton.heuristics({"HAS_BIAS": lambda args: args["bias_ptr"] is not None})
 @triton.jit
 def conv1d_update_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr, D, stride_x,
                          W: tl.constexpr, BD: tl.constexpr, SILU: tl.constexpr,
@@ -208,7 +205,7 @@ def conv1d_prefill_triton(x, weight, bias, conv_pool, state_indices, meta, silu,
     conv1d_prefill_kernel[(blocks, meta.NT) if channels_first else (meta.NT, blocks)](
         x, weight, bias, y, conv_pool, state_indices, track_slots, track_chunks,
         meta.cu_seqlens, meta.chunk_indices, D, x.stride(0), W, next_power_of_2(W - 1),
-        silu, bd, channels_first, num_warps=warps)
+        silu, bd, channels_first, bias is not None, track_slots is not None, num_warps=warps)
     return y
 
 
@@ -218,5 +215,5 @@ def conv1d_update_triton(x, weight, bias, conv_pool, state_indices, silu):
     y = torch.empty(N, D, device=x.device, dtype=x.dtype)
     conv1d_update_kernel[(N, cdiv(D, _BD))](
         x, weight, bias, y, conv_pool, state_indices, D, x.stride(0), weight.shape[1], _BD, silu,
-        num_warps=4)
+        bias is not None, num_warps=4)
     return y

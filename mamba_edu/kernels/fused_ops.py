@@ -21,6 +21,7 @@ token ``r // heads`` (``heads = 1`` for ``[T, width]``), and one program owns ``
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -39,8 +40,6 @@ def row_starts(rows, heads, row_stride, head_stride):
     return (rows // heads).to(tl.int64) * row_stride + (rows % heads) * head_stride
 
 
-@triton.heuristics({"HAS_DELTA": lambda args: args["delta_ptr"] is not None,
-                    "HAS_GATE": lambda args: args["z_ptr"] is not None})
 @triton.jit
 def rms_norm_kernel(x_ptr, delta_ptr, z_ptr, w_ptr, s_ptr, y_ptr, n_rows, heads, D,
                     stride_x, stride_delta, stride_z, eps,
@@ -102,12 +101,14 @@ def rope_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, n_rows, heads, HALF, stride_x,
     tl.store(dst + HALF, (x2 * cos + x1 * sin).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _tiling(width: int, max_block: int = 1 << 30) -> tuple[int, int, int]:
-    """``(BLOCK, ROWS, num_warps)``: columns per tile (a power of two), rows per program so that a
-    tile holds ~2K elements, and about 16 elements per thread, 1 to 8 warps."""
+@functools.cache  # a handful of widths per model; a hit enters no Python frame
+def _tiling(width: int, max_block: int = 1 << 30) -> tuple[int, int, int, int]:
+    """``(BLOCK, ROWS, num_warps, column tiles)``: columns per tile (a power of two), rows per
+    program so that a tile holds ~2K elements, about 16 elements per thread, 1 to 8 warps, and
+    ``⌈width / BLOCK⌉`` tiles across a row (1 unless ``max_block`` cuts the row)."""
     block = min(next_power_of_2(width), max_block)
     rows = max(1, min(16, 2048 // block))
-    return block, rows, min(8, max(1, rows * block // 512))
+    return block, rows, min(8, max(1, rows * block // 512)), cdiv(width, block)
 
 
 def _launch_rms(x, delta, z, weight, eps, heads, stride_x, want_sum):
@@ -119,11 +120,11 @@ def _launch_rms(x, delta, z, weight, eps, heads, stride_x, want_sum):
     s = torch.empty_like(y) if want_sum else None
     if y.numel() == 0:  # nothing to normalise: no launch (a grid of 0 programs, or D = 0)
         return s, y
-    block, rows, warps = _tiling(D)
+    block, rows, warps, _ = _tiling(D)
     rms_norm_kernel[(cdiv(n_rows, rows),)](
         x, delta, z, weight, s, y, n_rows, heads, D, stride_x,
         0 if delta is None else delta.stride(0), 0 if z is None else z.stride(0), eps, rows, block,
-        num_warps=warps)
+        delta is not None, z is not None, num_warps=warps)
     return s, y
 
 
@@ -164,8 +165,8 @@ def silu_mul(gate_up, impl="auto"):
     y = torch.empty(T, Fw, device=gate_up.device, dtype=gate_up.dtype)
     if y.numel() == 0:
         return y
-    block, rows, warps = _tiling(Fw, max_block=1024)
-    silu_mul_kernel[(cdiv(T, rows), cdiv(Fw, block))](
+    block, rows, warps, col_tiles = _tiling(Fw, max_block=1024)
+    silu_mul_kernel[(cdiv(T, rows), col_tiles)](
         gate_up, y, T, Fw, gate_up.stride(0), rows, block, num_warps=warps)
     return y
 
@@ -179,7 +180,7 @@ def rope(x, cos, sin, impl="auto"):
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
     T, heads, D = x.shape
     y = torch.empty(T, heads, D, device=x.device, dtype=x.dtype)
-    block, rows, warps = _tiling(D // 2)
+    block, rows, warps, _ = _tiling(D // 2)
     rope_kernel[(cdiv(T * heads, rows),)](
         x, cos, sin, y, T * heads, heads, D // 2, x.stride(0), rows, block, num_warps=warps)
     return y

@@ -13,8 +13,8 @@ The arguments are :mod:`.api`'s, except that index arguments (``state_indices``,
 ``track_slots``, ``track_chunks``) are int tensors that remember their host values
 (:func:`~mamba_edu.kernels.upload_indices`, :func:`~mamba_edu.kernels.build_chunk_meta_with_indices`):
 the torch path reads those values, the kernels the tensors' private twins
-(:func:`~mamba_edu.kernels.metadata.checked_indices`). ``impl``: ``"auto"`` (Triton on CUDA,
-torch elsewhere), ``"triton"`` or ``"torch"``.
+(:func:`~mamba_edu.kernels.metadata.kernel_copy`); neither is checked again here. ``impl``:
+``"auto"`` (Triton on CUDA, torch elsewhere), ``"triton"`` or ``"torch"``.
 """
 
 from __future__ import annotations
@@ -22,21 +22,11 @@ from __future__ import annotations
 from mamba_edu.gdn import gdn_gating
 from mamba_edu.kernels.conv import conv1d_prefill_triton, conv1d_update_triton
 from mamba_edu.kernels.decode import decode_triton
-from mamba_edu.kernels.metadata import checked_indices
+from mamba_edu.kernels.metadata import kernel_copy, remembered
 from mamba_edu.kernels.prefill import apply_output_norm, prefill_triton
 from mamba_edu.kernels.torch_path import (conv1d_decode_torch, conv1d_prefill_torch, decode_torch,
                                           prefill_torch)
 from mamba_edu.kernels.validation import runs_torch
-
-
-def _host(t):
-    """The host values of an index tensor (None stays None)."""
-    return None if t is None else checked_indices("index", t)[0]
-
-
-def _kernel_copy(t):
-    """The private twin of an index tensor that the kernels read (None stays None)."""
-    return None if t is None else checked_indices("index", t)[1]
 
 
 def _track_targets(track_slots, track_chunks) -> list[tuple[int, int, int]]:
@@ -44,7 +34,7 @@ def _track_targets(track_slots, track_chunks) -> list[tuple[int, int, int]]:
     form of the ``fused`` tracking request."""
     if track_slots is None:
         return []
-    pairs = zip(_host(track_slots), _host(track_chunks))
+    pairs = zip(remembered(track_slots), remembered(track_chunks))
     return [(n, slot, chunk) for n, (slot, chunk) in enumerate(pairs) if chunk >= 0]
 
 
@@ -58,16 +48,16 @@ def gdn_prefill(q, k, v, g=None, beta=None, *, a=None, b=None, A_log=None, dt_bi
     if runs_torch(impl, q.device):
         if a is not None:
             g, beta = gdn_gating(A_log, a, b, dt_bias)
-        o, ckpt = prefill_torch(q, k, v, g, beta, state_pool, _host(state_indices), meta, scale,
+        o, ckpt = prefill_torch(q, k, v, g, beta, state_pool, remembered(state_indices), meta, scale,
                                 use_qk_l2norm, output_checkpoints,
                                 _track_targets(track_slots, track_chunks))
         return apply_output_norm(o, output_norm, impl="torch"), ckpt
     gating = None
     if a is not None:
         g, beta, gating = a, b, (A_log, dt_bias)
-    return prefill_triton(q, k, v, g, beta, state_pool, _kernel_copy(state_indices),
+    return prefill_triton(q, k, v, g, beta, state_pool, kernel_copy(state_indices),
                           meta.kernel_view(), scale, use_qk_l2norm, output_checkpoints,
-                          _kernel_copy(track_slots), _kernel_copy(track_chunks), gating,
+                          kernel_copy(track_slots), kernel_copy(track_chunks), gating,
                           output_norm)
 
 
@@ -76,9 +66,9 @@ def gdn_decode(q, k, v, a, b, A_log, dt_bias, *, state_pool, state_indices, scal
     """:func:`mamba_edu.kernels.gdn_decode` on checked arguments: ``o [N, HV, V]``."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if runs_torch(impl, q.device):
-        return decode_torch(q, k, v, a, b, A_log, dt_bias, state_pool, _host(state_indices),
+        return decode_torch(q, k, v, a, b, A_log, dt_bias, state_pool, remembered(state_indices),
                             scale, use_qk_l2norm)
-    return decode_triton(q, k, v, a, b, A_log, dt_bias, state_pool, _kernel_copy(state_indices),
+    return decode_triton(q, k, v, a, b, A_log, dt_bias, state_pool, kernel_copy(state_indices),
                          scale, use_qk_l2norm)
 
 
@@ -86,17 +76,17 @@ def conv1d_prefill(x, weight, bias=None, *, conv_pool, state_indices, meta, acti
                    track_slots=None, track_chunks=None, impl="auto"):
     """:func:`mamba_edu.kernels.conv1d_prefill` on checked arguments: ``y [T, D]``."""
     if runs_torch(impl, x.device):
-        return conv1d_prefill_torch(x, weight, bias, conv_pool, _host(state_indices), meta,
+        return conv1d_prefill_torch(x, weight, bias, conv_pool, remembered(state_indices), meta,
                                     activation, _track_targets(track_slots, track_chunks))
-    return conv1d_prefill_triton(x, weight, bias, conv_pool, _kernel_copy(state_indices),
+    return conv1d_prefill_triton(x, weight, bias, conv_pool, kernel_copy(state_indices),
                                  meta.kernel_view(), activation == "silu",
-                                 _kernel_copy(track_slots), _kernel_copy(track_chunks))
+                                 kernel_copy(track_slots), kernel_copy(track_chunks))
 
 
 def conv1d_decode(x, weight, bias=None, *, conv_pool, state_indices, activation="silu",
                   impl="auto"):
     """:func:`mamba_edu.kernels.conv1d_decode` on checked arguments: ``y [N, D]``."""
     if runs_torch(impl, x.device):
-        return conv1d_decode_torch(x, weight, bias, conv_pool, _host(state_indices), activation)
-    return conv1d_update_triton(x, weight, bias, conv_pool, _kernel_copy(state_indices),
+        return conv1d_decode_torch(x, weight, bias, conv_pool, remembered(state_indices), activation)
+    return conv1d_update_triton(x, weight, bias, conv_pool, kernel_copy(state_indices),
                                 activation == "silu")

@@ -11,9 +11,10 @@ addresses. Their ranges must be checked before a launch, and checking a CUDA ten
 would sync. So every index tensor made here *remembers the host list it was built from*
 (:func:`host_values`); the validation reads that list instead of the device. The kernels never
 read the tensor the caller holds: each upload also makes a private twin on the device, and the
-kernels are given that twin (:func:`checked_indices`). Writing into the caller's tensor, even
+kernels are given that twin (:func:`kernel_copy`). Writing into the caller's tensor, even
 through ``.data`` or ``.numpy()`` which no version counter sees, cannot change what a kernel
-reads; an in-place write that the version counter does see is refused (:func:`check_unchanged`).
+reads; an in-place write that the version counter does see is refused where the tensor enters
+(:func:`check_unchanged`, called by :func:`host_values`).
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ _PRIVATE_ATTR = "_mamba_edu_kernel_copy"
 def _upload(parts: Sequence[Sequence[int]], device) -> list[torch.Tensor]:
     """:func:`upload_host_lists` as int32, each view remembering its host list
     (:func:`host_values`) and holding a private twin (same values, its own buffer) that only
-    :func:`checked_indices` hands out: one upload carries both."""
+    :func:`kernel_copy` hands out: one upload carries both."""
     host = [tuple(int(x) for x in part) for part in parts]
     views = upload_host_lists(host + host, device, torch.int32)
     public, private = views[:len(host)], views[len(host):]
@@ -125,21 +126,15 @@ def upload_indices(values: Sequence[int], device) -> torch.Tensor:
     return _upload([values], device)[0]
 
 
-def checked_indices(name: str, t) -> tuple[tuple[int, ...] | None, torch.Tensor | None]:
-    """``(host values, the tensor to give the kernels)`` of an index argument.
+def kernel_copy(t: torch.Tensor | None) -> torch.Tensor | None:
+    """The private twin of an index tensor made here, unchecked (None stays None): for callers
+    whose arguments were checked where they entered (:func:`host_values` checks)."""
+    return None if t is None else getattr(t, _PRIVATE_ATTR)
 
-    A tensor made here gives its remembered values and its private twin (refused if written in
-    place since, :func:`check_unchanged`); a CPU tensor gives its values and a fresh copy of
-    them, so that nothing the caller holds is what the kernels read; any other tensor gives
-    ``(None, None)`` (its values are unknown without a sync)."""
-    remembered = getattr(t, _HOST_ATTR, None)
-    if remembered is not None:
-        check_unchanged(name, t)
-        return remembered, getattr(t, _PRIVATE_ATTR)
-    if t.device.type != "cpu":
-        return None, None
-    values = tuple(t.tolist())
-    return values, torch.tensor(values, dtype=t.dtype)
+
+def remembered(t: torch.Tensor | None) -> tuple[int, ...] | None:
+    """The host values an index tensor made here remembers, unchecked (None stays None)."""
+    return None if t is None else getattr(t, _HOST_ATTR)
 
 
 @dataclass(frozen=True, eq=False)

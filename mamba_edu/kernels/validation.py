@@ -78,12 +78,13 @@ def device_of(name: str, t) -> torch.device:
 
 def default_impl(device: torch.device) -> str:
     """``impl="auto"``: the Triton kernels on CUDA, the torch reference path elsewhere."""
-    return "triton" if device.type == "cuda" else "torch"
+    return "torch" if runs_torch("auto", device) else "triton"
 
 
 def runs_torch(impl: str, device: torch.device) -> bool:
-    """Whether a call with a checked ``impl`` takes the torch path (``"auto"``: :func:`default_impl`)."""
-    return (default_impl(device) if impl == "auto" else impl) == "torch"
+    """Whether a call with a checked ``impl`` takes the torch path: ``"torch"``, or ``"auto"`` off
+    CUDA: the rule that :func:`default_impl` names, in one frame (it runs before every launch)."""
+    return impl == "torch" or (impl == "auto" and device.type != "cuda")
 
 
 def resolve_impl(impl: str, device: torch.device, dtype: torch.dtype, name: str = "q") -> str:
@@ -157,7 +158,7 @@ def index_arg(name: str, t, n: int, device: torch.device) -> tuple[tuple[int, ..
     ``t`` is a list of ``n`` Python ints or a CPU int tensor (read and uploaded here, once: the
     kernels get a copy of exactly the values checked, never ``t`` itself), or a tensor made by
     :func:`~mamba_edu.kernels.upload_indices`, passed on as it is (the kernels read its private
-    twin: :func:`~mamba_edu.kernels.metadata.checked_indices`)."""
+    twin: :func:`~mamba_edu.kernels.metadata.kernel_copy`)."""
     if isinstance(t, (list, tuple)):
         values = tuple(t)
         if len(values) != n or any(type(v) is not int for v in values):

@@ -48,7 +48,7 @@ import torch
 
 from mamba_edu.gdn import gdn_gating
 from mamba_edu.kernels.fused_ops import gated_rms_norm
-from mamba_edu.kernels.metadata import checked_indices
+from mamba_edu.kernels.metadata import kernel_copy
 from mamba_edu.serving.pool import SCRATCH_SLOT
 
 #: The prefill kernels an engine can be built with: ``triton`` (ours), ``fla`` (this module).
@@ -126,7 +126,7 @@ def gdn_prefill(q, k, v, *, a, b, A_log, dt_bias, state_pool, state_indices, met
     fla = fla_steps()
     m = meta.kernel_view()
     varlen = dict(cu_seqlens=m.cu_seqlens, chunk_indices=m.chunk_indices)
-    slots = checked_indices("state_indices", state_indices)[1].long()
+    slots = kernel_copy(state_indices).long()
     live = slots >= 0
     q, k, v = (x.contiguous()[None] for x in (q, k, v))           # [1, T, heads, dim]
     q_hat, _ = fla.l2norm_fwd(q)

@@ -7,8 +7,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from mamba_edu import triton_interpreted
-from mamba_edu.kernels import attention
-from mamba_edu.kernels.attention import causal_attention
+from mamba_edu.kernels import attention, causal_attention
 from mamba_edu.testing import rel_err
 
 IMPLS = [pytest.param("triton", marks=pytest.mark.skipif(
@@ -123,6 +122,15 @@ def test_torch_path_is_the_models_expression_bit_for_bit(impl):
     q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
     after_prefix = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, enable_gqa=True)
     assert torch.equal(causal_attention(q, k, v, impl=impl), after_prefix[0].transpose(0, 1))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_the_models_unchecked_call_equals_the_checked_export(impl):
+    """The model calls :func:`attention.causal_attention` (no checks: it built the tensors); the
+    export :func:`mamba_edu.kernels.causal_attention` is its checks, then that call."""
+    q, k, v = inputs(2, 20, 30, 4, 2, 16, strided=True)
+    assert torch.equal(attention.causal_attention(q, k, v, 2, impl=impl),
+                       causal_attention(q, k, v, 2, impl=impl))
 
 
 @pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1")

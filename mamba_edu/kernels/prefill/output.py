@@ -48,7 +48,6 @@ def output_chunk(i_v, i_chunk, hv, q_ptr, k_hat_ptr, v_new_ptr, h_ptr, gamma_ptr
     store_rows(o_ptr + hv * V, o, bos, eos, HV * V, v0, V, CHUNK, BV)
 
 
-@triton.heuristics({"GATE": lambda args: args["z_ptr"] is not None})
 @triton.jit
 def chunk_output_kernel(q_ptr, k_hat_ptr, v_new_ptr, h_ptr, gamma_ptr, o_ptr, z_ptr, norm_w_ptr,
                         cu_ptr, chunk_idx_ptr, scale, stride_q, stride_z, eps,
@@ -57,7 +56,7 @@ def chunk_output_kernel(q_ptr, k_hat_ptr, v_new_ptr, h_ptr, gamma_ptr, o_ptr, z_
                         GATE: tl.constexpr):
     """Kernel 3, grid ``(⌈V/BV⌉, NT, HV)``: :func:`output_chunk` for every (V-tile, chunk, value
     head). The V-tiles of a chunk are neighbours in the grid, so its q and k̂ are read from L2.
-    ``GATE`` follows from what is passed: the gate ``z_ptr`` (and ``norm_w_ptr``), or None."""
+    ``GATE``: whether the gate ``z_ptr`` (and ``norm_w_ptr``) is passed, or None."""
     output_chunk(tl.program_id(0), tl.program_id(1), tl.program_id(2), q_ptr, k_hat_ptr,
                  v_new_ptr, h_ptr, gamma_ptr, o_ptr, z_ptr, norm_w_ptr, cu_ptr, chunk_idx_ptr,
                  scale, stride_q, stride_z, eps, H, HV, K, V, BK, BV, USE_L2NORM, GATE)
@@ -89,5 +88,5 @@ def launch_output(q, k_hat, v_new, h, gamma, meta, scale, use_qk_l2norm, output_
     chunk_output_kernel[plan.output_grid](
         q, k_hat, v_new, h, gamma, o, z, weight, meta.cu_seqlens, meta.chunk_indices, scale,
         q.stride(0), 0 if z is None else z.stride(0), eps, H, HV, K, V, plan.BK, plan.output_bv,
-        use_qk_l2norm, num_warps=OUTPUT_WARPS)
+        use_qk_l2norm, z is not None, num_warps=OUTPUT_WARPS)
     return o

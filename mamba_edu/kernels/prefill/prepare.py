@@ -59,7 +59,6 @@ def _write_w_u(T, k_hat, beta, gamma, v_ptr, k_hat_ptr, w_ptr, u_ptr, hv, bos, e
     store_rows(u_ptr, tl.dot(T, values_in), bos, eos, HV * V, 0, V, CHUNK, BV)
 
 
-@triton.heuristics({"GATED": lambda args: args["A_log_ptr"] is not None})
 @triton.jit
 def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
                          gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr,
@@ -68,7 +67,7 @@ def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
                          BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
                          FP16_INVERSE: tl.constexpr, GATED: tl.constexpr):
     """Kernel 1, grid ``(NT, HV)``: :func:`prepare_chunk` for every (chunk, value head).
-    ``GATED`` follows from what is passed: ``A_log_ptr`` (and ``dt_bias_ptr``) given, or None."""
+    ``GATED``: whether ``A_log_ptr`` (and ``dt_bias_ptr``) is passed, or None."""
     prepare_chunk(tl.program_id(0), tl.program_id(1), k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr,
                   dt_bias_ptr, gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr,
                   stride_k, stride_v, stride_g, stride_beta, H, HV, K, V, BK, BV, USE_L2NORM,
@@ -98,5 +97,6 @@ def launch_prepare(k, v, g, beta, meta, use_qk_l2norm, gating=None):
     chunk_prepare_kernel[plan.prepare_grid](
         k, v, g, beta, A_log, dt_bias, gamma, k_hat, w, u, meta.cu_seqlens, meta.chunk_indices,
         k.stride(0), v.stride(0), g.stride(0), beta.stride(0), H, HV, K, V, plan.BK, plan.BV,
-        use_qk_l2norm, fp16_inverse(use_qk_l2norm, w.dtype), num_warps=PREPARE_WARPS)
+        use_qk_l2norm, fp16_inverse(use_qk_l2norm, w.dtype), gating is not None,
+        num_warps=PREPARE_WARPS)
     return gamma, k_hat, w, u

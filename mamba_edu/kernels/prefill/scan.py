@@ -66,14 +66,13 @@ def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h
     scan_end(S, n_chunks, state_ptr, state_mask, track_ptr, track_chunk, slab_mask, TRACK)
 
 
-@triton.heuristics({"TRACK": lambda args: args["track_slot_ptr"] is not None})
 @triton.jit
 def chunk_scan_kernel(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool_ptr,
                       cu_ptr, chunk_off_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr,
                       H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, TRACK: tl.constexpr):
     """Kernel 2, grid ``(⌈V/BV⌉, N, HV)``: :func:`scan_sequence` for every (V-tile, sequence,
-    value head). ``TRACK`` follows from what is passed: the track slots and chunks, or None."""
+    value head). ``TRACK``: whether the track slots and chunks are passed, or None."""
     scan_sequence(tl.program_id(0), tl.program_id(1), tl.program_id(2), k_hat_ptr, w_ptr, u_ptr,
                   gamma_ptr, v_new_ptr, h_ptr, pool_ptr, cu_ptr, chunk_off_ptr, state_idx_ptr,
                   track_slot_ptr, track_chunk_ptr, H, HV, K, V, BK, BV, TRACK)
@@ -94,5 +93,6 @@ def launch_scan(k_hat, w, u, gamma, state_pool, state_indices, meta, h=None,
     chunk_scan_kernel[plan.scan_grid](
         k_hat, w, u, gamma, v_new, h, state_pool, meta.cu_seqlens, meta.chunk_offsets,
         state_indices, track_slots, track_chunks, H, HV, K, V, plan.BK, plan.scan_bv,
+        track_slots is not None,
         num_warps=plan.scan_warps, num_stages=plan.scan_stages)
     return v_new, h

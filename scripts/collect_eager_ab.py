@@ -1,0 +1,52 @@
+"""Turn one run of ``scripts/gpu_lean.sh`` (its ``lean.tgz``, unpacked) into a stamped ``data/``
+file: the rounds in run order, the median of each arm's round medians, after/before.
+
+    python scripts/collect_eager_ab.py DIR --commit C --before-commit B --gpu-tests "..." \\
+        --out data/bench/lean_eager_<device>_<C>.json
+
+``DIR`` holds ``eager_ab.jsonl`` and ``gpu_clocks.csv``; the clock log is copied beside the JSON.
+"""
+
+import argparse
+import datetime
+import json
+import shutil
+import statistics
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("dir", type=Path)
+    p.add_argument("--commit", required=True)
+    p.add_argument("--before-commit", required=True)
+    p.add_argument("--gpu-tests", required=True, help="one line: what the GPU tests of the session gave")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    rounds = [json.loads(line) for line in (args.dir / "eager_ab.jsonl").read_text().splitlines() if line]
+    medians = {arm: statistics.median(r["median_ms"] for r in rounds if r["arm"] == arm)
+               for arm in ("before", "after")}
+    clocks = args.out.with_name(args.out.stem + "_clocks.csv")
+    shutil.copy(args.dir / "gpu_clocks.csv", clocks)
+    meta = dict(
+        commit=args.commit, before_commit=args.before_commit,
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        device=rounds[0]["device"], torch=rounds[0].get("torch"), triton=rounds[0].get("triton"),
+        clock_log=str(clocks.resolve().relative_to(DATA)),
+        command="OUT=... ROUNDS=3 bash scripts/gpu_lean.sh (the before arm: git archive "
+                f"{args.before_commit} mamba_edu into .before/, carried)",
+        method="eager fused prefill of qwen3.5-tp8, 1 x 512 tokens, bf16: wall time of a "
+               "synchronized engine.forward_prefill, median of 30 after 5 warm-ups, one process "
+               f"per arm, arms alternated over {len(rounds) // 2} rounds",
+        gpu_tests=args.gpu_tests)
+    out = dict(meta=meta, rounds=[{k: v for k, v in r.items() if k != "package"} for r in rounds],
+               median_of_medians_ms=medians, after_over_before=medians["after"] / medians["before"])
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"{args.out}: before {medians['before']:.2f} ms, after {medians['after']:.2f} ms "
+          f"({out['after_over_before']:.3f}x)")
+
+
+if __name__ == "__main__":
+    main()

@@ -787,7 +787,9 @@ rotated rounds (± half the spread). Each run compares only within itself.
 def section_host() -> str:
     """The host cost of one eager prefill, the CUDA path emulated on a CPU, before and after the
     lean engine (mamba_edu.benchmarks.host): counts are exact, times are the CPU's."""
+    stamped = [p for p in (DATA / "bench").glob("host_*.json") if re.fullmatch(r"host_[0-9a-f]{7,}\.json", p.name)]
     runs = [rel for rel in ("bench/host_before.json", "bench/host_after.json") if (DATA / rel).exists()]
+    runs += [f"bench/{p.name}" for p in sorted(stamped, key=lambda p: load(f"bench/{p.name}")["meta"]["date"])]
     if not runs:
         return ""
     rows = []
@@ -810,7 +812,28 @@ this CPU's). Target for `fused`: at most 30 Python calls per GPU op.
 {chr(10).join(run_line(rel) for rel in runs)}
 
 {table(["commit", "strategy", "Triton launches", "GPU ops", "syncs", "Python calls", "calls / op", "python µs / op"], rows)}
-"""
+{host_ab()}"""
+
+
+def host_ab() -> str:
+    """The same-run A/Bs of the emulated host time (bench/host_ab_*.json), one line each."""
+    lines = []
+    for path in sorted((DATA / "bench").glob("host_ab_*.json")):
+        d = load(f"bench/{path.name}")
+        m, r = d["meta"], d["after_over_before"]
+        mm = d["median_of_medians_ms"]
+        rounds = d["rounds"]
+
+        def spread(arm):
+            xs = [x["host_ms_python"]["median"] for x in rounds if x["arm"] == arm]
+            return f"{f(min(xs))}–{f(max(xs))}"
+        lines.append(f"Same-run A/B, `fused`, {len(d['rounds']) // 2} alternated rounds: `{m['before_commit']}` → "
+                     f"`{m['commit']}`: host {f(mm['before']['host_ms'])} → {f(mm['after']['host_ms'])} ms "
+                     f"({f(r['host_ms'], 3)}×), of which the Python outside the fake dispatch (ours and Triton's) "
+                     f"{f(mm['before']['host_ms_python'])} → {f(mm['after']['host_ms_python'])} ms "
+                     f"({f(r['host_ms_python'], 3)}×; round medians {spread('before')} and {spread('after')} ms).\n\n"
+                     f"{run_line(f'bench/{path.name}')}\n")
+    return "\n" + "\n".join(lines) if lines else ""
 
 
 def section_lean_gpu() -> str:

@@ -1,0 +1,78 @@
+"""Measure the lab's bound launches (:mod:`.bound_launch`) beside the package's launches, with the
+package's own instruments.
+
+``python -m mamba_edu.lab.bench_lab_bound emulate [--rounds 3] [--out FILE]``: the host cost of one
+eager ``fused`` forward of ``qwen3.5-tp8`` (1 × 512, bf16) in the CUDA emulation of
+``python -m mamba_edu bench-host`` (:func:`mamba_edu.benchmarks.host.measure`), the two arms
+alternated in one process over ``--rounds`` rounds: Python calls (exact) and host time (this CPU's),
+and how each kernel's launches went (bound, bound through Triton, fallen back).
+
+``python -m mamba_edu.lab.bench_lab_bound gpu [ARGS]``: ``scripts/gpu_eager_ab.py bound [ARGS]``
+(the eager GPU timing of the lean-engine A/B, one JSON line) with bound launches, so that
+``scripts/gpu_lean.sh`` can alternate it with the package's arm under the same instrument.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import runpy
+import statistics
+import sys
+from pathlib import Path
+
+from mamba_edu.benchmarks import host
+from mamba_edu.lab.bound_launch import bound_launches
+
+
+def emulate(rounds: int, runs: int, preset: str = "qwen3.5-tp8") -> dict:
+    """``{"rounds": [...], "median_of_medians_ms": ..., "bound_over_package": ...}`` (module docstring)."""
+    out = []
+    for r in range(rounds):
+        for arm in ("package", "bound"):
+            with bound_launches() if arm == "bound" else contextlib.nullcontext({}) as kernels:
+                res = host.measure(preset, strategies=("fused",), runs=runs, log=lambda *a: None)["fused"]
+            paths = {name: dict(launches=k.launches, bound_by_triton=k.binds, fallbacks=k.fallbacks)
+                     for name, k in kernels.items() if k.launches}
+            out.append(dict(arm=arm, round=r + 1, **res, **({"launch_paths": paths} if paths else {})))
+    med = {arm: {k: statistics.median(x[k]["median"] for x in out if x["arm"] == arm)
+                 for k in ("host_ms", "host_ms_python")} for arm in ("package", "bound")}
+    return dict(rounds=out, median_of_medians_ms=med,
+                bound_over_package={k: med["bound"][k] / med["package"][k] for k in med["bound"]})
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mamba_edu.lab.bench_lab_bound",
+                                description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="mode", required=True)
+    e = sub.add_parser("emulate")
+    e.add_argument("--rounds", type=int, default=3)
+    e.add_argument("--runs", type=int, default=7)
+    e.add_argument("--preset", default="qwen3.5-tp8")
+    e.add_argument("--out", type=Path, default=Path("out/bench/host_lab_bound.json"))
+    sub.add_parser("gpu", add_help=False)
+    args, rest = p.parse_known_args(argv)
+    if args.mode == "gpu":
+        script = Path(__file__).resolve().parents[2] / "scripts" / "gpu_eager_ab.py"
+        sys.argv = [str(script), "bound", *rest]
+        with bound_launches():
+            runpy.run_path(str(script), run_name="__main__")
+        return 0
+    os.environ["TRITON_INTERPRET"] = "0"  # the emulation runs Triton's real launch path (bench-host)
+    result = dict(meta=dict(host.stamp(), preset=args.preset, lengths=[512], dtype="bfloat16",
+                            command="python -m mamba_edu.lab.bench_lab_bound emulate "
+                                    f"--rounds {args.rounds} --runs {args.runs} --preset {args.preset}",
+                            method="bench-host's emulation (fused), the package's launches and the "
+                                   "lab's bound launches alternated in one process"),
+                  **emulate(args.rounds, args.runs, args.preset))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    for x in result["rounds"]:
+        print(f"round {x['round']} {x['arm']:>7}: {x['py_calls']} Python calls ({x['py_calls_per_gpu_op']}/op), "
+              f"host {x['host_ms']['median']} ms, Python {x['host_ms_python']['median']} ms")
+    print(f"bound / package: {result['bound_over_package']}; wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

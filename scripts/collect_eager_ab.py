@@ -30,12 +30,13 @@ def main() -> None:
     medians = {arm: statistics.median(r["median_ms"] for r in rounds if r["arm"] == arm) for arm in arms}
     clocks = args.out.with_name(args.out.stem + "_clocks.csv")
     shutil.copy(args.dir / "gpu_clocks.csv", clocks)
+    arms_env = "" if arms == ["before", "after"] else 'ARMS="' + " ".join(arms) + '" '
     meta = dict(
         commit=args.commit, before_commit=args.before_commit,
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         device=rounds[0]["device"], torch=rounds[0].get("torch"), triton=rounds[0].get("triton"),
         clock_log=str(clocks.resolve().relative_to(DATA)) if clocks.resolve().is_relative_to(DATA) else str(clocks),
-        command="OUT=... ROUNDS=3 bash scripts/gpu_lean.sh (the before arm: git archive "
+        command=f"OUT=... {arms_env}ROUNDS={len(rounds) // len(arms)} bash scripts/gpu_lean.sh (the before arm: git archive "
                 f"{args.before_commit} mamba_edu into .before/, carried)",
         method="eager fused prefill of qwen3.5-tp8, 1 x 512 tokens, bf16: wall time of a "
                "synchronized engine.forward_prefill, median of 30 after 5 warm-ups, one process "

@@ -816,8 +816,20 @@ this CPU's). Target for `fused`: at most 30 Python calls per GPU op.
 
 
 def host_ab() -> str:
-    """The same-run A/Bs of the emulated host time (bench/host_ab_*.json), one line each."""
+    """The same-run A/Bs of the emulated host time (bench/host_ab_*.json), one line each, and the
+    lab's bound launches beside the package's (bench/host_lab_bound_*.json)."""
     lines = []
+    for path in sorted((DATA / "bench").glob("host_lab_bound_*.json")):
+        d = load(f"bench/{path.name}")
+        by_arm = {arm: [x for x in d["rounds"] if x["arm"] == arm] for arm in ("package", "bound")}
+        calls = {arm: by_arm[arm][0]["py_calls"] for arm in by_arm}
+        mm, r = d["median_of_medians_ms"], d["bound_over_package"]
+        lines.append(f"Bound launches (then a lab arm, now `mamba_edu/kernels/launcher.py`), alternated with the "
+                     f"package's in one process over {len(by_arm['bound'])} rounds at `{d['meta']['commit']}`: "
+                     f"{calls['package']} → {calls['bound']} Python calls per forward; Python outside the fake "
+                     f"dispatch {f(mm['package']['host_ms_python'])} → {f(mm['bound']['host_ms_python'])} ms "
+                     f"({f(r['host_ms_python'], 3)}×), all host {f(r['host_ms'], 3)}×.\n\n"
+                     f"{run_line(f'bench/{path.name}')}\n")
     for path in sorted((DATA / "bench").glob("host_ab_*.json")):
         d = load(f"bench/{path.name}")
         m, r = d["meta"], d["after_over_before"]
@@ -837,27 +849,38 @@ def host_ab() -> str:
 
 
 def section_lean_gpu() -> str:
-    """The lean engine on an H100: the eager A/B against the engine before it, and the decode
-    kernel's bandwidth from the quick kernel run of the same session."""
-    ab, kern = load("bench/lean_eager_h100.json"), load("benchmarks/kernels_quick_h100_lean.json")
-    rows = [[r["arm"], f(r["median_ms"]), f(r["min_ms"]), f(r["max_ms"]), r["sm_mhz"]] for r in ab["rounds"]]
-    decode = [r for r in kern["results"] if r["kind"] == "decode"]
-    lines = [f"`{r['case']}`: {f(r['ours_graph_ms'], 4)} ms, "
-             f"{r['floor_bytes'] / r['ours_graph_ms'] / 1e9:.2f} TB/s" for r in decode]
-    meta = ab["meta"]
-    return f"""## The lean engine on a GPU: eager `fused` before and after
+    """The lean engine on an H100: each eager A/B against the engine before it (the newest first),
+    and the decode kernel's bandwidth from the quick kernel run of the first session."""
+    runs = sorted((DATA / "bench").glob("lean_eager_*.json"),
+                  key=lambda p: load(f"bench/{p.name}")["meta"]["date"], reverse=True)
+    blocks = []
+    for path in runs:
+        rel = f"bench/{path.name}"
+        ab = load(rel)
+        meta, mm = ab["meta"], ab["median_of_medians_ms"]
+        rows = [[r["arm"], f(r["median_ms"]), f(r["min_ms"]), f(r["max_ms"]), r["sm_mhz"]] for r in ab["rounds"]]
+        bound = (f" With the lab's bound launches (the `bound` arm, same commit): {f(mm['bound'])} ms, "
+                 f"{f(ab['bound_over_after'])}× the package's launches." if "bound" in mm else "")
+        blocks.append(f"""### Before `{meta['before_commit']}`, after `{meta['commit']}`
 
-{meta['method']}; before = `{meta['before_commit']}`, after = `{meta['commit']}`.
-
-{run_line("bench/lean_eager_h100.json")}
+{run_line(rel)}
 
 {table(["arm (in run order)", "median ms", "min ms", "max ms", "SM MHz"], rows)}
 
-Median of the rounds' medians: before {f(ab['median_of_medians_ms']['before'])} ms, after
-{f(ab['median_of_medians_ms']['after'])} ms ({f(ab['after_over_before'])}× before; target 18 ms).
+Median of the rounds' medians: before {f(mm['before'])} ms, after {f(mm['after'])} ms
+({f(ab['after_over_before'])}× before; target 18 ms).{bound}
 GPU tests of the same session: {meta['gpu_tests']}.
+""")
+    kern = load("benchmarks/kernels_quick_h100_lean.json")
+    decode = [r for r in kern["results"] if r["kind"] == "decode"]
+    lines = [f"`{r['case']}`: {f(r['ours_graph_ms'], 4)} ms, "
+             f"{r['floor_bytes'] / r['ours_graph_ms'] / 1e9:.2f} TB/s" for r in decode]
+    return f"""## The lean engine on a GPU: eager `fused` before and after
 
-Decode (the same session, `bench-kernels --quick`): {"; ".join(lines)} (target 3.6 TB/s on an H200).
+{load(f"bench/{runs[0].name}")['meta']['method']}. Each run compares only within itself.
+
+{chr(10).join(blocks)}
+Decode (the first session's `bench-kernels --quick`): {"; ".join(lines)} (target 3.6 TB/s on an H200).
 
 {run_line("benchmarks/kernels_quick_h100_lean.json")}
 """

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from mamba_edu.kernels.launcher import bound_kernel
 from mamba_edu.kernels.tiles import cdiv
 from mamba_edu.kernels.validation import runs_torch
 
@@ -75,6 +76,7 @@ def _attend_keys(acc, l, m, q, k_ptr, v_ptr, stride_k, stride_v, rows, cols, sta
     return acc, l, m
 
 
+@bound_kernel
 @triton.jit
 def causal_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, Lq, Lk, group, stride_q, stride_k,
                             stride_v, stride_o, qk_scale, D: tl.constexpr, BD: tl.constexpr,

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mamba_edu.kernels.launcher import bound_kernel
 from mamba_edu.kernels.tiles import as_vector, cdiv, next_power_of_2
 
 
@@ -80,6 +81,7 @@ def conv_launch(n_chunks: int, D: int) -> tuple[int, int, bool]:
     return WIDE_LAUNCH if n_chunks * cdiv(D, 64) >= WIDE_FROM else NARROW_LAUNCH
 
 
+@bound_kernel
 @triton.jit
 def conv1d_prefill_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr,
                           track_slot_ptr, track_chunk_ptr, cu_ptr, chunk_idx_ptr, D, stride_x,
@@ -159,6 +161,7 @@ def _save_window(x_ptr, state_ptr, dst_ptr, cols, writes, has_state, bos, end, s
             dst_ptr.dtype.element_ty), mask=writes)
 
 
+@bound_kernel
 @triton.jit
 def conv1d_update_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, pool_ptr, state_idx_ptr, D, stride_x,
                          W: tl.constexpr, BD: tl.constexpr, SILU: tl.constexpr,

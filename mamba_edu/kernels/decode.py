@@ -11,9 +11,11 @@ import torch
 import triton
 import triton.language as tl
 
+from mamba_edu.kernels.launcher import bound_kernel
 from mamba_edu.kernels.tiles import as_vector, cdiv, gate_values, next_power_of_2, tuning_configs
 
 
+@bound_kernel
 @triton.autotune(tuning_configs((1, 1), (2, 1), (4, 1)), key=["K", "V", "BV"],
                  restore_value=["pool_ptr"])
 @triton.jit

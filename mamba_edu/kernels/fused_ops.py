@@ -29,6 +29,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from mamba_edu.kernels.launcher import bound_kernel
 from mamba_edu.kernels.tiles import cdiv, next_power_of_2
 from mamba_edu.kernels.validation import runs_torch
 
@@ -40,6 +41,7 @@ def row_starts(rows, heads, row_stride, head_stride):
     return (rows // heads).to(tl.int64) * row_stride + (rows % heads) * head_stride
 
 
+@bound_kernel
 @triton.jit
 def rms_norm_kernel(x_ptr, delta_ptr, z_ptr, w_ptr, s_ptr, y_ptr, n_rows, heads, D,
                     stride_x, stride_delta, stride_z, eps,
@@ -69,6 +71,7 @@ def rms_norm_kernel(x_ptr, delta_ptr, z_ptr, w_ptr, s_ptr, y_ptr, n_rows, heads,
     tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@bound_kernel
 @triton.jit
 def silu_mul_kernel(gu_ptr, y_ptr, T, Fw, stride_gu,
                     ROWS: tl.constexpr, BLOCK: tl.constexpr):
@@ -83,6 +86,7 @@ def silu_mul_kernel(gu_ptr, y_ptr, T, Fw, stride_gu,
              (gate * tl.sigmoid(gate) * up).to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@bound_kernel
 @triton.jit
 def rope_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, n_rows, heads, HALF, stride_x,
                 ROWS: tl.constexpr, BLOCK: tl.constexpr):

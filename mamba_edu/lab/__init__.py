@@ -34,22 +34,21 @@ Modules (each built on the package's public kernels and helpers):
   ``docs/fused_design.md``): the bytes would allow about half of FlashInfer's time; the serial
   chunk loop's tensor-core share decides, which points to a warp-specialised single pass.
 
-- :mod:`.bound_launch`: each kernel call after the first of its kind launched straight through
-  the compiled kernel's launcher, past Triton's ``JITFunction.run`` (binder, cache key, hooks),
-  keyed on everything Triton specialises on. Fewer Python calls per launch in the CUDA emulation
-  (``data/bench/host_lab_bound_*.json``); not yet timed on a GPU (``scripts/gpu_lean.sh`` with
-  ``ARMS="before after bound"``).
-
 Tools that measure the lab beside the package (the benchmarks' face, also never imported):
 
 - :mod:`.bench_lab_arms`: the reference benchmark with the lab's prefills (the chunk loop, the
   scan that builds W and U) as more arms.
-- :mod:`.bench_lab_bound`: the bound launches beside the package's, in bench-host's emulation
-  (alternated rounds) or as an arm of the GPU eager A/B.
 - :mod:`.bench_sm90_resources`: registers, spills and shared memory of the three kernels, of
   ``scan_builds_wu``'s and of the chunk loop's tilings, compiled for sm_90a without a GPU, with
   each kernel's byte model (``data/benchmarks/sm90_resources*.json``): the chunk loop spills in
   every tiling tried.
+
+Moved into the package after a same-run GPU measurement showed them faster:
+
+- bound launches (now :mod:`mamba_edu.kernels.launcher`): each kernel call after the first of its
+  kind straight to the compiled kernel's launcher, past Triton's ``JITFunction.run``. The lab arm
+  beside the plain launches: ``data/bench/host_lab_bound_*.json`` (CPU emulation) and the ``bound``
+  arm of ``data/bench/lean_eager_h100_*.json`` (an H100).
 
 Tried and removed without a module here (their write-ups stay in ``data/``):
 

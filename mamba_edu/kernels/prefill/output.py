@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from mamba_edu.kernels.fused_ops import gated_rms_norm
+from mamba_edu.kernels.launcher import bound_kernel
 from mamba_edu.kernels.prefill.config import OUTPUT_WARPS, prefill_plan
 from mamba_edu.kernels.prefill.tiles import (CHUNK, chunk_rows, gated_norm_rows, output_tile,
                                              scaled_queries)
@@ -48,6 +49,7 @@ def output_chunk(i_v, i_chunk, hv, q_ptr, k_hat_ptr, v_new_ptr, h_ptr, gamma_ptr
     store_rows(o_ptr + hv * V, o, bos, eos, HV * V, v0, V, CHUNK, BV)
 
 
+@bound_kernel
 @triton.jit
 def chunk_output_kernel(q_ptr, k_hat_ptr, v_new_ptr, h_ptr, gamma_ptr, o_ptr, z_ptr, norm_w_ptr,
                         cu_ptr, chunk_idx_ptr, scale, stride_q, stride_z, eps,

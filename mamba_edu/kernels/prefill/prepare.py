@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mamba_edu.kernels.launcher import bound_kernel
 from mamba_edu.kernels.prefill.config import PREPARE_WARPS, fp16_inverse, prefill_plan, work_dtype
 from mamba_edu.kernels.prefill.tiles import CHUNK, chunk_gates, chunk_inverse, chunk_rows
 from mamba_edu.kernels.tiles import load_rows, store_rows
@@ -59,6 +60,7 @@ def _write_w_u(T, k_hat, beta, gamma, v_ptr, k_hat_ptr, w_ptr, u_ptr, hv, bos, e
     store_rows(u_ptr, tl.dot(T, values_in), bos, eos, HV * V, 0, V, CHUNK, BV)
 
 
+@bound_kernel
 @triton.jit
 def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
                          gamma_ptr, k_hat_ptr, w_ptr, u_ptr, cu_ptr, chunk_idx_ptr,

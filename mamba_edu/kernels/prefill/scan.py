@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mamba_edu.kernels.launcher import bound_kernel
 from mamba_edu.kernels.prefill.config import prefill_plan
 from mamba_edu.kernels.prefill.tiles import (CHUNK, advance_state, scan_end, scan_start,
                                              sequence_chunks, store_if_tracked)
@@ -66,6 +67,7 @@ def scan_sequence(i_v, seq, hv, k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h
     scan_end(S, n_chunks, state_ptr, state_mask, track_ptr, track_chunk, slab_mask, TRACK)
 
 
+@bound_kernel
 @triton.jit
 def chunk_scan_kernel(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool_ptr,
                       cu_ptr, chunk_off_ptr, state_idx_ptr, track_slot_ptr, track_chunk_ptr,

@@ -1,8 +1,8 @@
-"""The lab's bound launches (mamba_edu/lab/bound_launch.py): a known kind of call reaches the
-compiled kernel's launcher with exactly the arguments Triton would pass; every change Triton
-specialises on binds anew; hooks, keywords and the interpreter fall back; the package's kernels
-come back on exit; on a GPU an eager forward is bit-identical; in the emulation it costs fewer
-Python calls with no fallback."""
+"""Bound launches (mamba_edu/kernels/launcher.py): a known kind of call reaches the compiled
+kernel's launcher with exactly the arguments Triton would pass; every change Triton specialises on
+binds anew; hooks, keywords and the interpreter take Triton's path; in the CUDA emulation every
+kernel of a forward binds once per kind and never falls back; on a GPU an eager forward equals the
+one through Triton's path bit for bit."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mamba_edu.lab.bound_launch import BoundKernel, bound_launches, package_kernels
+from mamba_edu.kernels.launcher import BoundKernel
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,12 +40,11 @@ class FakeJIT:
 
 @pytest.fixture
 def bound():
-    """A BoundKernel over FakeJIT, taking its compiled path (device 0, stream 7), hooks empty."""
+    """A BoundKernel over FakeJIT on its compiled path: device 0, stream 7, hooks empty."""
     k = BoundKernel(FakeJIT())
-    k.interpreted = False
-    k.driver = (lambda: 0, lambda device: 7)
-    k.knobs = SimpleNamespace(launch_enter_hook=SimpleNamespace(calls=[]),
-                              launch_exit_hook=SimpleNamespace(calls=[]))
+    hooks = SimpleNamespace(launch_enter_hook=SimpleNamespace(calls=[]),
+                            launch_exit_hook=SimpleNamespace(calls=[]))
+    k.setup = (hooks, False, len(FakeJIT.arg_names), lambda: 0, lambda device: 7)
     return k
 
 
@@ -95,66 +94,83 @@ def test_falls_back_to_triton_where_the_shortcut_could_differ(bound, why):
     bound[(1,)](x, 32, 1e-6, 64)
     args, kwargs = (x, 32, 1e-6), {"BLOCK": 64}
     if why == "hook":
-        bound.knobs.launch_enter_hook.calls.append(print)
+        bound.setup[0].launch_enter_hook.calls.append(print)
         args, kwargs = (x, 32, 1e-6, 64), {}
     elif why == "interpreted":
-        bound.interpreted = True
+        bound.setup = (bound.setup[0], True, *bound.setup[2:])
         args, kwargs = (x, 32, 1e-6, 64), {}
     bound[(1,)](*args, **kwargs)
     assert bound.fallbacks == 1 and len(bound.fn.jit_calls) == 2 and not bound.fn.runs
 
 
-def test_the_package_kernels_come_back_on_exit_even_after_an_error():
-    before = {key: fn for key, fn in package_kernels().items()}
-    with pytest.raises(RuntimeError):
-        with bound_launches() as wrapped:
-            assert all(isinstance(getattr(m, name), BoundKernel) for m, name in before)
-            assert set(wrapped) == {name for _, name in before}
-            raise RuntimeError("inside")
-    assert all(getattr(m, name) is fn for (m, name), fn in before.items())
+def package_kernels() -> dict:
+    """``{name: BoundKernel}`` of every kernel the package launches."""
+    from mamba_edu.kernels import attention, conv, decode, fused_ops
+    from mamba_edu.kernels.prefill import output, prepare, scan
+    return {name: k for module in (attention, conv, decode, fused_ops, output, prepare, scan)
+            for name, k in vars(module).items() if isinstance(k, BoundKernel)}
 
 
-def test_emulated_forward_binds_every_kernel_and_costs_fewer_calls(tmp_path):
-    """The CUDA emulation of bench-host, both arms: every launch of the forward takes the bound
-    path (no fallback), each kernel kind binds through Triton once, fewer Python calls."""
+def test_every_package_kernel_is_bound():
+    assert set(package_kernels()) == {
+        "rms_norm_kernel", "silu_mul_kernel", "rope_kernel", "causal_attention_kernel",
+        "conv1d_prefill_kernel", "conv1d_update_kernel", "gdn_decode_kernel",
+        "chunk_prepare_kernel", "chunk_scan_kernel", "chunk_output_kernel"}
+
+
+EMULATED = """
+import json, os
+os.environ["TRITON_INTERPRET"] = "0"  # bench-host's emulation runs Triton's real launch path
+from mamba_edu.benchmarks import host
+from mamba_edu.kernels.launcher import BoundKernel
+import sys
+res = host.measure("tiny", strategies=("fused",), runs=2, warmup=1, log=lambda *a: None)["fused"]
+kernels = {name: [k.launches, k.binds, k.fallbacks] for m, mod in list(sys.modules.items())
+           if m.startswith("mamba_edu.kernels") for name, k in vars(mod).items() if isinstance(k, BoundKernel)}
+print(json.dumps(dict(kernels=kernels, launches=res["launches_by_kernel"])))
+"""
+
+
+def test_an_emulated_forward_binds_each_kind_once_and_never_falls_back(tmp_path):
+    """bench-host's CUDA emulation (Triton's real launch path, a stub C launcher): every kernel
+    the forward launches binds through Triton once per kind of call and takes the bound path
+    after, with no fallback."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("TRITON_INTERPRET", None)
-    out = tmp_path / "lab_bound.json"
-    proc = subprocess.run([sys.executable, "-m", "mamba_edu.lab.bench_lab_bound", "emulate", "--rounds", "1",
-                           "--runs", "1", "--preset", "tiny", "--out", str(out)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run([sys.executable, "-c", EMULATED], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    package, bound = json.loads(out.read_text())["rounds"]
-    assert (package["arm"], bound["arm"]) == ("package", "bound")
-    assert bound["launches"] == package["launches"] and bound["gpu_ops"] == package["gpu_ops"]
-    assert bound["launches_by_kernel"] == package["launches_by_kernel"]
-    paths = bound["launch_paths"]
-    assert set(paths) == set(package["launches_by_kernel"])
-    assert all(p["fallbacks"] == 0 and 1 <= p["bound_by_triton"] <= 4 for p in paths.values())
-    assert bound["py_calls"] < package["py_calls"]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    used = {name: k for name, k in out["kernels"].items() if k[0]}
+    assert set(used) == set(out["launches"])  # the stub launcher saw every bound kernel launch
+    for name, (launches, binds, fallbacks) in used.items():
+        assert fallbacks == 0 and 1 <= binds <= 4 and launches > 2 * binds, (name, launches, binds)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("strategy", ["naive", "fused"])
-def test_gpu_eager_forward_is_bit_identical(strategy):
+def test_gpu_eager_forward_equals_tritons_path_bit_for_bit(strategy, monkeypatch):
     """Logits and every pool slot of an eager prefill (a cached prefix, three requests): the
-    bound launches give the package's results bit for bit."""
+    bound launches give what Triton's own path gives (every kernel forced to fall back)."""
     from mamba_edu.engine import Engine, Request
     from mamba_edu.model import build_model
 
     def run():
         model = build_model("tiny", device="cuda", seed=1)
         engine = Engine(model, strategy=strategy, max_requests=4)
-        seq = list(range(3, 400))
+        seq = [(7 * i + 3) % model.config.vocab for i in range(400)]
         engine.prefill([Request("seed", seq[:130])])
         result = engine.prefill([Request("a", seq[:200]), Request("b", seq[300:340]),
                                  Request("c", seq[:128] + seq[150:214])])
         return result.logits, engine.pool.conv.clone(), engine.pool.ssm.clone()
 
+    kernels = package_kernels()
+    run()  # binds
+    before = {name: (k.launches, k.binds, k.fallbacks) for name, k in kernels.items()}
+    got = run()
+    bound_launches = sum(k.launches - before[n][0] - (k.binds - before[n][1]) for n, k in kernels.items())
+    assert bound_launches > 0 and all(k.fallbacks == before[n][2] for n, k in kernels.items())
+    for k in kernels.values():  # Triton's path: as under the interpreter
+        monkeypatch.setattr(k, "setup", (k.setup[0], True, *k.setup[2:]) if k.setup else None)
     want = run()
-    with bound_launches() as wrapped:
-        run()  # binds
-        got = run()
-    assert sum(k.launches - k.binds - k.fallbacks for k in wrapped.values()) > 0
-    assert all(k.fallbacks == 0 for k in wrapped.values())
     assert all(torch.equal(a, b) for a, b in zip(want, got))

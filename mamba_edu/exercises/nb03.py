@@ -139,9 +139,11 @@ def _kernel_modules():
 
 def _recorded_grids(lengths, H, HV, K, V) -> list[tuple[str, tuple[int, ...]]]:
     """The (kernel name, grid) of every launch that ``gdn_prefill(impl="triton")`` makes for
-    this batch: each Triton kernel of ``mamba_edu.kernels`` is replaced by a recorder, so nothing
+    this batch: each launched Triton kernel of ``mamba_edu.kernels`` (a
+    :class:`~mamba_edu.kernels.launcher.BoundKernel`) is replaced by a recorder, so nothing
     runs and the inputs can stay uninitialised (``torch.empty`` touches no memory)."""
     from mamba_edu.kernels import build_chunk_meta, gdn_prefill
+    from mamba_edu.kernels.launcher import BoundKernel
 
     launches = []
 
@@ -164,7 +166,7 @@ def _recorded_grids(lengths, H, HV, K, V) -> list[tuple[str, tuple[int, ...]]]:
     with ExitStack() as stack:
         for module in _kernel_modules():
             for name, obj in list(vars(module).items()):
-                if isinstance(obj, triton.runtime.jit.KernelInterface):
+                if isinstance(obj, BoundKernel):  # a launched kernel, not a device helper
                     stack.enter_context(mock.patch.object(module, name, Recorder(name, obj)))
         gdn_prefill(e(T, H, K), e(T, H, K), e(T, HV, V), e(T, HV), e(T, HV),
                     state_pool=e(N, HV, K, V), meta=meta, state_indices=list(range(N)), impl="triton")

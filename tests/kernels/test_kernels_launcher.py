@@ -147,6 +147,56 @@ def test_an_emulated_forward_binds_each_kind_once_and_never_falls_back(tmp_path)
         assert fallbacks == 0 and 1 <= binds <= 4 and launches > 2 * binds, (name, launches, binds)
 
 
+SAME_LAUNCHES = """
+import json, os, sys
+os.environ["TRITON_INTERPRET"] = "0"  # bench-host's emulation runs Triton's real launch path
+from mamba_edu.benchmarks import host
+import mamba_edu.kernels.prefill, mamba_edu.kernels.decode
+from mamba_edu.kernels.launcher import BoundKernel
+kernels = [k for m, mod in list(sys.modules.items()) if m.startswith("mamba_edu.kernels")
+           for k in vars(mod).values() if isinstance(k, BoundKernel)]
+launches, original = [], host._FakeLauncher.__call__
+
+def describe(a):
+    if hasattr(a, "stride"):
+        return [str(a.dtype), list(a.shape), list(a.stride()), a.storage_offset()]
+    return repr(a)
+
+def recorded(self, gx, gy, gz, stream, function, packed, meta, enter, leave, *args):
+    launches.append([id(self), gx, gy, gz, stream, [describe(a) for a in args]])
+    return original(self, gx, gy, gz, stream, function, packed, meta, enter, leave, *args)
+
+host._FakeLauncher.__call__ = recorded
+from triton import knobs
+out = {}
+for mode in ("triton", "bound"):
+    for k in kernels:  # "triton": every call through JITFunction.run, as under the interpreter
+        k.bound, k.setup = {}, ((knobs.runtime, True, len(k.fn.arg_names), None, None) if mode == "triton" else None)
+    launches.clear()
+    host.measure("tiny", strategies=("naive", "fused"), runs=2, warmup=1, count_calls=False, log=lambda *a: None)
+    ids = {}  # the compiled kernels in order of first use: Triton's choice, comparable across runs
+    out[mode] = [[ids.setdefault(x[0], len(ids)), *x[1:]] for x in launches]
+    out[mode + "_bound"] = sum(k.launches - k.binds - k.fallbacks for k in kernels)
+    for k in kernels:
+        k.launches = k.binds = k.fallbacks = 0
+print(json.dumps(out))
+"""
+
+
+def test_emulated_bound_launches_are_tritons_launches():
+    """Every launch of emulated eager forwards (naive and fused, warm-up included), once with
+    every call through ``JITFunction.run`` and once bound: the same compiled kernels (Triton's
+    choice, in order of first use), grids, stream and arguments, launch by launch."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, "-c", SAME_LAUNCHES], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["triton_bound"] == 0 and out["bound_bound"] > len(out["bound"]) // 2
+    assert len(out["triton"]) > 100 and out["bound"] == out["triton"]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("strategy", ["naive", "fused"])
 def test_gpu_eager_forward_equals_tritons_path_bit_for_bit(strategy, monkeypatch):

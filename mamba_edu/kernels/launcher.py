@@ -13,7 +13,9 @@ whether its address is 16-byte aligned (what Triton specialises a pointer on), p
 options and the current device. That key holds everything Triton's specialisation reads (ints by
 their exact value, where Triton keeps only their class: 1, divisible by 16, their width), so equal
 keys mean the same compiled kernel. A new kind goes through ``JITFunction.run``, which compiles or
-finds the kernel, launches it and returns it; the kernel is kept for the key. A known kind calls
+finds the kernel, launches it and returns it; the kernel is kept for the key. A batch of a new
+length is a new kind (its token count is an argument), so the first layer of its forward binds and
+the other layers reuse; at most :data:`MAX_KINDS` kinds are kept per kernel. A known kind calls
 ``CompiledKernel.run`` (the C launcher's Python face, the same from Triton 3.6 to 3.9) with the
 current stream.
 
@@ -33,11 +35,14 @@ import functools
 import torch
 
 
+MAX_KINDS = 4096  # per kernel; past it the kinds are forgotten and bind again (a server sees many lengths)
+
+
 class BoundKernel:
     """A ``@triton.jit`` kernel (``fn``) launched as the module docstring says.
 
     ``launches``, ``binds`` (through ``JITFunction.run``, once per kind) and ``fallbacks``
-    count what happened, for the tests and ``bench-host``.
+    count what happened, for the tests.
     """
 
     def __init__(self, fn):
@@ -76,6 +81,8 @@ class BoundKernel:
         kernel = self.bound.get(key)
         if kernel is None:
             self.binds += 1
+            if len(self.bound) >= MAX_KINDS:
+                self.bound.clear()
             kernel = self.bound[key] = self.fn[grid](*args, **options)  # compiles or finds it, launches
             return kernel
         grid = grid + (1, 1)  # grids are tuples of 1 to 3 ints

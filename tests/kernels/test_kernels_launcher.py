@@ -88,6 +88,16 @@ def test_an_aligned_view_of_another_tensor_reuses_the_kernel(bound):
     assert bound.binds == 1 and len(bound.fn.runs) == 1
 
 
+def test_the_kinds_kept_are_bounded(bound, monkeypatch):
+    monkeypatch.setattr("mamba_edu.kernels.launcher.MAX_KINDS", 3)
+    x = torch.zeros(64)
+    for n in range(5):  # five lengths: five kinds
+        bound[(1,)](x, n, 1e-6, 64)
+    assert len(bound.bound) <= 3 and bound.binds == 5
+    bound[(1,)](x, 4, 1e-6, 64)  # the newest is kept
+    assert bound.binds == 5 and len(bound.fn.runs) == 1
+
+
 @pytest.mark.parametrize("why", ["hook", "keyword", "interpreted"])
 def test_falls_back_to_triton_where_the_shortcut_could_differ(bound, why):
     x = torch.zeros(64)

@@ -1241,7 +1241,7 @@ than all the graphs save. GDN inside the pieces against SGLang's breakable graph
 second run ({tp['device']}, {tp['date'][:10]}, a busy host: its eager round medians differ up to {swing:.1f}×).
 Eager `fused` launches {eager['fused']['kernels']} kernels to `sync_free`'s
 {eager['sync_free']['kernels']} at {f(eager['fused']['host_us_per_kernel'], 1)} µs of host time
-each to {f(eager['sync_free']['host_us_per_kernel'], 1)}, so it is faster in all.
+each to {f(eager['sync_free']['host_us_per_kernel'], 1)}, so it is faster in all.{lean_line()}
 Idle per break (launch-bound, `breakable`, one profiled forward per run):
 {" and ".join(f"{b['naive']:.0f} µs" for b in breaks)} `naive`, {" and ".join(f"{b['fused']:.0f} µs" for b in breaks)} `fused`;
 #35851 measured about {ISSUE_35851_IDLE_US} µs. Syncs: the TTFT bench ({bp['device']}, {bp['date'][:10]}).
@@ -1249,6 +1249,25 @@ Our Triton prefill kernels take {min(ratios):.2f}–{max(ratios):.2f}× the time
 flash-linear-attention's on {len(ratios)} shapes ({kp['device']}, {kp['date'][:10]}){fastest_line()}.
 Every number with its run in [`docs/results.md`](docs/results.md).
 {END}"""
+
+
+def lean_line() -> str:
+    """The newest eager A/B of the lean rework, as a sentence: the README's eager rows predate it."""
+    runs = sorted((DATA / "bench").glob("lean_eager_*.json"), key=lambda p: load(f"bench/{p.name}")["meta"]["date"])
+    if not runs:
+        return ""
+    d = load(f"bench/{runs[-1].name}")
+    mm, meta = d["median_of_medians_ms"], d["meta"]
+    now = mm.get("bound", mm["after"])  # the bound arm is what the default path became
+    rounds = {}
+    for r in d["rounds"]:
+        rounds.setdefault(r["arm"], []).append(r["median_ms"])
+    swing = max(max(ms) / min(ms) for ms in rounds.values())
+    return f"""
+These eager rows predate the engine's lean rework (arguments checked once, no undo, kernels
+launched past Triton's binder after their first call): in a later same-run A/B ({meta['device']},
+{meta['date'][:10]}; an arm's round medians differ up to {swing:.2f}×) eager `fused` 1 × 512 went
+from {f(mm['before'])} to {f(now)} ms ({f(now / mm['before'])}×)."""
 
 
 def fastest_line() -> str:

@@ -784,12 +784,18 @@ rotated rounds (± half the spread). Each run compares only within itself.
 {chr(10).join(blocks)}"""
 
 
+def bench_runs(pattern: str) -> list[str]:
+    """The stamped runs in data/bench/ whose file name matches the regex, oldest first (by the
+    date in their meta), as paths relative to data/."""
+    paths = [p for p in (DATA / "bench").glob("*.json") if re.fullmatch(pattern, p.name)]
+    return [f"bench/{p.name}" for p in sorted(paths, key=lambda p: load(f"bench/{p.name}")["meta"]["date"])]
+
+
 def section_host() -> str:
     """The host cost of one eager prefill, the CUDA path emulated on a CPU, before and after the
     lean engine (mamba_edu.benchmarks.host): counts are exact, times are the CPU's."""
-    stamped = [p for p in (DATA / "bench").glob("host_*.json") if re.fullmatch(r"host_[0-9a-f]{7,}\.json", p.name)]
     runs = [rel for rel in ("bench/host_before.json", "bench/host_after.json") if (DATA / rel).exists()]
-    runs += [f"bench/{p.name}" for p in sorted(stamped, key=lambda p: load(f"bench/{p.name}")["meta"]["date"])]
+    runs += bench_runs(r"host_[0-9a-f]{7,}\.json")
     if not runs:
         return ""
     rows = []
@@ -851,11 +857,9 @@ def host_ab() -> str:
 def section_lean_gpu() -> str:
     """The lean engine on an H100: each eager A/B against the engine before it (the newest first),
     and the decode kernel's bandwidth from the quick kernel run of the first session."""
-    runs = sorted((DATA / "bench").glob("lean_eager_*.json"),
-                  key=lambda p: load(f"bench/{p.name}")["meta"]["date"], reverse=True)
+    runs = bench_runs(r"lean_eager_.*\.json")[::-1]
     blocks = []
-    for path in runs:
-        rel = f"bench/{path.name}"
+    for rel in runs:
         ab = load(rel)
         meta, mm = ab["meta"], ab["median_of_medians_ms"]
         rows = [[r["arm"], f(r["median_ms"]), f(r["min_ms"]), f(r["max_ms"]), r["sm_mhz"]] for r in ab["rounds"]]
@@ -877,7 +881,7 @@ GPU tests of the same session: {meta['gpu_tests']}.
              f"{r['floor_bytes'] / r['ours_graph_ms'] / 1e9:.2f} TB/s" for r in decode]
     return f"""## The lean engine on a GPU: eager `fused` before and after
 
-{load(f"bench/{runs[0].name}")['meta']['method']}. Each run compares only within itself.
+{load(runs[0])['meta']['method']}. Each run compares only within itself.
 
 {chr(10).join(blocks)}
 Decode (the first session's `bench-kernels --quick`): {"; ".join(lines)} (target 3.6 TB/s on an H200).
@@ -1253,10 +1257,10 @@ Every number with its run in [`docs/results.md`](docs/results.md).
 
 def lean_line() -> str:
     """The newest eager A/B of the lean rework, as a sentence: the README's eager rows predate it."""
-    runs = sorted((DATA / "bench").glob("lean_eager_*.json"), key=lambda p: load(f"bench/{p.name}")["meta"]["date"])
+    runs = bench_runs(r"lean_eager_.*\.json")
     if not runs:
         return ""
-    d = load(f"bench/{runs[-1].name}")
+    d = load(runs[-1])
     mm, meta = d["median_of_medians_ms"], d["meta"]
     now = mm.get("bound", mm["after"])  # the bound arm is what the default path became
     rounds = {}

@@ -324,14 +324,20 @@ def package_versions() -> dict:
     return out
 
 
+def package_checkout() -> Path:
+    """The folder above the imported ``mamba_edu`` package (its checkout, in a clone)."""
+    return Path(__file__).resolve().parents[2]
+
+
 def commit_hash() -> str | None:
     """``MAMBA_EDU_COMMIT`` where set (a copy of the tree whose ``.git`` may be stale, as on a
-    GPU machine), else git's HEAD."""
+    GPU machine), else git's HEAD of the checkout the package is imported from, wherever the
+    run starts (None outside git)."""
     if os.environ.get("MAMBA_EDU_COMMIT"):
         return os.environ["MAMBA_EDU_COMMIT"]
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip() or None
+        return subprocess.run(["git", "-C", str(package_checkout()), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip() or None
     except (OSError, subprocess.CalledProcessError):
         return None
 

@@ -70,6 +70,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from mamba_edu.benchmarks.common import commit_hash, package_checkout
+
 DESCRIPTION = __doc__.split("\n\n")[0].replace("``python -m mamba_edu bench-host``: ", "")
 STRATEGIES = ("naive", "precomputed", "sync_free", "fused")
 DEFAULT_OUT = "out/bench/host.json"
@@ -86,29 +88,12 @@ class EmulationError(RuntimeError):
 
 # --- the run's stamp ------------------------------------------------------------------------------
 
-def _package_root() -> Path:
-    import mamba_edu
-    return Path(mamba_edu.__file__).resolve().parent.parent
-
-
-def commit() -> str | None:
-    """``MAMBA_EDU_COMMIT`` where set (a copy without git history, e.g. ``git archive``), else
-    git's HEAD of the checkout the package is imported from (None outside git)."""
-    if os.environ.get("MAMBA_EDU_COMMIT"):
-        return os.environ["MAMBA_EDU_COMMIT"]
-    try:
-        return subprocess.run(["git", "-C", str(_package_root()), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip() or None
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def _dirty() -> bool | None:
     """Whether the package's checkout differs from its commit (None: unknown, no git there)."""
     if os.environ.get("MAMBA_EDU_COMMIT"):
         return None
     try:
-        out = subprocess.run(["git", "-C", str(_package_root()), "status", "--porcelain",
+        out = subprocess.run(["git", "-C", str(package_checkout()), "status", "--porcelain",
                               "--untracked-files=no", "--", "mamba_edu"],
                              capture_output=True, text=True, check=True).stdout
         return bool(out.strip())
@@ -134,12 +119,12 @@ def stamp() -> dict:
         triton_version = version("triton")
     except PackageNotFoundError:
         triton_version = None
-    return dict(commit=commit(), dirty=_dirty(),
+    return dict(commit=commit_hash(), dirty=_dirty(),
                 date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 device=f"{_cpu_name()} ({os.cpu_count()} CPUs), emulated cuda:0 (sm_90)",
                 torch=torch.__version__, triton=triton_version, python=platform.python_version(),
                 clock_log=None, load_avg=list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-                package=str(_package_root()))
+                package=str(package_checkout()))
 
 
 # --- tensors: a fake cuda device ----------------------------------------------------------------

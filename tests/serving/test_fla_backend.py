@@ -196,7 +196,7 @@ def test_fla_sync_free_forward_has_no_sync():
     model = _gpu_model()
     batches = []
     for _ in range(2):  # the first forward compiles and autotunes (a twin batch)
-        engine = Engine(model, strategy="sync_free", max_requests=3, prefill_kernel="fla")
+        engine = Engine(model, strategy="sync_free", max_requests=4, prefill_kernel="fla")
         engine.prefill([Request("seed", BASE[:130])])
         batches.append((engine, engine.prepare_prefill([Request("a", BASE[:200]), Request("b", BASE[300:340]),
                                                         Request("c", BASE[:128] + BASE[150:214])])))

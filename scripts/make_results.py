@@ -277,19 +277,20 @@ below (each row names its file; the sections below give the run's commit, date a
 """
 
 
-GPU_TESTS_NEWEST = "benchmarks/pytest_gpu_3d0e388_h100.log"  # scripts/gpu_tests.sh
+# scripts/gpu_tests.sh: every GPU-marked test, newest run first
+GPU_TESTS_RUNS = ("benchmarks/pytest_gpu_58f7639_h100.log", "benchmarks/pytest_gpu_3d0e388_h100.log")
 
 
 def section_tests() -> str:
+    every = "".join(f"  - **{pytest_outcome(rel)}**  \n  {run_line(rel)}\n" for rel in GPU_TESTS_RUNS)
     return f"""## GPU tests
 
 - Kernel tests (`tests/test_kernels_*.py`): **{pytest_outcome("benchmarks/pytest_kernels.log")}**  
 {run_line("benchmarks/pytest_kernels.log")}
 - Other GPU-marked tests: **{pytest_outcome("serving/pytest_gpu.log")}**  
 {run_line("serving/pytest_gpu.log")}
-- Every GPU-marked test, the newest run: **{pytest_outcome(GPU_TESTS_NEWEST)}**  
-{run_line(GPU_TESTS_NEWEST)}
-"""
+- Every GPU-marked test, the newest run first:
+{every}"""
 
 
 def section_kernels() -> str:
@@ -614,6 +615,9 @@ fit on the GPU.
 {bucket_traces()}{quiet}{bucket_fla()}"""
 
 
+FLA_TESTS = "benchmarks/pytest_gpu_fla_58f7639_h100.log"  # the tests of the bucket_fla run
+
+
 def bucket_fla() -> str:
     """The newest bucket run with fla's prefill kernels in the engine, beside ours."""
     paths = sorted((DATA / "bench").glob("buckets_fla_*/results.json"),
@@ -635,6 +639,11 @@ breakable only: fla's host-built chunk table keeps it out of the pieces). The bu
 Console log: [`data/{log}`](../data/{log}).
 
 {table(["arm", "TTFT ms", "kernels", "host µs / kernel", "GPU busy ms"], rows)}
+
+The GPU tests of the same call (the bucket, engine and fla-backend tests, stopping at the first
+failure): **{pytest_outcome(FLA_TESTS)}** ([`data/{FLA_TESTS}`](../data/{FLA_TESTS})). The failure
+was the test's own: with its seed request still running it asked an engine of at most 3 requests
+for 3 more, which the engine refused; fixed after this run (`max_requests=4`), not yet rerun on a GPU.
 """
 
 

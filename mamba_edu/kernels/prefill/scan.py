@@ -80,6 +80,14 @@ def chunk_scan_kernel(k_hat_ptr, w_ptr, u_ptr, gamma_ptr, v_new_ptr, h_ptr, pool
                   track_slot_ptr, track_chunk_ptr, H, HV, K, V, BK, BV, TRACK)
 
 
+def scan_outputs(u, NT, K, h=None):
+    """What kernel 2 writes, allocated: ``(v_new`` like ``u [T, HV, V]``, ``h [NT, HV, K, V]``
+    in u's dtype, or the given fp32 checkpoints ``h)``."""
+    HV, V = u.shape[1:]
+    return torch.empty_like(u), (torch.empty(NT, HV, K, V, device=u.device, dtype=u.dtype)
+                                 if h is None else h)
+
+
 def launch_scan(k_hat, w, u, gamma, state_pool, state_indices, meta, h=None,
                 track_slots=None, track_chunks=None):
     """Kernel 2, the sequential pass; updates the pool and writes the tracked states when given
@@ -89,9 +97,7 @@ def launch_scan(k_hat, w, u, gamma, state_pool, state_indices, meta, h=None,
     T, H, K = k_hat.shape
     HV, V = u.shape[1:]
     plan = prefill_plan(meta.N, meta.NT, HV, K, V)
-    v_new = torch.empty_like(u)
-    if h is None:
-        h = torch.empty(meta.NT, HV, K, V, device=u.device, dtype=u.dtype)
+    v_new, h = scan_outputs(u, meta.NT, K, h)
     chunk_scan_kernel[plan.scan_grid](
         k_hat, w, u, gamma, v_new, h, state_pool, meta.cu_seqlens, meta.chunk_offsets,
         state_indices, track_slots, track_chunks, H, HV, K, V, plan.BK, plan.scan_bv,

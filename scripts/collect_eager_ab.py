@@ -1,8 +1,11 @@
 """Turn one run of ``scripts/gpu_lean.sh`` (its ``lean.tgz``, unpacked) into a stamped ``data/``
-file: the rounds in run order, the median of each arm's round medians, after/before.
+file: the rounds in run order, the median of each arm's round medians, after/before and each
+lab arm over after.
 
     python scripts/collect_eager_ab.py DIR --commit C --before-commit B --gpu-tests "..." \\
         --out data/bench/lean_eager_<device>_<C>.json
+    python scripts/collect_eager_ab.py DIR --commit C --gpu-tests "..." \\
+        --out data/bench/lab_<arm>_eager_<device>_<C>.json     (ARMS="after <arm>")
 
 ``DIR`` holds ``eager_ab.jsonl`` and ``gpu_clocks.csv``; the clock log is copied beside the JSON.
 """
@@ -21,7 +24,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("dir", type=Path)
     p.add_argument("--commit", required=True)
-    p.add_argument("--before-commit", required=True)
+    p.add_argument("--before-commit", help="the before arm's commit, when the run has one")
     p.add_argument("--gpu-tests", required=True, help="one line: what the GPU tests of the session gave")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
@@ -36,16 +39,19 @@ def main() -> None:
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         device=rounds[0]["device"], torch=rounds[0].get("torch"), triton=rounds[0].get("triton"),
         clock_log=str(clocks.resolve().relative_to(DATA)) if clocks.resolve().is_relative_to(DATA) else str(clocks),
-        command=f"OUT=... {arms_env}ROUNDS={len(rounds) // len(arms)} bash scripts/gpu_lean.sh (the before arm: git archive "
-                f"{args.before_commit} mamba_edu into .before/, carried)",
+        command=f"OUT=... {arms_env}ROUNDS={len(rounds) // len(arms)} bash scripts/gpu_lean.sh" + (
+            f" (the before arm: git archive {args.before_commit} mamba_edu into .before/, carried)"
+            if "before" in arms else ""),
         method="eager fused prefill of qwen3.5-tp8, 1 x 512 tokens, bf16: wall time of a "
                "synchronized engine.forward_prefill, median of 30 after 5 warm-ups, one process "
                f"per arm, arms alternated over {len(rounds) // len(arms)} rounds",
         gpu_tests=args.gpu_tests)
     out = dict(meta=meta, rounds=[{k: v for k, v in r.items() if k != "package"} for r in rounds],
-               median_of_medians_ms=medians, after_over_before=medians["after"] / medians["before"])
-    if "bound" in medians:  # the lab's bound launches against the package at the same commit
-        out["bound_over_after"] = medians["bound"] / medians["after"]
+               median_of_medians_ms=medians)
+    if "before" in medians:
+        out["after_over_before"] = medians["after"] / medians["before"]
+    for arm in set(arms) - {"before", "after"}:  # a lab arm against the package at the same commit
+        out[f"{arm}_over_after"] = medians[arm] / medians["after"]
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(args.out, {arm: round(ms, 2) for arm, ms in medians.items()},
           {k: round(v, 3) for k, v in out.items() if k.endswith("_over_before") or k.endswith("_over_after")})

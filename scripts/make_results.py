@@ -920,6 +920,39 @@ GPU tests of the same session: {meta['gpu_tests']}.
 Decode (the first session's `bench-kernels --quick`): {"; ".join(lines)} (target 3.6 TB/s on an H200).
 
 {run_line("benchmarks/kernels_quick_h100_lean.json")}
+{lab_workspace()}"""
+
+
+def lab_workspace() -> str:
+    """The lab's reused intermediates (mamba_edu/lab/workspace.py) beside the package's allocations:
+    the CPU emulation's A/B and the GPU eager A/B, each same-run."""
+    emulated = bench_runs(r"host_lab_workspace_.*\.json")
+    gpu = bench_runs(r"lab_workspace_eager_.*\.json")
+    if not emulated or not gpu:
+        return ""
+    e, g = load(emulated[-1]), load(gpu[-1])
+    allocs = {arm: next(x for x in e["rounds"] if x["arm"] == arm)["torch_ops_by_kind"]["allocs"]
+              for arm in ("package", "workspace")}
+    em, er = e["median_of_medians_ms"], e["workspace_over_package"]
+    rounds = {}
+    for r in g["rounds"]:
+        rounds.setdefault(r["arm"], []).append(f(r["median_ms"]))
+    gm = g["median_of_medians_ms"]
+    return f"""
+### The lab's one workspace for the prefill's intermediates (not promoted)
+
+`mamba_edu/lab/workspace.py` hands every GDN layer the same Γ, k̂, W, U, Ṽ and h instead of
+fresh tensors. In bench-host's emulation (`fused`, {len(e['rounds']) // 2} alternated rounds) it
+takes the torch allocations per forward from {allocs['package']} to {allocs['workspace']}, the
+Python outside the fake dispatch {f(em['package']['host_ms_python'])} → {f(em['workspace']['host_ms_python'])} ms
+({f(er['host_ms_python'], 3)}×) and all host time {f(er['host_ms'], 3)}× (the emulation's fake
+allocations seem to cost more than the caching allocator's on a GPU's host). On the GPU, the same
+eager A/B as above with the lab arm beside the package's: {f(gm['after'])} ms (rounds
+{", ".join(rounds['after'])}) against {f(gm['workspace'])} ms ({", ".join(rounds['workspace'])}),
+{f(g['workspace_over_after'], 3)}×: no gain above the rounds' spread, so the package keeps its
+per-layer allocations. GPU tests of that call: {g['meta']['gpu_tests']}.
+
+{run_line(emulated[-1], gpu[-1])}
 """
 
 

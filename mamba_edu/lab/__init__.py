@@ -36,9 +36,9 @@ Modules (each built on the package's public kernels and helpers):
 
 - :mod:`.workspace`: the prefill's per-layer intermediates (Γ, k̂, W, U, Ṽ, h) from one
   workspace that every GDN layer reuses, instead of fresh tensors in each (about 270 fewer
-  allocations per forward of ``qwen3.5-tp8``). Measured by :mod:`.bench_lab_workspace` in the
-  CPU emulation (``data/bench/host_lab_workspace_*.json``) and as the ``workspace`` arm of
-  ``scripts/gpu_lean.sh``.
+  allocations per forward of ``qwen3.5-tp8``). Faster in the CPU emulation
+  (``data/bench/host_lab_workspace_*.json``), no faster on an H100 in the same-run eager A/B
+  (``data/bench/lab_workspace_eager_*.json``); both by :mod:`.bench_lab_workspace`.
 
 Tools that measure the lab beside the package (the benchmarks' face, also never imported):
 

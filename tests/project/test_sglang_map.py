@@ -383,7 +383,7 @@ def test_the_doc_says_what_sglang_has_beyond_the_course(doc):
 
 # --- the numbers notebooks 08 and 12 print come from the README's data file --------------------
 
-QUIET = ROOT / "data" / "bench" / "buckets_quiet_host" / "results.json"
+BUCKETS = ROOT / "data" / "bench" / "buckets" / "results.json"
 
 
 def _outputs(nb: Path, cell_id: str) -> str:
@@ -392,21 +392,21 @@ def _outputs(nb: Path, cell_id: str) -> str:
 
 
 def test_the_readme_table_and_the_notebooks_read_the_same_run():
-    """scripts/make_results.py builds the README's table from the quiet run; notebooks 08 and 12 load
-    that same file."""
+    """scripts/make_results.py builds the README's table from data/bench/buckets/; notebooks 08 and 12
+    load that same file."""
     make = (ROOT / "scripts" / "make_results.py").read_text()
-    assert 'BUCKETS_QUIET = "bench/buckets_quiet_host/results.json"' in make
-    assert "main = BUCKETS_QUIET" in make
+    assert 'BUCKETS = "bench/buckets/results.json"' in make
+    assert re.search(r"^    main = BUCKETS$", make, re.M)
     for number, cell_id in (("08", "ae8273f8"), ("12", "d6e35851")):
         nb = next(SOLUTIONS.parent.glob(f"{number}_*.ipynb"))  # the learner's: in every copy
         source = "".join(next(c for c in json.loads(nb.read_text())["cells"] if c.get("id") == cell_id)["source"])
-        assert '"buckets_quiet_host" / "results.json"' in source, nb.name
+        assert '"buckets" / "results.json"' in source, nb.name
 
 
 @pytest.mark.parametrize("folder", [pytest.param(SOLUTIONS, marks=pytest.mark.solutions), SOLUTIONS.parent],
                          ids=["solution", "learner"])
-def test_notebook_08_prints_the_quiet_runs_numbers(folder):
-    rows = json.loads(QUIET.read_text())["rows"]
+def test_notebook_08_prints_the_readme_runs_numbers(folder):
+    rows = json.loads(BUCKETS.read_text())["rows"]
     printed = _outputs(next(folder.glob("08_*.ipynb")), "ae8273f8")
     case, seen = None, 0
     for line in printed.splitlines():
@@ -426,8 +426,8 @@ def test_notebook_08_prints_the_quiet_runs_numbers(folder):
     assert seen >= 20, printed
 
 
-def test_notebook_12_prints_the_quiet_runs_numbers():
-    rows = json.loads(QUIET.read_text())["rows"]
+def test_notebook_12_prints_the_readme_runs_numbers():
+    rows = json.loads(BUCKETS.read_text())["rows"]
     printed = _outputs(next(SOLUTIONS.parent.glob("12_*.ipynb")), "e7f35851")
     seen = 0
     for line in printed.splitlines():

@@ -279,10 +279,12 @@ below (each row names its file; the sections below give the run's commit, date a
 
 # scripts/gpu_tests.sh: every GPU-marked test, newest run first
 GPU_TESTS_RUNS = ("benchmarks/pytest_gpu_58f7639_h100.log", "benchmarks/pytest_gpu_3d0e388_h100.log")
+GPU_TESTS_PARTS = ("benchmarks/pytest_gpu_f8ea4ec_h100.log",)  # later runs of some GPU test files
 
 
 def section_tests() -> str:
-    every = "".join(f"  - **{pytest_outcome(rel)}**  \n  {run_line(rel)}\n" for rel in GPU_TESTS_RUNS)
+    every, parts = ("".join(f"  - **{pytest_outcome(rel)}**  \n  {run_line(rel)}\n" for rel in runs)
+                    for runs in (GPU_TESTS_RUNS, GPU_TESTS_PARTS))
     return f"""## GPU tests
 
 - Kernel tests (`tests/test_kernels_*.py`): **{pytest_outcome("benchmarks/pytest_kernels.log")}**  
@@ -290,7 +292,8 @@ def section_tests() -> str:
 - Other GPU-marked tests: **{pytest_outcome("serving/pytest_gpu.log")}**  
 {run_line("serving/pytest_gpu.log")}
 - Every GPU-marked test, the newest run first:
-{every}"""
+{every}- The GPU tests of the kernels, the launcher and the engine, at a later commit:
+{parts}"""
 
 
 def section_kernels() -> str:
@@ -616,6 +619,7 @@ fit on the GPU.
 
 
 FLA_TESTS = "benchmarks/pytest_gpu_fla_58f7639_h100.log"  # the tests of the bucket_fla run
+FLA_TESTS_FIXED = "benchmarks/pytest_gpu_late_37eaac1_h100.log"  # the same tests after the fix
 
 
 def bucket_fla() -> str:
@@ -643,7 +647,9 @@ Console log: [`data/{log}`](../data/{log}).
 The GPU tests of the same call (the bucket, engine and fla-backend tests, stopping at the first
 failure): **{pytest_outcome(FLA_TESTS)}** ([`data/{FLA_TESTS}`](../data/{FLA_TESTS})). The failure
 was the test's own: with its seed request still running it asked an engine of at most 3 requests
-for 3 more, which the engine refused; fixed after this run (`max_requests=4`), not yet rerun on a GPU.
+for 3 more, which the engine refused; fixed after this run (`max_requests=4`). Rerun with the fix,
+the fla-backend tests (and the lab workspace's): **{pytest_outcome(FLA_TESTS_FIXED)}**
+([`data/{FLA_TESTS_FIXED}`](../data/{FLA_TESTS_FIXED})).
 """
 
 

@@ -65,7 +65,7 @@ demo: $(STAMP)
 	@echo "==> demo: python -m mamba_edu demo (the math, the four strategies, a timeline)"
 	$(PY) -m mamba_edu demo
 
-# make test: every unit test of the package and nbval over the learner notebooks, in about 2½ min
+# make test: every unit test of the package and nbval over the learner notebooks, in about 3 min
 # on 2 cores, with no network, no second install and no multi-process test (tests marked `extra`):
 # two pytest processes side by side, one core each (scripts/run_tests.py).
 # make test-extra: the rest (nbval over notebooks/solutions, the no-Triton venv, the hostile-grader
@@ -77,7 +77,7 @@ PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -p no:cacheprovider -q
 NBVAL  := --nbval-lax --nbval-current-env
 
 test: $(STAMP)
-	@echo "==> test: unit tests and nbval over the learner notebooks, two pytest processes (about 2½ min on 2 cores)"
+	@echo "==> test: unit tests and nbval over the learner notebooks, two pytest processes (about 3 min on 2 cores)"
 	$(PY) scripts/run_tests.py $(PYTEST_ARGS)
 
 test-extra: $(STAMP)
@@ -146,7 +146,7 @@ clean:
 help:
 	@echo "make setup      create .venv (Python >= 3.11) and install the pinned set; CPU-only torch without a GPU"
 	@echo "make demo       run the main job on the default device (python -m mamba_edu demo)"
-	@echo "make test       unit tests + nbval over the learner notebooks, about 2½ min on 2 cores (skips listed with reasons)"
+	@echo "make test       unit tests + nbval over the learner notebooks, about 3 min on 2 cores (skips listed with reasons)"
 	@echo "make test-extra the slower rest: solutions, no-Triton venv, hostile grading, 2-rank TP, PyPI, learner copy, newest Triton"
 	@echo "make test-all   both, as CI (.ci/run) runs them"
 	@echo "make test-triton-newest  the kernel tests in the interpreter under the newest Triton allowed (part of test-extra)"

@@ -1,7 +1,7 @@
 """The copy a teacher hands out (docs/teaching.md: the repository without ``notebooks/solutions/``)
 passes its own ``make test``: the tests that need the solutions skip, saying why.
 
-In ``make test-extra``: it runs a whole ``make test`` (about 2½ min on 2 cores) in a copy of the
+In ``make test-extra``: it runs a whole ``make test`` (about 3 min on 2 cores) in a copy of the
 tracked files, with this environment (``VENV=``) so that nothing is installed again.
 """
 

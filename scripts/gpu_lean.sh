@@ -2,9 +2,9 @@
 # One GPU call for the lean-engine issue: the GPU tests at HEAD, then the eager fused prefill of
 # qwen3.5-tp8 1 x 512 before (the checkout in .before/, carried) and after (HEAD), arms alternated
 # over $ROUNDS rounds in processes of their own, the SM clock logged. Results in $OUT/lean.tgz.
-# ARMS picks the arms: "after workspace" times the lab's reused intermediates beside HEAD. (The run
-# of data/bench/lean_eager_h100_61deccc.json had an arm "bound", the lab's bound launches, before
-# they became mamba_edu/kernels/launcher.py.)
+# ARMS picks the arms: "after ARM" times a lab arm of mamba_edu/lab/bench_lab_eager.py (workspace,
+# prologue) beside HEAD. (The run of data/bench/lean_eager_h100_61deccc.json had an arm "bound",
+# the lab's bound launches, before they became mamba_edu/kernels/launcher.py.)
 # The GPU machine's copy has no usable git history: pass the commit, as
 #   MAMBA_EDU_COMMIT=$(git rev-parse --short HEAD) OUT=... bash scripts/gpu_lean.sh
 # (the benchmarks stamp their files with it).
@@ -19,11 +19,11 @@ SMI=$!
 [ "${TESTS_S:-240}" = 0 ] || TAIL=25 step pytest_gpu ${TESTS_S:-240} python3 -m pytest tests -m gpu -q -p no:cacheprovider -o addopts="" -rfE \
     --continue-on-collection-errors
 for round in $(seq ${ROUNDS:-3}); do
-    for arm in ${ARMS:-before after}; do  # ARMS="after workspace": the lab's reused intermediates
+    for arm in ${ARMS:-before after}; do  # ARMS="after ARM": a lab arm (bench_lab_eager.ARMS)
         case $arm in
             before)    PYTHONPATH=$PWD/.before timeout 200 python3 scripts/gpu_eager_ab.py before ;;
             after)     PYTHONPATH=$PWD timeout 200 python3 scripts/gpu_eager_ab.py after ;;
-            workspace) PYTHONPATH=$PWD timeout 200 python3 -m mamba_edu.lab.bench_lab_workspace gpu ;;
+            workspace|prologue) PYTHONPATH=$PWD timeout 200 python3 -m mamba_edu.lab.bench_lab_eager gpu $arm ;;
         esac >> $S/eager_ab.jsonl 2>> $S/eager_ab.err
     done
 done

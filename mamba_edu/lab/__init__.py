@@ -38,12 +38,19 @@ Modules (each built on the package's public kernels and helpers):
   workspace that every GDN layer reuses, instead of fresh tensors in each (about 270 fewer
   allocations per forward of ``qwen3.5-tp8``). Faster in the CPU emulation
   (``data/bench/host_lab_workspace_*.json``), no faster on an H100 in the same-run eager A/B
-  (``data/bench/lab_workspace_eager_*.json``); both by :mod:`.bench_lab_workspace`.
+  (``data/bench/lab_workspace_eager_*.json``); both by :mod:`.bench_lab_eager` (then named
+  ``bench_lab_workspace``).
+- :mod:`.prologue_mlp`: each layer's MLP half in two of :mod:`.prologue_gemms`' kernels (the
+  residual add and norm in the gate/up GEMM, SwiGLU in the down GEMM) instead of four launches:
+  120 fewer of an eager forward's 690. Tested against the package's forward; not yet timed on a
+  GPU (``ARMS="after prologue" bash scripts/gpu_lean.sh``).
 
 Tools that measure the lab beside the package (the benchmarks' face, also never imported):
 
 - :mod:`.bench_lab_arms`: the reference benchmark with the lab's prefills (the chunk loop, the
   scan that builds W and U) as more arms.
+- :mod:`.bench_lab_eager`: a lab arm of the eager forward (``workspace``, ``prologue``) beside the
+  package's, in bench-host's CPU emulation and as an arm of the GPU eager A/B.
 - :mod:`.bench_sm90_resources`: registers, spills and shared memory of the three kernels, of
   ``scan_builds_wu``'s and of the chunk loop's tilings, compiled for sm_90a without a GPU, with
   each kernel's byte model (``data/benchmarks/sm90_resources*.json``): the chunk loop spills in

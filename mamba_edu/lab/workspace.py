@@ -10,7 +10,7 @@ the fp32 checkpoints, which outlive the layer, are still allocated per layer.
 
 Whether that is worth it is a host-time question: a cached allocation through torch's caching
 allocator is a few microseconds, and the lookup here costs Python too. Measured by
-:mod:`.bench_lab_workspace`.
+:mod:`.bench_lab_eager` (arm ``workspace``).
 """
 
 import contextlib

@@ -926,40 +926,62 @@ GPU tests of the same session: {meta['gpu_tests']}.
 Decode (the first session's `bench-kernels --quick`): {"; ".join(lines)} (target 3.6 TB/s on an H200).
 
 {run_line("benchmarks/kernels_quick_h100_lean.json")}
-{lab_workspace()}"""
+{lab_eager_arms()}"""
 
 
-def lab_workspace() -> str:
-    """The lab's reused intermediates (mamba_edu/lab/workspace.py) beside the package's allocations:
-    the CPU emulation's A/B and the GPU eager A/B, each same-run."""
-    emulated = bench_runs(r"host_lab_workspace_.*\.json")
-    gpu = bench_runs(r"lab_workspace_eager_.*\.json")
-    if not emulated or not gpu:
-        return ""
-    e, g = load(emulated[-1]), load(gpu[-1])
-    allocs = {arm: next(x for x in e["rounds"] if x["arm"] == arm)["torch_ops_by_kind"]["allocs"]
-              for arm in ("package", "workspace")}
-    em, er = e["median_of_medians_ms"], e["workspace_over_package"]
-    rounds = {}
-    for r in g["rounds"]:
-        rounds.setdefault(r["arm"], []).append(f(r["median_ms"]))
-    gm = g["median_of_medians_ms"]
-    return f"""
-### The lab's one workspace for the prefill's intermediates (not promoted)
+LAB_EAGER_ARMS = (  # (arm, title, what it does; the verdict where a GPU measured it)
+    ("workspace", "one workspace for the prefill's intermediates (not promoted)",
+     "`mamba_edu/lab/workspace.py` hands every GDN layer the same Γ, k̂, W, U, Ṽ and h instead of "
+     "fresh tensors. The emulation's fake allocations seem to cost more than the caching allocator's "
+     "on a GPU's host: the GPU A/B shows no gain above the rounds' spread, so the package keeps its "
+     "per-layer allocations."),
+    ("prologue", "MLP half in two prologue GEMMs (not yet timed on a GPU)",
+     "`mamba_edu/lab/prologue_mlp.py` runs each layer's residual add and norm inside the gate/up GEMM "
+     "and SwiGLU inside the down GEMM (Triton GEMMs of `mamba_edu/lab/prologue_gemms.py` at one fixed "
+     "tiling, bound launches) instead of a norm kernel, a cuBLAS GEMM, a SwiGLU kernel and a cuBLAS GEMM."),
+)
 
-`mamba_edu/lab/workspace.py` hands every GDN layer the same Γ, k̂, W, U, Ṽ and h instead of
-fresh tensors. In bench-host's emulation (`fused`, {len(e['rounds']) // 2} alternated rounds) it
-takes the torch allocations per forward from {allocs['package']} to {allocs['workspace']}, the
-Python outside the fake dispatch {f(em['package']['host_ms_python'])} → {f(em['workspace']['host_ms_python'])} ms
-({f(er['host_ms_python'], 3)}×) and all host time {f(er['host_ms'], 3)}× (the emulation's fake
-allocations seem to cost more than the caching allocator's on a GPU's host). On the GPU, the same
-eager A/B as above with the lab arm beside the package's: {f(gm['after'])} ms (rounds
-{", ".join(rounds['after'])}) against {f(gm['workspace'])} ms ({", ".join(rounds['workspace'])}),
-{f(g['workspace_over_after'], 3)}×: no gain above the rounds' spread, so the package keeps its
-per-layer allocations. GPU tests of that call: {g['meta']['gpu_tests']}.
 
-{run_line(emulated[-1], gpu[-1])}
-"""
+def lab_eager_arms() -> str:
+    """The lab's variants of the eager forward (mamba_edu/lab/bench_lab_eager.py) beside the
+    package's: each arm's CPU emulation A/B and, where one ran, its GPU eager A/B, each same-run."""
+    blocks = []
+    for arm, title, what in LAB_EAGER_ARMS:
+        emulated = bench_runs(rf"host_lab_{arm}_.*\.json")
+        if not emulated:
+            continue
+        e = load(emulated[-1])
+        first = {side: next(x for x in e["rounds"] if x["arm"] == side) for side in ("package", arm)}
+        em, er = e["median_of_medians_ms"], e[f"{arm}_over_package"]
+        counts = ", ".join(f"{name} {first['package'][key]} → {first[arm][key]}" for name, key in
+                           (("GPU ops", "gpu_ops"), ("Triton launches", "launches"), ("Python calls", "py_calls")))
+        allocs = [first[side]["torch_ops_by_kind"]["allocs"] for side in ("package", arm)]
+        text = (f"In bench-host's emulation (`fused`, {len(e['rounds']) // 2} alternated rounds, "
+                f"`{e['meta']['command']}`): {counts}, allocations "
+                f"{allocs[0]} → {allocs[1]}; the Python outside the fake dispatch "
+                f"{f(em['package']['host_ms_python'])} → {f(em[arm]['host_ms_python'])} ms "
+                f"({f(er['host_ms_python'], 3)}×), all emulated host {f(er['host_ms'], 3)}×.")
+        gpu = bench_runs(rf"lab_{arm}_eager_.*\.json")
+        if gpu:
+            g = load(gpu[-1])
+            rounds = {}
+            for r in g["rounds"]:
+                rounds.setdefault(r["arm"], []).append(f(r["median_ms"]))
+            gm = g["median_of_medians_ms"]
+            text += (f" On the GPU, the eager A/B above with the lab arm beside the package's: "
+                     f"{f(gm['after'])} ms (rounds {', '.join(rounds['after'])}) against {f(gm[arm])} ms "
+                     f"({', '.join(rounds[arm])}), {f(g[f'{arm}_over_after'], 3)}×. GPU tests of that call: "
+                     f"{g['meta']['gpu_tests']}.")
+        else:
+            text += (f" Not yet timed on a GPU: `ARMS=\"after {arm}\" ROUNDS=3 bash scripts/gpu_lean.sh`.")
+        blocks.append(f"""
+### The lab's {title}
+
+{what} {text}
+
+{run_line(*emulated[-1:], *gpu[-1:])}
+""")
+    return "".join(blocks)
 
 
 def section_prefill_experiments() -> str:

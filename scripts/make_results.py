@@ -946,10 +946,11 @@ LAB_EAGER_ARMS = (  # (arm, title, what it does; the verdict where a GPU measure
      "fresh tensors. The emulation's fake allocations seem to cost more than the caching allocator's "
      "on a GPU's host: the GPU A/B shows no gain above the rounds' spread, so the package keeps its "
      "per-layer allocations."),
-    ("prologue", "MLP half in two prologue GEMMs (not yet timed on a GPU)",
-     "`mamba_edu/lab/prologue_mlp.py` runs each layer's residual add and norm inside the gate/up GEMM "
-     "and SwiGLU inside the down GEMM (Triton GEMMs of `mamba_edu/lab/prologue_gemms.py` at one fixed "
-     "tiling, bound launches) instead of a norm kernel, a cuBLAS GEMM, a SwiGLU kernel and a cuBLAS GEMM."),
+    ("prologue", "norms and SwiGLU in the projections' prologues (not yet timed on a GPU)",
+     "`mamba_edu/lab/prologue_norms.py` runs each layer's two residual adds and norms inside the GEMM "
+     "after them (the mixer's in-projection, the MLP's gate/up) and SwiGLU inside the down GEMM "
+     "(Triton GEMMs of `mamba_edu/lab/prologue_gemms.py` at one fixed tiling, bound launches) instead "
+     "of a norm or SwiGLU kernel and a cuBLAS GEMM each."),
 )
 
 

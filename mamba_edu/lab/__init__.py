@@ -40,9 +40,9 @@ Modules (each built on the package's public kernels and helpers):
   (``data/bench/host_lab_workspace_*.json``), no faster on an H100 in the same-run eager A/B
   (``data/bench/lab_workspace_eager_*.json``); both by :mod:`.bench_lab_eager` (then named
   ``bench_lab_workspace``).
-- :mod:`.prologue_mlp`: each layer's MLP half in two of :mod:`.prologue_gemms`' kernels (the
-  residual add and norm in the gate/up GEMM, SwiGLU in the down GEMM) instead of four launches:
-  120 fewer of an eager forward's 690. Tested against the package's forward; not yet timed on a
+- :mod:`.prologue_norms`: each layer's two residual adds and norms and its SwiGLU in the
+  prologue of the projection after them (:mod:`.prologue_gemms`' kernels): 3 launches fewer per
+  layer, 179 of an eager forward's 690. Tested against the package's forward; not yet timed on a
   GPU (``ARMS="after prologue" bash scripts/gpu_lean.sh``).
 
 Tools that measure the lab beside the package (the benchmarks' face, also never imported):

@@ -1,7 +1,7 @@
 """Measure a lab variant of the eager forward beside the package's, with the package's own
 instruments. ``ARM`` is one of :data:`ARMS`: ``workspace`` (:mod:`.workspace`, the prefill's
-intermediates reused by every layer) or ``prologue`` (:mod:`.prologue_mlp`, the MLP half in two
-prologue GEMMs).
+intermediates reused by every layer) or ``prologue`` (:mod:`.prologue_norms`, the layers' norms
+and SwiGLU in the prologue of the projection after them).
 
 ``python -m mamba_edu.lab.bench_lab_eager emulate ARM [--rounds 3] [--out FILE]``: the host cost
 of one eager ``fused`` forward of ``qwen3.5-tp8`` (1 × 512, bf16) in the CUDA emulation of
@@ -29,7 +29,7 @@ from mamba_edu.benchmarks import host
 
 # arm -> (module, context manager): imported when used, after bench-host has set Triton's mode
 ARMS = {"workspace": ("mamba_edu.lab.workspace", "reused_intermediates"),
-        "prologue": ("mamba_edu.lab.prologue_mlp", "prologue_mlp")}
+        "prologue": ("mamba_edu.lab.prologue_norms", "prologue_norms")}
 
 
 def arm_context(arm: str):

@@ -635,11 +635,10 @@ FLA_TESTS_FIXED = "benchmarks/pytest_gpu_late_37eaac1_h100.log"  # the same test
 
 def bucket_fla() -> str:
     """The newest bucket run with fla's prefill kernels in the engine, beside ours."""
-    paths = sorted((DATA / "bench").glob("buckets_fla_*/results.json"),
-                   key=lambda p: json.loads(p.read_text())["meta"]["date"])
-    if not paths:
+    runs = bench_runs(r"buckets_fla_[^/]+/results\.json", "*/results.json")
+    if not runs:
         return ""
-    rel = str(paths[-1].relative_to(DATA))
+    rel = runs[-1]
     rows = [[bucket_label(r), f"{f(r['ttft_ms'])} ± {f(r['spread_ms'])}", r.get("kernels", "–"),
              f(r.get("host_us_per_kernel"), 1), f(r.get("gpu_busy_ms"))] for r in load(rel)["rows"]]
     log = rel.replace("results.json", "bench.log")
@@ -834,11 +833,20 @@ rotated rounds (± half the spread). Each run compares only within itself.
 {chr(10).join(blocks)}"""
 
 
-def bench_runs(pattern: str) -> list[str]:
-    """The stamped runs in data/bench/ whose file name matches the regex, oldest first (by the
-    date in their meta), as paths relative to data/."""
-    paths = [p for p in (DATA / "bench").glob("*.json") if re.fullmatch(pattern, p.name)]
-    return [f"bench/{p.name}" for p in sorted(paths, key=lambda p: load(f"bench/{p.name}")["meta"]["date"])]
+def bench_runs(pattern: str, glob: str = "*.json") -> list[str]:
+    """The stamped runs under data/bench/ (``glob``) whose path there matches the regex, oldest
+    first (by the date in their meta), as paths relative to data/."""
+    rels = [f"bench/{p.relative_to(DATA / 'bench').as_posix()}" for p in (DATA / "bench").glob(glob)]
+    runs = [rel for rel in rels if re.fullmatch(pattern, rel.removeprefix("bench/"))]
+    return sorted(runs, key=lambda rel: load(rel)["meta"]["date"])
+
+
+def arm_rounds(ab: dict) -> dict[str, list[float]]:
+    """An eager A/B's round medians (ms) by arm, in run order."""
+    rounds: dict[str, list[float]] = {}
+    for r in ab["rounds"]:
+        rounds.setdefault(r["arm"], []).append(r["median_ms"])
+    return rounds
 
 
 def section_host() -> str:
@@ -976,9 +984,7 @@ def lab_eager_arms() -> str:
         gpu = bench_runs(rf"lab_{arm}_eager_.*\.json")
         if gpu:
             g = load(gpu[-1])
-            rounds = {}
-            for r in g["rounds"]:
-                rounds.setdefault(r["arm"], []).append(f(r["median_ms"]))
+            rounds = {arm_: [f(ms) for ms in mss] for arm_, mss in arm_rounds(g).items()}
             gm = g["median_of_medians_ms"]
             text += (f" On the GPU, the eager A/B above with the lab arm beside the package's: "
                      f"{f(gm['after'])} ms (rounds {', '.join(rounds['after'])}) against {f(gm[arm])} ms "
@@ -1371,11 +1377,8 @@ def lean_line() -> str:
         return ""
     d = load(runs[-1])
     mm, meta = d["median_of_medians_ms"], d["meta"]
-    now = mm.get("bound", mm["after"])  # the bound arm is what the default path became
-    rounds = {}
-    for r in d["rounds"]:
-        rounds.setdefault(r["arm"], []).append(r["median_ms"])
-    swing = max(max(ms) / min(ms) for ms in rounds.values())
+    now = mm["after"]
+    swing = max(max(ms) / min(ms) for ms in arm_rounds(d).values())
     return f"""
 The engine's lean rework (arguments checked once, no undo, kernels launched past Triton's binder
 after their first call) took eager `fused` 1 × 512 from {f(mm['before'])} to {f(now)} ms

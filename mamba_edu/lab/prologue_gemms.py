@@ -131,21 +131,25 @@ def prologue_linear_kernel(a_ptr, aux_ptr, norm_w_ptr, w_ptr, s_ptr, y_ptr, M, N
              mask=(rows < M)[:, None] & (cols < N)[None, :])
 
 
-def _launch(prologue, a, aux, norm_weight, weight, eps, Kd, head=1):
+def launch_prologue_linear(prologue, a, aux, norm_weight, weight, eps, Kd, head=1, s=None, kernel=None,
+                           tiling=()):
     """Run :func:`prologue_linear_kernel`; returns ``(s or None, y [M, N])`` in a's dtype
-    (``s``: the residual sum, with ``NORM`` and a delta in ``aux``)."""
+    (``s``: the residual sum, with ``NORM`` and a delta in ``aux``; written into ``s`` when
+    given). ``kernel, tiling``: the JIT function under the autotuner (bound, say) and its
+    ``(BM, BN, BK, num_warps, num_stages)``, to launch at one tiling instead of autotuning."""
     M, N = a.shape[0], weight.shape[0]
     y = torch.empty(M, N, device=a.device, dtype=a.dtype)
     has_delta = prologue == NORM.value and aux is not None
-    s = torch.empty(M, Kd, device=a.device, dtype=a.dtype) if has_delta else None
-
-    def grid(meta):
-        return triton.cdiv(M, meta["BM"]), triton.cdiv(N, meta["BN"])
-
-    prologue_linear_kernel[grid](
-        a, a if aux is None else aux, weight if norm_weight is None else norm_weight, weight,
-        y if s is None else s, y, M, N, Kd, a.stride(0), 0 if aux is None else aux.stride(0),
-        eps, prologue, has_delta, head, a.dtype == torch.float32)
+    if has_delta and s is None:
+        s = torch.empty(M, Kd, device=a.device, dtype=a.dtype)
+    args = (a, a if aux is None else aux, weight if norm_weight is None else norm_weight, weight,
+            y if s is None else s, y, M, N, Kd, a.stride(0), 0 if aux is None else aux.stride(0),
+            eps, prologue, has_delta, head, a.dtype == torch.float32)
+    if kernel is None:
+        prologue_linear_kernel[lambda meta: (triton.cdiv(M, meta["BM"]), triton.cdiv(N, meta["BN"]))](*args)
+    else:
+        BM, BN, BK, warps, stages = tiling
+        kernel[(-(-M // BM), -(-N // BN))](*args, BM, BN, BK, num_warps=warps, num_stages=stages)
     return s, y
 
 
@@ -176,7 +180,7 @@ def norm_linear(x, delta, norm_weight, eps, weight):
     _check_weight(weight, D, x)
     eps = check_eps(eps)
     _check_device("x", x)
-    s, y = _launch(NORM.value, x, delta, norm_weight, weight, eps, D)
+    s, y = launch_prologue_linear(NORM.value, x, delta, norm_weight, weight, eps, D)
     return (x if s is None else s), y
 
 
@@ -195,7 +199,7 @@ def swiglu_linear(gate_up, weight):
     Fw = gate_up.shape[1] // 2
     _check_weight(weight, Fw, gate_up)
     _check_device("gate_up", gate_up)
-    return _launch(SWIGLU.value, gate_up, None, None, weight, 0.0, Fw)[1]
+    return launch_prologue_linear(SWIGLU.value, gate_up, None, None, weight, 0.0, Fw)[1]
 
 
 def gated_norm_linear(o, z, norm_weight, eps, weight):
@@ -219,4 +223,5 @@ def gated_norm_linear(o, z, norm_weight, eps, weight):
     _check_device("o", o)
     if V < 16 or V & (V - 1):
         raise ValueError(f"o's head dim V={V} must be a power of two >= 16 for the fused kernel")
-    return _launch(GATED.value, o.view(T, HV * V), z, norm_weight, weight, eps, HV * V, V)[1]
+    return launch_prologue_linear(GATED.value, o.view(T, HV * V), z, norm_weight, weight, eps, HV * V,
+                                  V)[1]

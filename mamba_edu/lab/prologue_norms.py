@@ -29,12 +29,11 @@ import torch
 import torch.nn.functional as F
 
 from mamba_edu.kernels.launcher import bound_kernel
-from mamba_edu.kernels.tiles import cdiv
-from mamba_edu.lab.prologue_gemms import NORM, SWIGLU, prologue_linear_kernel
+from mamba_edu.lab.prologue_gemms import NORM, SWIGLU, launch_prologue_linear, prologue_linear_kernel
 from mamba_edu.model import hybrid, layers
 
 _KERNEL = bound_kernel(prologue_linear_kernel.fn)  # the JIT function under the autotuner
-BM, BN, BK, WARPS, STAGES = 64, 128, 64, 4, 4     # the autotuner's first config
+TILING = (64, 128, 64, 4, 4)  # BM, BN, BK, warps, stages: the autotuner's first config
 
 
 class PendingNorm(NamedTuple):
@@ -56,15 +55,10 @@ class PendingSwiGLU(NamedTuple):
 
 
 def _gemm(prologue, a, aux, norm_weight, weight, eps, Kd, s=None):
-    """``y [M, N] = prologue(a) @ weightᵀ`` (and ``s``, the residual sum, with ``NORM`` and aux)."""
-    M, N = a.shape[0], weight.shape[0]
-    y = torch.empty(M, N, device=a.device, dtype=a.dtype)
-    _KERNEL[(cdiv(M, BM), cdiv(N, BN))](
-        a, a if aux is None else aux, weight if norm_weight is None else norm_weight, weight,
-        y if s is None else s, y, M, N, Kd, a.stride(0), 0 if aux is None else aux.stride(0),
-        eps, prologue, s is not None, 1, a.dtype == torch.float32, BM, BN, BK,
-        num_warps=WARPS, num_stages=STAGES)
-    return y
+    """``y [M, N] = prologue(a) @ weightᵀ`` at :data:`TILING` (and ``s``, the residual sum, with
+    ``NORM`` and aux)."""
+    return launch_prologue_linear(prologue, a, aux, norm_weight, weight, eps, Kd, s=s, kernel=_KERNEL,
+                                  tiling=TILING)[1]
 
 
 def _linear(x, weight):

@@ -126,14 +126,15 @@ nb = nbformat.read(path, as_version=4)
 nb.cells.append(nbformat.v4.new_code_cell("import mamba_edu; print('triton_available', mamba_edu.triton_available())"))
 NotebookClient(nb, timeout=1200, kernel_name="notriton", allow_errors=True,
                resources={"metadata": {"path": str(path.parent)}}).execute()
-errors, notices, last = [], 0, ""
+errors, notices = [], 0
 for i, cell in enumerate(nb.cells):
     for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
         if out.output_type == "error":
             errors.append(f"cell {i}: {out.ename}: {out.evalue[:500]}")
         elif out.output_type == "stream":
             notices += out.text.count("needs Triton, which is not installed here")
-            last = out.text
+# the appended cell's whole output: a kernel may send one print as several stream messages
+last = "".join(out.text for out in nb.cells[-1].outputs if out.output_type == "stream")
 print(json.dumps({"errors": errors, "notices": notices, "last": last}))
 '''
 

@@ -255,10 +255,10 @@ def main(argv=None) -> int:
 def run(args: argparse.Namespace) -> int:
     """The bench on checked arguments (:func:`check_args`): 0 when every measurement succeeded,
     1 when one failed (its row says why)."""
-    if args.tp > 1:
+    if args.tp > 1:  # a torchrun rank: run_tp ends the process
         from mamba_edu.benchmarks.ttft_tp import run_tp
 
-        return run_tp(args)
+        run_tp(args)
     say_where(args.out)
     if args.replot:
         rows = load_results(args.out)

@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 from tqdm import tqdm
@@ -99,10 +101,10 @@ def check_tp_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         check_out_dir(p, args.out)
 
 
-def run_tp(args: argparse.Namespace) -> int:
+def run_tp(args: argparse.Namespace) -> NoReturn:
     """This rank's part of ``bench --tp N`` on checked arguments (:func:`check_tp_args`); rank 0
-    writes and prints. Returns 0, or 1 when a measurement failed or a rank's syncs differ from
-    the 1-rank ones."""
+    writes and prints. Ends the rank's process with 0, or 1 when a measurement failed or a rank's
+    syncs differ from the 1-rank ones."""
     import torch.distributed as dist
 
     from mamba_edu.tp.launch import backend_for, init_rank
@@ -140,7 +142,11 @@ def run_tp(args: argparse.Namespace) -> int:
               f"{'; traces per rank in runs/rank<r>/' if not args.no_profile else ''})")
     barrier()  # nobody tears the group down while rank 0 still gathers
     dist.destroy_process_group()
-    return code
+    # The rank ends here, its files written: the interpreter's teardown of torch's native threads
+    # sometimes aborts a finished rank ("terminate called without an active exception").
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def measure_ranks(args, rank: int, world: int, device: torch.device, barrier,

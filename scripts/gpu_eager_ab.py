@@ -4,11 +4,18 @@ host's launches are the forward's time). Run once per arm in a process of its ow
 alternated by ``scripts/gpu_lean.sh``; prints one JSON line. The package comes from ``sys.path``
 (``PYTHONPATH`` names the checkout of the arm).
 
-    python scripts/gpu_eager_ab.py ARM [--repeats 30]
+    python scripts/gpu_eager_ab.py ARM [--repeats 30] [--cprofile FILE]
+
+``--cprofile FILE``: after the timed forwards, 10 more under ``cProfile`` (not timed), the
+functions by their own time written to FILE: where the host time of an eager forward goes.
 """
 
 import argparse
+import contextlib
+import cProfile
+import io
 import json
+import pstats
 import statistics
 import subprocess
 import time
@@ -25,21 +32,37 @@ def main() -> None:
     parser.add_argument("arm")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--cprofile")
     args = parser.parse_args()
     model = build_model("qwen3.5-tp8", device="cuda", dtype=torch.bfloat16)
     engine = Engine(model, strategy="fused", max_requests=2)
     gen = torch.Generator().manual_seed(0)
     times = []
-    for i in range(args.warmup + args.repeats):
+
+    def forward(i: int, profiler=None) -> float:
         prompt = torch.randint(0, model.config.vocab, (512,), generator=gen).tolist()
         batch = engine.prepare_prefill([Request(f"r{i}", prompt)])
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        engine.forward_prefill(batch)
+        with profiler or contextlib.nullcontext():
+            engine.forward_prefill(batch)
         torch.cuda.synchronize()
-        if i >= args.warmup:
-            times.append(1e3 * (time.perf_counter() - t0))
+        ms = 1e3 * (time.perf_counter() - t0)
         engine.abort_prefill(batch)
+        return ms
+
+    for i in range(args.warmup + args.repeats):
+        ms = forward(i)
+        if i >= args.warmup:
+            times.append(ms)
+    if args.cprofile:
+        profiler = cProfile.Profile()
+        for i in range(10):
+            forward(args.warmup + args.repeats + i, profiler)
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(80)
+        with open(args.cprofile, "w") as f:
+            f.write(f"{args.arm}: 10 eager forwards under cProfile\n{text.getvalue()}")
     clock = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
                            capture_output=True, text=True).stdout.strip()
     print(json.dumps({"arm": args.arm, "package": mamba_edu.__file__, "median_ms": statistics.median(times),

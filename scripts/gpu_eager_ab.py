@@ -13,8 +13,10 @@ functions by their own time written to FILE: where the host time of an eager for
 import argparse
 import contextlib
 import cProfile
+import datetime
 import io
 import json
+import os
 import pstats
 import statistics
 import subprocess
@@ -62,7 +64,11 @@ def main() -> None:
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(80)
         with open(args.cprofile, "w") as f:
-            f.write(f"{args.arm}: 10 eager forwards under cProfile\n{text.getvalue()}")
+            f.write(f"arm {args.arm}, commit {os.environ.get('MAMBA_EDU_COMMIT', 'not given')}, "
+                    f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%M:%SZ}, "
+                    f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
+                    f"{__import__('triton').__version__}: 10 eager forwards under cProfile "
+                    f"(python scripts/gpu_eager_ab.py {args.arm} --cprofile FILE)\n{text.getvalue()}")
     clock = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
                            capture_output=True, text=True).stdout.strip()
     print(json.dumps({"arm": args.arm, "package": mamba_edu.__file__, "median_ms": statistics.median(times),

@@ -2,7 +2,8 @@
 # One GPU call for the lean-engine issue: the GPU tests at HEAD, then the eager fused prefill of
 # qwen3.5-tp8 1 x 512 before (the checkout in .before/, carried) and after (HEAD), arms alternated
 # over $ROUNDS rounds in processes of their own, the SM clock logged; then one cProfile of each
-# arm (untimed, cprofile_ARM.txt). Results in $OUT/lean.tgz.
+# arm at 1 x 512 (untimed, cprofile_ARM.txt). SHAPES adds batches (requests x length) to the
+# rounds. Results in $OUT/lean.tgz.
 # ARMS picks the arms: "after ARM" times a lab arm of mamba_edu/lab/bench_lab_eager.py (workspace,
 # prologue) beside HEAD. (The run of data/bench/lean_eager_h100_61deccc.json had an arm "bound",
 # the lab's bound launches, before they became mamba_edu/kernels/launcher.py.)
@@ -28,8 +29,10 @@ arm() {  # arm NAME [ARGS of gpu_eager_ab.py]
     esac
 }
 for round in $(seq ${ROUNDS:-3}); do
-    for name in ${ARMS:-before after}; do  # ARMS="after ARM": a lab arm (bench_lab_eager.ARMS)
-        arm $name >> $S/eager_ab.jsonl 2>> $S/eager_ab.err
+    for shape in ${SHAPES:-1x512}; do  # SHAPES="1x512 8x1024": requests x length, each alternated
+        for name in ${ARMS:-before after}; do  # ARMS="after ARM": a lab arm (bench_lab_eager.ARMS)
+            arm $name --requests ${shape%x*} --length ${shape#*x} >> $S/eager_ab.jsonl 2>> $S/eager_ab.err
+        done
     done
 done
 cat $S/eager_ab.jsonl; tail -5 $S/eager_ab.err

@@ -841,11 +841,13 @@ def bench_runs(pattern: str, glob: str = "*.json") -> list[str]:
     return sorted(runs, key=lambda rel: load(rel)["meta"]["date"])
 
 
-def arm_rounds(ab: dict) -> dict[str, list[float]]:
-    """An eager A/B's round medians (ms) by arm, in run order."""
+def arm_rounds(ab: dict, shape: str = "1x512") -> dict[str, list[float]]:
+    """An eager A/B's round medians (ms) by arm, in run order, at one batch shape (a run
+    without shapes timed 1 x 512)."""
     rounds: dict[str, list[float]] = {}
     for r in ab["rounds"]:
-        rounds.setdefault(r["arm"], []).append(r["median_ms"])
+        if r.get("shape", "1x512") == shape:
+            rounds.setdefault(r["arm"], []).append(r["median_ms"])
     return rounds
 
 
@@ -988,8 +990,13 @@ def lab_eager_arms() -> str:
             gm = g["median_of_medians_ms"]
             text += (f" On the GPU, the eager A/B above with the lab arm beside the package's: "
                      f"{f(gm['after'])} ms (rounds {', '.join(rounds['after'])}) against {f(gm[arm])} ms "
-                     f"({', '.join(rounds[arm])}), {f(g[f'{arm}_over_after'], 3)}×. GPU tests of that call: "
-                     f"{g['meta']['gpu_tests']}.")
+                     f"({', '.join(rounds[arm])}), {f(g[f'{arm}_over_after'], 3)}×")
+            for shape, sm in g.get("median_of_medians_ms_by_shape", {}).items():
+                if shape != "1x512":
+                    sr = {arm_: ", ".join(f(ms) for ms in mss) for arm_, mss in arm_rounds(g, shape).items()}
+                    text += (f"; {shape.replace('x', ' × ')} (GPU-bound): {f(sm['after'])} ms ({sr['after']}) "
+                             f"against {f(sm[arm])} ms ({sr[arm]}), {f(sm[arm] / sm['after'], 3)}×")
+            text += f". GPU tests of that call: {g['meta']['gpu_tests']}."
         else:
             text += (f" Not yet timed on a GPU: `ARMS=\"after {arm}\" ROUNDS=3 bash scripts/gpu_lean.sh`.")
         blocks.append(f"""

@@ -308,15 +308,6 @@ class RadixCache:
         return upper
 
     # ---- eviction -----------------------------------------------------------------------
-    def _leaves(self):
-        stack = list(self.root.children.values())
-        while stack:
-            node = stack.pop()
-            if node.children:
-                stack.extend(node.children.values())
-            else:
-                yield node
-
     def evictable_slots(self) -> int:
         """How many snapshot slots :meth:`evict` could free (all unlocked snapshots whose
         subtree holds no locked node)."""

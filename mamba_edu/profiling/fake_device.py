@@ -167,7 +167,6 @@ def _device_methods(mode):
     with torch's Python dispatch switched off, and a :data:`GUARDED` one runs with the fake
     tensors of its arguments on ``meta`` (its results get the fake device back)."""
     from torch._subclasses.fake_tensor import FakeTensor
-    from torch.utils._pytree import tree_leaves
 
     def wrapped(name):
         method = getattr(torch.Tensor, name)

@@ -15,7 +15,7 @@ import pytest
 from exercise_judge import judge_answer
 
 import mamba_edu
-from mamba_edu.exercises import core, nb12
+from mamba_edu.exercises import nb12
 from mamba_edu.exercises.core import FAIL, PASS
 from mamba_edu.kernels.metadata import EMPTY_CHUNK, chunk_table
 from mamba_edu.profiling.bubbles import merge_intervals

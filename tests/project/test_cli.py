@@ -178,7 +178,6 @@ def test_trace_of_a_folder_draws_one_row_per_trace(capsys, tmp_path):
     code, out, _ = run_main(capsys, "trace", str(RUNS / "launch_bound_1x512"), "--out", str(png),
                             "--json", "--top", "0")
     assert code == 0
-    import json
 
     rows = [json.loads(line) for line in out.splitlines()]
     assert [Path(r["path"]).name.split(".")[0] for r in rows] == [

@@ -11,7 +11,6 @@ wrapped so that ``import triton`` fails exactly as where it is not installed. No
 import json
 import os
 import subprocess
-import sys
 import sysconfig
 import venv
 from pathlib import Path

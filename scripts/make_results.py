@@ -998,7 +998,9 @@ def lab_eager_arms() -> str:
                              f"against {f(sm[arm])} ms ({sr[arm]}), {f(sm[arm] / sm['after'], 3)}×")
             text += f". GPU tests of that call: {g['meta']['gpu_tests']}."
         else:
-            text += (f" Not yet timed on a GPU: `ARMS=\"after {arm}\" ROUNDS=3 bash scripts/gpu_lean.sh`.")
+            text += (f" Not yet timed on a GPU: `ARMS=\"after {arm}\" SHAPES=\"1x512 8x1024\" ROUNDS=3 bash "
+                     "scripts/gpu_lean.sh` (the GPU-bound batch too: a variant replaces the package's path "
+                     "only where it is not slower there).")
         blocks.append(f"""
 ### The lab's {title}
 

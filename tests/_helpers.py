@@ -144,12 +144,9 @@ def compare_with_three_kernels_on_gpu(fn, lengths, heads):
     (o, ckpt, pool), (o2, ckpt2, pool2) = runs
     err = rel_err(o2.float(), o.float())
     if err > 1e-2:  # which of the two is off: each against the fp32 chunked reference
-        from mamba_edu.gdn import chunk_gated_delta_rule
-        cu = [0]
-        for n in lengths:
-            cu.append(cu[-1] + n)
-        ref = chunk_gated_delta_rule(*(inputs[n].float() for n in ("q", "k", "v", "g", "beta")),
-                                     scale=128 ** -0.5, initial_state=base[:N].float(), cu_seqlens=cu,
+        from mamba_edu.gdn import chunk_gated_delta_rule, cu_offsets
+        ref = chunk_gated_delta_rule(**{name: x.float() for name, x in inputs.items()},
+                                     initial_state=base[:N].float(), cu_seqlens=cu_offsets(lengths),
                                      use_qk_l2norm=True).o
         raise AssertionError(f"outputs differ by {err:.3g} (> 1e-2); against the fp32 reference: "
                              f"prefill_triton {rel_err(o.float(), ref):.3g}, {fn.__name__} "

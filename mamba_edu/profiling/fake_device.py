@@ -195,6 +195,17 @@ def _device_methods(mode):
                 setattr(FakeTensor, name, method)
 
 
+def _tensors_in(obj) -> list:
+    """The tensors of a result: itself, or inside its lists, tuples, dicts and dataclasses."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        obj = [getattr(obj, f.name) for f in dataclasses.fields(obj)]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    return [t for x in obj for t in _tensors_in(x)] if isinstance(obj, (list, tuple)) else []
+
+
 def data_read(fn: Callable[..., object], *args) -> str | None:
     """Run ``fn(*args)`` with every tensor argument replaced by one without data on the fake
     device, here, in this process. Returns ``None`` if it kept device data on the device, else
@@ -207,7 +218,10 @@ def data_read(fn: Callable[..., object], *args) -> str | None:
     level, log.level = log.level, logging.CRITICAL  # it logs each refused op as an error
     try:
         with _device_methods(mode), mode:  # what the function creates on the device is fake too
-            fn(*fake)
+            out = fn(*fake)
+        if any(t.dim() and not _on_device(t) for t in _tensors_in(out)):
+            mode.syncs.append("a result left on the host: on a GPU it is not on the device; make it "
+                              "with device=")
     except Exception as exc:  # noqa: BLE001 - a refusal is the verdict; any other error is re-raised
         error = exc
     finally:

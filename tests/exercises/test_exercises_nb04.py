@@ -83,6 +83,8 @@ WRONG_1 = {
     "int16 tables (overflow past 32767 tokens)": (_meta(dtype=torch.int16), "int16"),
     "lengths read back through .to('cpu') (a sync)": (
         meta_through_the_device(lambda t: [int(n) for n in t.to("cpu")]), "sync"),
+    "made without device= (left on the host)": (
+        lambda lengths, device: host_meta(lengths, "cpu"), "make it with device="),
     "lengths read back in a worker thread (a sync)": (
         meta_through_the_device(lambda t: ThreadPoolExecutor(1).submit(t.tolist).result()), "sync"),
 }

@@ -130,6 +130,19 @@ def test_an_error_that_is_not_a_read_propagates():
         data_read(lambda t: t + torch.zeros(7, device=t.device), torch.tensor([0, 5, 9, 20]))
 
 
+@pytest.mark.parametrize("answer", [
+    lambda t: torch.zeros(len(t)),                               # made without device=
+    lambda t: (t + 1, torch.arange(3)),                          # one of a tuple's
+    lambda t: {"out": [t, torch.tensor([1, 2], dtype=t.dtype)]},  # inside a dict's list
+])
+def test_a_result_left_on_the_host_is_refused(answer):
+    assert "make it with device=" in data_read(answer, torch.tensor([0, 5, 9, 20]))
+
+
+def test_device_results_and_host_scalars_are_not_refused():
+    assert data_read(lambda t: (t.sum(), torch.tensor(3), [len(t)]), torch.tensor([0, 5, 9, 20])) is None
+
+
 def test_the_verdict_names_the_copy():
     assert data_read(lambda t: t.to("cpu"), torch.arange(3)) == "a copy of device data to the host (aten._to_copy)"
 

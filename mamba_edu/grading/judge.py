@@ -3,8 +3,8 @@
 The grader starts :func:`main` as an isolated Python in a throwaway copy of the notebook's folder
 and writes one line of orders to its stdin (the report's secret, the notebook's name and code
 cells). The judge adds its audit hook (:class:`Watch`, which no code in the process can remove),
-runs the cells in an IPython shell of its own, puts back what they replaced in the package
-(:class:`Pristine`), asks for the grading seed, judges each exercise with the registry as it was
+runs the cells in an IPython shell of its own, puts back what they replaced in the package and
+torch (:class:`Pristine`), asks for the grading seed, judges each exercise with the registry as it was
 before any cell ran, and reports each step, flag and verdict as a JSON line that starts with the
 secret. A ``BaseException`` that is not an ``Exception`` (``exit()``, ``KeyboardInterrupt``) or a
 cell out of memory gives the notebook 0.
@@ -15,9 +15,12 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import functools
+import inspect
 import json
+import logging
 import os
 import sys
+import traceback
 import types
 from json import dumps  # bound before the notebook runs
 
@@ -83,6 +86,8 @@ class Watch:
         if event not in _REASON:
             return
         frame, reason = sys._getframe(2), f"{_REASON[event]} ({event})"
+        while frame.f_code in _GETTERS:  # the library's frame getter: whoever called it
+            frame = frame.f_back
         name = frame.f_code.co_filename
         if name.startswith("<ipython-input-"):  # IPython names code cell N <ipython-input-N-…>
             where = name.split("-")[2]
@@ -95,16 +100,30 @@ class Watch:
             self.say(review=f"{reason} in {frame.f_code.co_name}, cell {where} line {frame.f_lineno}"[:300])
 
 
-#: The modules put back after the cells. (torch fills and wraps its own namespaces lazily; a
-#: cell's patch of torch is flagged by the review scan instead.)
+#: The library functions that hand their caller a frame: an event they raise is their caller's.
+_GETTERS = {f.__code__ for f in (logging.currentframe, inspect.currentframe, inspect.stack, inspect.trace,
+                                 traceback.extract_stack, traceback.walk_stack, traceback.print_stack)}
+#: The modules put back after the cells: all of their namespaces.
 _WATCHED = ("mamba_edu", "builtins")
+#: The libraries the checks compute with: the functions and classes the cells replaced in their
+#: modules are put back (torch fills its namespaces lazily, so only code counts), and so are
+#: ``torch.Tensor``'s methods.
+_LIBRARIES = ("torch", "numpy", "math", "operator", "functools")
 _GONE = object()
 
 
 def _code(value) -> bool:
     """A function, method or class: what a patch replaces (not a cache the package fills)."""
-    return isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
-                              functools.partial))
+    return issubclass(type(value), (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
+                                    functools.partial))  # type(): a deprecated name warns on isinstance
+
+
+def _own_wrapper(new, old, module: str) -> bool:
+    """Whether ``new`` is the library's own wrapper of ``old`` (torch's dynamo wraps
+    ``torch.manual_seed`` when it is first imported): code in the library's folder, around ``old``."""
+    code, top = getattr(new, "__code__", None), getattr(sys.modules[module.split(".")[0]], "__file__", None)
+    return (getattr(new, "__wrapped__", None) is old and code is not None and top is not None
+            and code.co_filename.startswith(os.path.dirname(top) + os.sep))
 
 
 class Pristine:
@@ -112,12 +131,13 @@ class Pristine:
     now."""
 
     def __init__(self):
+        import torch
         self.modules = {name: (m, dict(vars(m))) for name, m in list(sys.modules.items())
-                        if m is not None and name.split(".")[0] in _WATCHED}
+                        if m is not None and name.split(".")[0] in _WATCHED + _LIBRARIES}
         own = [value for name, (_, namespace) in self.modules.items() if name.startswith("mamba_edu")
                for value in namespace.values()
                if isinstance(value, (type, types.FunctionType)) and value.__module__ == name]
-        self.classes = {value: dict(vars(value)) for value in own if isinstance(value, type)}
+        self.classes = {value: dict(vars(value)) for value in own + [torch.Tensor] if isinstance(value, type)}
         self.code = {value: value.__code__ for value in own if isinstance(value, types.FunctionType)}
 
     def restore(self) -> list[str]:
@@ -125,6 +145,12 @@ class Pristine:
         changed = []
         for name, (module, namespace) in self.modules.items():
             now = vars(module)
+            if name.split(".")[0] in _LIBRARIES:  # a function replaced, not by the library itself
+                replaced = [k for k, v in namespace.items() if _code(v) and now.get(k, _GONE) is not v
+                            and not _own_wrapper(now.get(k), v, name)]
+                changed += [f"{name}.{k}" for k in replaced]
+                now.update({k: namespace[k] for k in replaced})
+                continue
             changed += [f"{name}.{k}" for k, v in namespace.items()
                         if now.get(k, _GONE) is not v and (_code(v) or _code(now.get(k)))]
             if name.startswith("mamba_edu"):  # names the cells added (not Triton's interpreter's)
@@ -135,6 +161,9 @@ class Pristine:
                     del now[k]
             now.update(namespace)
         for cls, namespace in self.classes.items():
+            for k in set(cls.__dict__) - set(namespace):  # also what it inherited (Tensor.__sub__)
+                changed.append(f"{cls.__module__}.{cls.__qualname__}.{k} (added)")
+                delattr(cls, k)
             for k, v in namespace.items():
                 if cls.__dict__.get(k, _GONE) is not v and k not in ("__dict__", "__weakref__"):
                     changed.append(f"{cls.__module__}.{cls.__qualname__}.{k}")

@@ -38,7 +38,7 @@ MODULES = {name: reason for reason, names in (
     (THREADS, "threading _thread concurrent.futures multiprocessing subprocess signal os.fork os.forkpty "
               "os.system os.popen os.kill os.killpg os.posix_spawn os.execv os.execve os.spawnv pty"),
     (RAW_MEMORY, "ctypes cffi mmap"),
-    (FRAMES, "sys._getframe sys.settrace sys.setprofile sys.modules gc traceback inspect.currentframe "
+    (FRAMES, "sys._getframe sys.settrace sys.setprofile sys.modules gc traceback inspect.currentframe logging.currentframe "
              "inspect.stack inspect.trace inspect.getouterframes inspect.getinnerframes "
              "inspect.getclosurevars inspect.getgeneratorlocals"),
     (CODE, "importlib types.FunctionType types.CodeType types.LambdaType runpy marshal builtins"),
@@ -77,14 +77,20 @@ def _prepare(source: str) -> tuple[str, list[int]]:
 
 
 def _aliases(trees) -> dict[str, str]:
-    """``local name → dotted name`` of every import of the notebook, whatever its cell."""
-    names = {}
-    for node in (node for tree in trees for node in ast.walk(tree)):
+    """``local name → dotted name`` of every import of the notebook, whatever its cell, and of every
+    name assigned one of them (``L = torch.linalg``, also in a chain)."""
+    names, nodes = {}, [node for tree in trees for node in ast.walk(tree)]
+    for node in nodes:
         if isinstance(node, ast.Import):
             for a in node.names:
                 names[a.asname or a.name.partition(".")[0]] = a.name if a.asname else a.name.partition(".")[0]
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+    assigned = [(t.id, node.value) for node in nodes if isinstance(node, ast.Assign)
+                for t in node.targets if isinstance(t, ast.Name)]
+    for _ in range(3):  # a chain of assignments, in any order of the cells
+        names.update({name: dotted for name, value in assigned if name not in names
+                      and (dotted := _dotted(value, names))})
     return names
 
 
@@ -107,6 +113,12 @@ def _named(dotted: str) -> str | None:
     return next((ANYWHERE[p] for p in dotted.split(".") if p in ANYWHERE), None)
 
 
+def _patches(dotted: str) -> bool:
+    """Whether assigning ``dotted`` patches the package, torch or numpy (torch's settings,
+    ``torch.backends``, aside)."""
+    return dotted.startswith(("mamba_edu.", "torch.", "numpy.")) and not dotted.startswith("torch.backends.")
+
+
 def _literal(node) -> bool:
     return isinstance(node, ast.Constant) and isinstance(node.value, str)
 
@@ -126,7 +138,8 @@ def _call_reason(node: ast.Call, aliases: dict) -> str | None:
     name = func.id if isinstance(func, ast.Name) and func.id not in aliases else None
     dotted = _dotted(func, aliases)
     if name in ("getattr", "setattr", "delattr", "hasattr") and len(args) > 1:
-        if name in ("setattr", "delattr") and _dotted(args[0], aliases).startswith("mamba_edu"):
+        target = _dotted(args[0], aliases)
+        if name in ("setattr", "delattr") and (target == "mamba_edu" or _patches(target + ".")):
             return PATCH
         return None if _literal(args[1]) else DYNAMIC
     if name == "vars" and args and _dotted(args[0], aliases):
@@ -165,15 +178,15 @@ def _reasons(tree, aliases: dict):
         elif isinstance(node, ast.Call) and (reason := _call_reason(node, aliases)):
             yield line, reason
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
-            # an attribute of the package, torch or numpy (torch's settings, torch.backends, aside)
             targets = [_dotted(t, aliases) for t in getattr(node, "targets", None) or [node.target]]
-            if any(t.startswith(("mamba_edu.", "torch.", "numpy.")) and not t.startswith("torch.backends.")
-                   for t in targets):
+            if any(map(_patches, targets)):
                 yield line, PATCH
         elif _dunder_built(node):
             yield line, DYNAMIC
         elif _literal(node) and node.value.startswith(("/proc/", "/dev/")):
             yield line, FILES
+        elif _literal(node) and node.value in ANYWHERE:  # getattr(f, "f_back"), attrgetter("f_locals")
+            yield line, ANYWHERE[node.value]
 
 
 def review_flags(cells: list[str]) -> list[Flag]:

@@ -12,6 +12,7 @@ mode asks, however the answer handles the error:
   device data and gives a host tensor, and the methods that hand data or its address over without
   an op: ``numpy``, ``__array__``, ``__dlpack__``, ``data_ptr``, ``apply_``, ``map_``, ``map2_``;
 * a host tensor (not 0-dim) mixed with device data, which fails on a GPU: make it with ``device=``;
+* a result that holds a host tensor (not 0-dim), made without ``device=``;
 * a call of :data:`GUARDED`, :data:`TO_HOST` or :data:`READS` on device data with torch's Python
   dispatch switched off (``torch._C._DisableTorchDispatch``), which no mode sees.
 

@@ -57,6 +57,7 @@ CHEATS = {
     "triton_stand_in_and_oracles": "not a Triton kernel",
     "private_oracle_nb00": "the answer calls mamba_edu.exercises.nb00",
     "sync_sniffer_off": "np.asarray",
+    "torch_patched": "relative error",
 }
 
 
@@ -110,6 +111,9 @@ def test_more_cheat_verdicts(shared_run):
     assert "the answer calls mamba_edu.gdn.gating" in _messages(mine)[1]
     _, mine = _submitted(students, "triton_stand_in_and_oracles")
     assert "the answer calls mamba_edu.exercises.nb03" in _messages(mine)[1]
+    _, mine = _submitted(students, "torch_patched")  # put back before the checks, and named
+    reviews = " ".join(e["review"] for nb in mine for e in nb["exercises"])
+    assert "the cells replaced torch.linalg.vector_norm" in reviews and "torch.Tensor.__sub__" in reviews, reviews
 
 
 def test_the_docs_say_what_is_not_guaranteed():

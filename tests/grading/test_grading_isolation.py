@@ -109,14 +109,16 @@ def test_the_audit_hook_refuses_a_write_outside_and_flags_inspection(tmp_path):
             "open('inside.txt', 'w').write('fine')\n"
             f"try:\n    open({str(tmp_path / 'outside.txt')!r}, 'w')\nexcept PermissionError:\n    pass\n"
             "exec(compile('sys._getframe(0)', '<ipython-input-3-x>', 'exec'))\n"
+            "exec(compile('import logging\\nlogging.currentframe()', '<ipython-input-4-x>', 'exec'))\n"
             "print(repr(said))\n")
     (tmp_path / "cwd").mkdir()
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path / "cwd",
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     said = eval(run.stdout)  # noqa: S307 - our own repr of dicts of strings
     assert said[0] == {"refused": f"tried to write {tmp_path / 'outside.txt'}, outside its folder"}
-    assert any("frame or memory inspection (sys._getframe)" in m.get("review", "") and "cell 3" in m["review"]
-               for m in said), said
+    for cell in ("cell 3", "cell 4 line 2"):  # also through logging's frame getter
+        assert any("frame or memory inspection (sys._getframe)" in m.get("review", "") and cell in m["review"]
+                   for m in said), said
     assert (tmp_path / "cwd" / "inside.txt").exists() and not (tmp_path / "outside.txt").exists()
 
 
@@ -133,6 +135,36 @@ def test_what_the_cells_replace_in_the_package_is_put_back_and_named():
     assert core.judge is judge and gating.l2norm.__code__ is code and not hasattr(core, "len")
     assert {"mamba_edu.exercises.core.judge", "mamba_edu.exercises.core.len (added)"} <= set(changed), changed
     assert any("l2norm (its code)" in name for name in changed), changed
+
+
+def test_what_the_cells_replace_in_torch_is_put_back_and_named():
+    """A cell that zeroes torch's norm (through a name of its own) or Tensor's subtraction would make
+    every relative error 0; the library's own lazy wrappers (dynamo's of manual_seed) are left alone."""
+    import functools
+    import math
+
+    import torch
+
+    pristine = Pristine()
+    norm, sub, seed, isclose = torch.linalg.vector_norm, torch.Tensor.__sub__, torch.manual_seed, math.isclose
+    torch.manual_seed = torch._disable_dynamo(seed)  # what dynamo does to it when first imported
+    try:
+        assert pristine.restore() == []
+    finally:
+        torch.manual_seed = seed
+    linalg = torch.linalg
+    linalg.vector_norm = lambda *a, **k: torch.zeros(())
+    torch.Tensor.__sub__ = lambda a, b: a
+    torch.manual_seed = functools.wraps(seed)(lambda s: seed(s))  # a cell's wrapper: its code is the cell's
+    math.isclose = lambda *a, **k: True  # a module without a file
+    try:
+        changed = pristine.restore()
+    finally:
+        linalg.vector_norm, torch.manual_seed, math.isclose = norm, seed, isclose
+        vars(torch.Tensor).get("__sub__") and delattr(torch.Tensor, "__sub__")
+    assert {"torch.linalg.vector_norm", "torch.Tensor.__sub__ (added)", "torch.manual_seed",
+            "math.isclose"} <= set(changed), changed
+    assert torch.linalg.vector_norm is norm and torch.Tensor.__sub__ is sub and math.isclose is isclose
 
 
 def test_the_report_pipe_is_bounded():

@@ -10,6 +10,7 @@ takes the server down).
 
 from __future__ import annotations
 
+import sys
 import threading
 
 
@@ -19,26 +20,49 @@ class EngineStopped(RuntimeError):
 
 class FailStop:
     """One engine's claim (held while a call runs) and why it stopped (``cause``, None while it
-    works)."""
+    works).
+
+    The claim is its holder, ``(thread id, frame of the public call)``, set in one atomic step
+    (``dict.setdefault``). A Ctrl-C can land between taking the claim and the call's ``try``, or
+    between its ``finally`` and the release, leaving a claim no running call holds: the next call
+    finds that frame on no thread's stack and takes the claim over, instead of refusing for ever."""
 
     def __init__(self):
         self.cause: str | None = None
-        self._claim = threading.Lock()
+        self._claim: dict = {}  # "holder" -> (thread id, frame) while a call runs
+        self._take_over = threading.Lock()
 
     def enter(self, call: str, stopped_ok: bool = False) -> None:
         """Claim the engine for ``call`` (``"Engine.decode"``), without waiting: refused on a
         stopped engine (unless ``stopped_ok``: ``reset``) and while another call holds it (a
         second thread, or a forward hook or a callback inside a call)."""
-        if not self._claim.acquire(blocking=False):
+        me = (threading.get_ident(), sys._getframe(1))
+        holder = self._claim.setdefault("holder", me)
+        if holder is not me and not self._stale_taken(holder, me):
             raise RuntimeError(f"{call}: another call of this Engine is running (from another thread, "
                                f"or a forward hook or callback inside it); an Engine runs one call at a time")
         if self.cause is not None and not stopped_ok:
-            self._claim.release()
+            self.leave()
             raise EngineStopped(f"{call}: this Engine stopped when {self.cause}; call engine.reset() "
                                 f"for a working engine with an empty cache")
 
+    def _stale_taken(self, holder, me) -> bool:
+        """Take the claim over for ``me`` if its ``holder`` no longer runs (its frame is on no
+        thread's stack); False if it does (or another call took it over first)."""
+        thread, frame = holder
+        stack = sys._current_frames().get(thread)
+        while stack is not None and stack is not frame:
+            stack = stack.f_back
+        if stack is not None:
+            return False
+        with self._take_over:
+            if self._claim.get("holder") is not holder:
+                return False
+            self._claim["holder"] = me
+        return True
+
     def leave(self) -> None:
-        self._claim.release()
+        self._claim.pop("holder", None)
 
     def changing(self, call: str) -> _Changes:
         """``with stop.changing("Engine.decode"):`` around the part of a call that changes the engine."""

@@ -5,7 +5,7 @@ cause and ``reset()``; ``reset()`` gives a working engine.
 The interrupt is a ``KeyboardInterrupt`` (a ``BaseException``, as Ctrl-C is) raised by a
 ``sys.settrace`` tracer at the k-th 'line' event in ``mamba_edu`` code. The public wrapper's claim
 and release of the engine (``_public``, ``FailStop.enter``/``leave``) are left out: they are the
-call's entry and exit, not a step of it; so are the probes' context managers
+call's entry and exit, not a step of it (interrupted on their own at the end of this file); so are the probes' context managers
 (``mamba_edu.probes``), process-wide instruments that an interrupt between their lines would leave
 switched on for the tests after this one. Every public call is covered; k runs densely over the
 first lines (the checks and the first changes) and the last ones (the commit), with a stride in
@@ -162,3 +162,62 @@ def test_reset_gives_back_every_slot_and_refuses_old_batches():
         engine.forward_prefill(batch)
     batch = _prepared(engine, captured)
     engine.finish_prefill(batch, captured.replay(batch))  # a bucket captured before reset still replays
+
+
+class InterruptIn(Interrupt):
+    """``KeyboardInterrupt`` at the k-th line event of one code object (the claim's own lines)."""
+
+    def __init__(self, code, k=None):
+        super().__init__(k)
+        self.code = code
+
+    def __call__(self, frame, event, arg):
+        return self.line if frame.f_code is self.code else None
+
+
+@pytest.mark.parametrize("where", ["enter", "leave", "public wrapper"])
+def test_an_interrupt_while_claiming_or_releasing_leaves_an_engine_that_works(where):
+    """A Ctrl-C between taking the claim and the call's ``try`` (or its ``finally`` and the
+    release) leaves a claim no call holds: the next call takes it over instead of refusing."""
+    code = {"enter": FailStop.enter.__code__, "leave": FailStop.leave.__code__,
+            "public wrapper": _public(lambda self: None).__code__}[where]
+    engine, _ = busy_engine()
+    counter = InterruptIn(code)
+    traced(lambda: engine.decode(1), counter)
+    assert counter.seen >= 1
+    for k in range(1, counter.seen + 1):
+        engine, _ = busy_engine()
+        with pytest.raises(KeyboardInterrupt):
+            traced(lambda: engine.decode(1), InterruptIn(code, k))
+        if engine.stopped is not None:  # interrupted inside the call: refused until reset
+            with pytest.raises(EngineStopped):
+                engine.decode(1)
+        engine.reset()
+        engine.prefill([Request("fresh", P[:130])])
+        engine.decode(1)
+
+
+def test_a_claim_held_by_a_running_call_is_still_refused_from_another_thread():
+    import threading
+
+    engine, _ = busy_engine()
+    inside, go_on, refusals = threading.Event(), threading.Event(), []
+
+    def hook(module, args):
+        inside.set()
+        go_on.wait(30)
+
+    handle = engine.model.layers[0].register_forward_pre_hook(hook)
+    worker = threading.Thread(target=lambda: engine.prefill([Request("a", P[:70])]))
+    worker.start()
+    try:
+        assert inside.wait(30)
+        for call in (lambda: engine.decode(1), engine.reset):
+            with pytest.raises(RuntimeError, match="another call of this Engine is running") as refused:
+                call()
+            refusals.append(refused.value)
+    finally:
+        go_on.set()
+        worker.join(30)
+        handle.remove()
+    assert len(refusals) == 2 and engine.stopped is None and "a" in engine.running

@@ -207,7 +207,7 @@ class Engine:
             self.backend.init_forward_metadata(fb)
             logits, kv = self.model(fb, self.backend)
         else:
-            logits, kv = captured.run(fb)
+            logits, kv = captured._run(fb)
         batch.logits, batch.kv, batch._status = logits, kv, FORWARDED
         return logits
 
@@ -291,7 +291,7 @@ class Engine:
         captured = CapturedBucket(self, bucket, mode)
         if graphs:
             with self._stop.changing("Engine.capture_prefill"):
-                captured.capture()
+                captured._capture()
         return captured
 
     # ---- decode -------------------------------------------------------------------------

@@ -13,7 +13,7 @@ boundary, refused on a stopped or busy engine). Three ways to cut the forward
 * ``"graph"``: the whole forward in one graph, attention included (over the bucket's static
   prefix KV); ``sync_free``/``fused`` only.
 
-Before :meth:`CapturedBucket.capture` (``graphs=False``) a replay runs the same static-buffer
+Before its capture (or with ``graphs=False``) a replay runs the same static-buffer
 forward eagerly, cut the same way: what each replay computes, on a CPU too.
 """
 
@@ -87,8 +87,10 @@ def check_replay(captured, engine, batch: ForwardBatch) -> None:
 
 
 class CapturedBucket:
-    """A bucket's prefill forward, captured (or, before :meth:`capture`, run eagerly the same
-    way) for ``engine``, with the model's dtype and device of that moment.
+    """A bucket's prefill forward, captured (or, before its capture, run eagerly the same way) for
+    ``engine``, with the model's weights of that moment (a graph reads them where they were).
+    Its public call is :meth:`replay`, an engine call; the engine runs ``_capture`` and ``_run``
+    inside its own calls (never by anyone else: they skip the engine's claim and checks).
 
     ``mode``: one of :data:`CAPTURE_MODES`; ``static`` the :class:`StaticBucket`; ``pieces`` the
     recorded cut (the eager breaks, for the breakable modes); ``graph`` a ``CUDAGraph`` or
@@ -97,6 +99,7 @@ class CapturedBucket:
     def __init__(self, engine, bucket: Bucket, mode: str):
         model = engine.model
         self.engine, self.mode, self.dtype, self.device = engine, mode, model.dtype, model.device
+        self._weights = [(p, p.data_ptr()) for p in model.parameters()]
         self.static = StaticBucket(bucket, model, engine.config.conv_width, fixed=mode != "breakable",
                                    prefix_in_graph=mode == "graph")
         self.graph, self.pieces, self._out = None, None, None
@@ -106,16 +109,18 @@ class CapturedBucket:
         return self.static.bucket
 
     def refusal(self, batch: ForwardBatch) -> str | None:
-        """Why this capture cannot run ``batch`` now (it does not fit, or the model was cast or
-        moved since the capture), or None."""
+        """Why this capture cannot run ``batch`` now (it does not fit, or a weight of the model was
+        cast, moved or given new storage since the capture, in part too), or None. (A module
+        swapped for another is not seen: its parameters are new objects.)"""
         model = self.engine.model
-        if (model.dtype, model.device) != (self.dtype, self.device):
-            return (f"the model is now {model.dtype} on {model.device}, captured as {self.dtype} on "
-                    f"{self.device}: capture the bucket again")
+        if (model.dtype, model.device) != (self.dtype, self.device) or any(
+                p.data_ptr() != ptr for p, ptr in self._weights):
+            return (f"the model's weights were cast, moved or replaced since the capture ({self.dtype} on "
+                    f"{self.device}; now {model.dtype} on {model.device}): capture the bucket again")
         reason = self.bucket.refusal(batch, self.static.prefix_in_graph)
         return reason and f"the batch does not fit the captured bucket: {reason}"
 
-    def capture(self) -> None:
+    def _capture(self) -> None:
         """Capture the forward on padding only (the dummy request's tokens: no request's slot is
         touched), after two warm-up forwards on a side stream (lazy inits and autotuning happen
         outside the capture)."""
@@ -143,7 +148,7 @@ class CapturedBucket:
         ``engine.forward_prefill(batch, self)``, which returns ``logits [N, vocab]``."""
         return self.engine.forward_prefill(batch, self)
 
-    def run(self, live: ForwardBatch) -> tuple[torch.Tensor, list]:
+    def _run(self, live: ForwardBatch) -> tuple[torch.Tensor, list]:
         """The engine's side of a replay: refill the static buffers from ``live`` (checked to fit
         by the engine), replay (or run eagerly), and cut out the live requests' ``(logits, kv)``."""
         static, backend, model = self.static, self.engine.backend, self.engine.model

@@ -325,15 +325,33 @@ def test_a_failure_mid_replay_stops_the_engine_until_reset(tiny, mode):
     engine.finish_prefill(batch, captured.replay(batch))
 
 
-def test_a_model_cast_after_capture_is_refused_at_replay(tiny_copy):
+CHANGES = {  # what a learner may do to the model after a capture: the graph would read stale weights
+    "the model cast": lambda m: m.to(torch.float64),
+    "its layers cast, not the embedding": lambda m: m.layers.to(torch.float64),
+    "one weight given new storage": lambda m: setattr(m.layers[0].mlp_norm.weight, "data",
+                                                       m.layers[0].mlp_norm.weight.data.clone()),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_model_changed_after_capture_is_refused_at_replay(tiny_copy, change):
     engine = Engine(tiny_copy, strategy="sync_free", max_requests=2)
     captured = engine.capture_prefill(Bucket(128, 2), "gdn_inside", graphs=False)
     batch = engine.prepare_prefill([Request("a", [1] * 40)])
-    tiny_copy.to(torch.float64)
+    CHANGES[change](tiny_copy)
     before = _snapshot(engine)
-    with pytest.raises(ValueError, match="now torch.float64 on cpu, captured as torch.float32 on cpu: capture"):
+    with pytest.raises(ValueError, match="weights were cast, moved or replaced since the capture .*capture the bucket again"):
         captured.replay(batch)
     _assert_same(engine, before)
+    assert engine.stopped is None
+
+
+def test_a_captured_bucket_runs_only_through_the_engine(tiny):
+    """Its one public call is ``replay`` (an engine call, claimed and checked); capturing and running
+    the static buffers are the engine's, inside its own calls."""
+    from mamba_edu.engine.graph import CapturedBucket
+    public = {name for name, value in vars(CapturedBucket).items() if callable(value) and not name.startswith("_")}
+    assert public == {"replay", "refusal"}
 
 
 def test_a_bucket_too_big_for_the_device_is_refused_with_its_size(tiny):

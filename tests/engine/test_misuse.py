@@ -481,6 +481,8 @@ def test_random_operation_sequences_keep_ownership(strategy, data):
         owned = [s for slots in after_owners.values() for s in slots]
         assert len(owned) == len(set(owned)) and SCRATCH_SLOT not in owned
         assert set(owned) == engine.pool.used_slots()
+        # The cache's slots in the pool are exactly its snapshots' (insert's refusal relies on it).
+        assert engine.cache.snapshot_slots() == {s for s in owned if engine.pool.owner_of(s) is engine.cache._key}
         # No slot of an uninvolved owner was written.
         for owner, slots in before_owners.items():
             if owner in involved or after_owners.get(owner) != slots:

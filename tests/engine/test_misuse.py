@@ -261,6 +261,8 @@ def test_ping_pong_must_be_a_bool(value):
     (lambda: [Request("a", [-1])], "token_ids"), (lambda: [Request(["x"], [1])], "rid must be hashable"),
     (lambda: [Request("run", [1])], "duplicate rid"), (lambda: [Request("prep", [1])], "duplicate rid"),
     (lambda: (r for r in [Request("a", [1])]), "requests"),
+    (lambda: [Request("a", torch.tensor(3))], r"token_ids of request 'a' must be .*Tensor\[\]"),
+    (lambda: [Request("a", torch.ones(2, 3, dtype=torch.int64))], r"Tensor\[2, 3\]"),
 ])
 def test_bad_requests_change_nothing(requests, needle):
     engine = busy_engine()

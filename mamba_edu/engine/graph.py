@@ -99,7 +99,8 @@ class CapturedBucket:
     def __init__(self, engine, bucket: Bucket, mode: str):
         model = engine.model
         self.engine, self.mode, self.dtype, self.device = engine, mode, model.dtype, model.device
-        self._weights = [(p, p.data_ptr()) for p in model.parameters()]
+        self._params = list(model.parameters())
+        self._addresses = list(map(torch.Tensor.data_ptr, self._params))
         self.static = StaticBucket(bucket, model, engine.config.conv_width, fixed=mode != "breakable",
                                    prefix_in_graph=mode == "graph")
         self.graph, self.pieces, self._out = None, None, None
@@ -113,8 +114,8 @@ class CapturedBucket:
         cast, moved or given new storage since the capture, in part too), or None. (A module
         swapped for another is not seen: its parameters are new objects.)"""
         model = self.engine.model
-        if (model.dtype, model.device) != (self.dtype, self.device) or any(
-                p.data_ptr() != ptr for p, ptr in self._weights):
+        if ((model.dtype, model.device) != (self.dtype, self.device)
+                or list(map(torch.Tensor.data_ptr, self._params)) != self._addresses):  # ~20 µs / 500 weights
             return (f"the model's weights were cast, moved or replaced since the capture ({self.dtype} on "
                     f"{self.device}; now {model.dtype} on {model.device}): capture the bucket again")
         reason = self.bucket.refusal(batch, self.static.prefix_in_graph)

@@ -58,9 +58,9 @@ class Request:
         check_rid(self.rid)
         ids = self.token_ids
         if (isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable)
-                or isinstance(ids, torch.Tensor) and ids.dim() != 1):
+                or getattr(ids, "ndim", 1) != 1):  # a tensor or an array: one row of tokens
             raise ValueError(f"token_ids of request {self.rid!r} must be a non-empty list of ints; "
-                             f"got {type(ids).__name__}{list(ids.shape) if isinstance(ids, torch.Tensor) else ''}")
+                             f"got {type(ids).__name__}{list(ids.shape) if hasattr(ids, 'shape') else ''}")
         ids = tuple(ids.tolist()) if isinstance(ids, torch.Tensor) and ids.dim() == 1 else tuple(ids)
         bad = next((t for t in ids if type(t) is not int or t < 0), None)
         if not ids or bad is not None:

@@ -41,6 +41,11 @@ FLAGGED = {"frame or memory inspection": ("sys._getframe", "sys._current_frames"
            "tracing or auditing": ("sys.setprofile", "sys.settrace", "sys.addaudithook"),
            "patches a class": ("object.__setattr__", "object.__delattr__")}
 _REASON = {event: reason for reason, events in FLAGGED.items() for event in events}
+#: Events no library raises on a learner's behalf: flagged when the notebook's code is anywhere on
+#: the stack, not only right above the event (the others, ``exec`` or ``sys._getframe``, come from
+#: ``dataclasses`` and ``namedtuple`` in ordinary cells).
+ANYWHERE_ON_STACK = {"sys._current_frames", "gc.get_objects", "gc.get_referrers", "gc.get_referents",
+                     "sys.setprofile", "sys.settrace", "sys.addaudithook"}
 #: Audit events that change the file system, with the positions of their path arguments.
 WRITES = {"os.remove": (0,), "os.rmdir": (0,), "os.mkdir": (0,), "os.rename": (0, 1), "os.link": (0, 1),
           "os.symlink": (1,), "os.chmod": (0,), "os.chown": (0,), "os.utime": (0,), "os.truncate": (0,),
@@ -72,6 +77,13 @@ class Watch:
         path = os.path.realpath(os.fsdecode(path))
         return any(path == root or path.startswith(root + os.sep) for root in self.writable)
 
+    def mine(self, filename: str) -> bool:
+        """Whether code of ``filename`` is the notebook's: a code cell that is not the handout's own
+        (IPython names cell N ``<ipython-input-N-…>``), or a module of the notebook's folder."""
+        if filename.startswith("<ipython-input-"):
+            return int(filename.split("-")[2]) not in self.handout
+        return filename.startswith(os.getcwd() + os.sep)
+
     def judge(self, event: str, args: tuple) -> None:
         paths = [args[i] for i in WRITES.get(event, ()) if i < len(args)]
         if event == "open" and args[0] is not None:  # open(path, mode, flags)
@@ -88,14 +100,12 @@ class Watch:
         frame, reason = sys._getframe(2), f"{_REASON[event]} ({event})"
         while frame.f_code in _GETTERS:  # the library's frame getter: whoever called it
             frame = frame.f_back
+        if event in ANYWHERE_ON_STACK:  # through a trampoline too (a Mock's side_effect, map, ...)
+            frame = next((f for f in _stack(frame) if self.mine(f.f_code.co_filename)), frame)
         name = frame.f_code.co_filename
-        if name.startswith("<ipython-input-"):  # IPython names code cell N <ipython-input-N-…>
-            where = name.split("-")[2]
-            mine = int(where) not in self.handout
-        else:  # or a module of the notebook's folder
-            where, mine = name, name.startswith(os.getcwd() + os.sep)
+        where = name.split("-")[2] if name.startswith("<ipython-input-") else name
         key = (reason, name, frame.f_lineno)
-        if mine and key not in self.sent and len(self.sent) < MAX_FLAGS:
+        if self.mine(name) and key not in self.sent and len(self.sent) < MAX_FLAGS:
             self.sent.add(key)
             self.say(review=f"{reason} in {frame.f_code.co_name}, cell {where} line {frame.f_lineno}"[:300])
 
@@ -109,7 +119,12 @@ _WATCHED = ("mamba_edu", "builtins")
 #: modules are put back (torch fills its namespaces lazily, so only code counts), and so are
 #: ``torch.Tensor``'s methods.
 _LIBRARIES = ("torch", "numpy", "math", "operator", "functools")
+#: What is put back after every call of an answer, too: the modules the checks compare with, and
+#: the checks' own (the package's other modules carry the checks' instruments while an answer runs).
+_HOT = ("builtins", "torch", "torch.linalg", "torch.testing", "torch.nn.functional", "torch.functional",
+        "numpy", "math", "operator", "functools", "mamba_edu.testing")
 _GONE = object()
+_CLASS_CACHES = {"__slotnames__", "__annotations__"}  # what copy, pickle and typing add to a class
 
 
 def _code(value) -> bool:
@@ -126,6 +141,13 @@ def _own_wrapper(new, old, module: str) -> bool:
             and code.co_filename.startswith(os.path.dirname(top) + os.sep))
 
 
+def _stack(frame):
+    """``frame`` and its callers, innermost first."""
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
+
+
 class Pristine:
     """The watched modules' namespaces, and the package's classes and function code, as they are
     now."""
@@ -139,11 +161,15 @@ class Pristine:
                if isinstance(value, (type, types.FunctionType)) and value.__module__ == name]
         self.classes = {value: dict(vars(value)) for value in own + [torch.Tensor] if isinstance(value, type)}
         self.code = {value: value.__code__ for value in own if isinstance(value, types.FunctionType)}
+        self.hot = [name for name in self.modules if name in _HOT or name.startswith("mamba_edu.exercises.")]
 
-    def restore(self) -> list[str]:
-        """Put back what changed since; the functions and classes replaced or added, by name."""
+    def restore(self, hot: bool = False) -> list[str]:
+        """Put back what changed since; the functions and classes replaced or added, by name.
+        ``hot``: only the modules of :data:`_HOT`, the checks' own and ``torch.Tensor`` (after each
+        call of an answer: about 0.5 ms)."""
         changed = []
-        for name, (module, namespace) in self.modules.items():
+        for name in self.hot if hot else self.modules:
+            module, namespace = self.modules[name]
             now = vars(module)
             if name.split(".")[0] in _LIBRARIES:  # a function replaced, not by the library itself
                 replaced = [k for k, v in namespace.items() if _code(v) and now.get(k, _GONE) is not v
@@ -161,14 +187,16 @@ class Pristine:
                     del now[k]
             now.update(namespace)
         for cls, namespace in self.classes.items():
-            for k in set(cls.__dict__) - set(namespace):  # also what it inherited (Tensor.__sub__)
+            if hot and cls.__module__ != "torch":
+                continue
+            for k in set(cls.__dict__) - set(namespace) - _CLASS_CACHES:  # also inherited ones (Tensor.__sub__)
                 changed.append(f"{cls.__module__}.{cls.__qualname__}.{k} (added)")
                 delattr(cls, k)
             for k, v in namespace.items():
                 if cls.__dict__.get(k, _GONE) is not v and k not in ("__dict__", "__weakref__"):
                     changed.append(f"{cls.__module__}.{cls.__qualname__}.{k}")
                     setattr(cls, k, v)
-        for function, code in self.code.items():
+        for function, code in () if hot else self.code.items():
             if function.__code__ is not code:
                 changed.append(f"{function.__module__}.{function.__qualname__} (its code)")
                 function.__code__ = code
@@ -177,10 +205,11 @@ class Pristine:
 
 # --- the notebook's run and the checks ------------------------------------------------------
 
-def guarded(fn, forbidden: tuple[str, ...]):
+def guarded(fn, forbidden: tuple[str, ...], pristine: Pristine):
     """``fn`` as the check calls it: with ``forbidden`` absent, and failing if it called one of them,
-    even if it caught what that raised. (A Triton kernel goes as it is: ``_require_kernel`` in
-    ``nb03.py`` checks it.)"""
+    even if it caught what that raised, or if it replaced what the check compares with
+    (``pristine.restore(hot=True)`` puts it back first). (A Triton kernel goes as it is:
+    ``_require_kernel`` in ``nb03.py`` checks it.)"""
     if not callable(fn) or hasattr(fn, "__getitem__"):
         return fn
 
@@ -192,6 +221,11 @@ def guarded(fn, forbidden: tuple[str, ...]):
             except Exception:
                 if not called:
                     raise
+            finally:
+                replaced = pristine.restore(hot=True)
+        if replaced:
+            raise AssertionError(f"the answer replaced {replaced[0]} while it ran (put back): the check "
+                                 "compares with the library's own")
         if called:
             raise AssertionError(f"the answer calls {', '.join(sorted(set(called)))}, which this exercise "
                                  "asks you to write yourself")
@@ -199,13 +233,21 @@ def guarded(fn, forbidden: tuple[str, ...]):
     return call
 
 
-def judge_exercise(ex: core.Exercise, namespace: dict, note: str = "") -> core.Verdict:
+def judge_exercise(ex: core.Exercise, namespace: dict, note: str = "", pristine: Pristine | None = None
+                   ) -> core.Verdict:
     """The verdict of exercise ``ex`` for the functions in ``namespace`` (the notebook's globals);
-    ``note`` follows the message of a function that is not defined."""
+    ``note`` follows the message of a function that is not defined. ``pristine``: the package and
+    libraries as the checks need them (default: as they are now); what the answer replaced is put
+    back after each of its calls and after the check, and fails the exercise."""
     missing = [name for name in ex.names if name not in namespace]
     if missing:
         return core.Verdict(ex, core.FAIL, f"{', '.join(missing)} is not defined (did its cell run?){note}")
-    return core.judge(ex, *(guarded(namespace[name], ex.forbidden) for name in ex.names))
+    pristine = pristine or Pristine()
+    verdict = core.judge(ex, *(guarded(namespace[name], ex.forbidden, pristine) for name in ex.names))
+    replaced = pristine.restore()
+    if replaced:
+        return core.Verdict(ex, core.FAIL, f"the answer replaced {replaced[0]} during the check (put back)")
+    return verdict
 
 
 def out_of_memory(err: BaseException) -> bool:
@@ -246,7 +288,7 @@ def run(orders: dict, say, seed) -> dict:
     for number, ex in sorted(registered.items()):
         say(step=f"the check of exercise {number}")
         try:
-            verdict = judge_exercise(ex, shell.user_ns, (errors or [""])[0])
+            verdict = judge_exercise(ex, shell.user_ns, (errors or [""])[0], pristine)
         except BaseException as err:  # noqa: BLE001 - exit(), KeyboardInterrupt: the notebook gets 0
             return {"zero": f"exercise {number}: the answer raised {type(err).__name__} (a BaseException)"}
         verdicts.append([number, verdict.status, verdict.message])

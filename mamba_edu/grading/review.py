@@ -35,14 +35,15 @@ UNPARSED = "could not be parsed"
 
 #: Imported names (a module, or one of its members) and the reason their use is flagged.
 MODULES = {name: reason for reason, names in (
-    (THREADS, "threading _thread concurrent.futures multiprocessing subprocess signal os.fork os.forkpty "
+    (THREADS, "threading _thread concurrent.futures multiprocessing asyncio subprocess signal os.fork os.forkpty "
               "os.system os.popen os.kill os.killpg os.posix_spawn os.execv os.execve os.spawnv pty"),
     (RAW_MEMORY, "ctypes cffi mmap"),
-    (FRAMES, "sys._getframe sys.settrace sys.setprofile sys.modules gc traceback inspect.currentframe logging.currentframe "
+    (FRAMES, "sys._getframe sys._current_frames sys.settrace sys.setprofile sys.modules gc traceback "
+             "inspect.currentframe logging.currentframe "
              "inspect.stack inspect.trace inspect.getouterframes inspect.getinnerframes "
              "inspect.getclosurevars inspect.getgeneratorlocals"),
-    (CODE, "importlib types.FunctionType types.CodeType types.LambdaType runpy marshal builtins"),
-    (TORCH_MODES, "torch._C._ torch.library torch.utils._python_dispatch torch.overrides"),
+    (CODE, "importlib types.FunctionType types.CodeType types.LambdaType runpy marshal builtins unittest.mock"),
+    (TORCH_MODES, "torch._C torch.library torch.utils._python_dispatch torch.overrides"),
     (OUTPUT, "sys.stdout sys.stderr sys.__stdout__ sys.__stderr__ os.write os.dup os.dup2 os.fdopen os.open "
              "os.pipe"),
     (FILES, "os.remove os.unlink os.rename os.replace os.rmdir os.removedirs os.symlink os.link os.chmod "
@@ -155,11 +156,18 @@ def _call_reason(node: ast.Call, aliases: dict) -> str | None:
     return BUILTINS.get(name)
 
 
+#: How the names of frame, traceback and code attributes start (``f_back``, ``tb_frame``, ``co_code``).
+FRAME_PREFIXES = ("f_", "tb_", "gi_", "cr_", "co_")
+
+
 def _dunder_built(node) -> bool:
-    """A string built at run time that spells a dunder (``'__' + name``, ``f"__{x}__"``)."""
+    """A string built at run time that spells a dunder or a frame attribute (``'__' + name``,
+    ``f"__{x}__"``, ``'f_' + 'back'``)."""
+    def spells(part) -> bool:
+        return _literal(part) and ("__" in part.value or part.value.startswith(FRAME_PREFIXES))
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        return any(_literal(side) and "__" in side.value for side in (node.left, node.right))
-    return isinstance(node, ast.JoinedStr) and any(_literal(v) and "__" in v.value for v in node.values)
+        return spells(node.left) or spells(node.right)
+    return isinstance(node, ast.JoinedStr) and any(map(spells, node.values))
 
 
 def _reasons(tree, aliases: dict):
@@ -178,7 +186,8 @@ def _reasons(tree, aliases: dict):
         elif isinstance(node, ast.Call) and (reason := _call_reason(node, aliases)):
             yield line, reason
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
-            targets = [_dotted(t, aliases) for t in getattr(node, "targets", None) or [node.target]]
+            targets = [_dotted(t, aliases) for t in getattr(node, "targets", None) or [node.target]
+                       if isinstance(t, ast.Attribute)]  # `dtype = torch.bfloat16` patches nothing
             if any(map(_patches, targets)):
                 yield line, PATCH
         elif _dunder_built(node):

@@ -10,9 +10,11 @@ mode asks, however the answer handles the error:
   ``unique``, ``repeat_interleave`` without ``output_size`` (``DataDependentOutputException``);
 * a copy to the host: ``.cpu()``, ``.to("cpu")``, ``copy_`` into a host tensor, any op that takes
   device data and gives a host tensor, and the methods that hand data or its address over without
-  an op: ``numpy``, ``__array__``, ``__dlpack__``, ``data_ptr``, ``apply_``, ``map_``, ``map2_``;
+  an op: ``numpy``, ``__array__``, ``__dlpack__``, ``data_ptr``, ``apply_``, ``map_``, ``map2_``,
+  and printing it (``repr``, ``str``, ``f"{t}"``);
 * a host tensor (not 0-dim) mixed with device data, which fails on a GPU: make it with ``device=``;
-* a result that holds a host tensor (not 0-dim), made without ``device=``;
+* a result that holds a host tensor (not 0-dim) where a ``device`` was asked for, made without
+  ``device=``;
 * a call of :data:`GUARDED`, :data:`TO_HOST` or :data:`READS` on device data with torch's Python
   dispatch switched off (``torch._C._DisableTorchDispatch``), which no mode sees.
 
@@ -60,8 +62,11 @@ TORCH_DIR = os.path.dirname(torch.__file__)
 #: CPU-only torch): they run with the fake tensors reporting ``meta``.
 GUARDED = ("__getitem__", "__setitem__", "__int__", "__float__", "__index__", "__complex__",
            "__invert__", "copy_", "new", "new_tensor", "nonzero")
-#: Tensor methods that give the host device data, or its address, without an op.
-TO_HOST = ("numpy", "__array__", "__dlpack__", "data_ptr", "apply_", "map_", "map2_")
+#: Tensor methods that give the host device data, or its address, without an op (``__repr__`` and
+#: ``__format__``: printing, ``str()`` and ``f"{t}"``, which on a GPU copy the values first; torch's
+#: own messages print the data-less tensor).
+TO_HOST = ("numpy", "__array__", "__dlpack__", "data_ptr", "apply_", "map_", "map2_", "__repr__", "__format__")
+SHOWN = ("__repr__", "__format__")  # printing: torch's own code may print the data-less tensor
 #: The other Tensor methods that bring device data to the host (through an op, which torch's
 #: dispatch switched off would hide from the mode).
 READS = ("item", "__bool__", "cpu", "to")
@@ -170,14 +175,15 @@ def _device_methods(mode):
     from torch._subclasses.fake_tensor import FakeTensor
 
     def wrapped(name):
-        method = getattr(torch.Tensor, name)
+        method = FakeTensor.__repr__ if name == "__repr__" else getattr(torch.Tensor, name)
 
         @functools.wraps(method)
         def call(self, *args, **kwargs):
+            torch_own = sys._getframe(1).f_code.co_filename.startswith(TORCH_DIR)  # the mode's, or a message
             if (_on_device(self) and torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Python)
-                    and not sys._getframe(1).f_code.co_filename.startswith(TORCH_DIR)):  # not the mode's own
+                    and not torch_own):
                 mode.refuse(f"device data read with torch's dispatch switched off (Tensor.{name})")
-            if _on_device(self) and name in TO_HOST:
+            if _on_device(self) and name in TO_HOST and not (name in SHOWN and torch_own):
                 mode.refuse(f"a copy of device data to the host (Tensor.{name})")
             return call_on_meta(method, self, args, kwargs) if name in GUARDED else method(self, *args, **kwargs)
         return call
@@ -220,7 +226,8 @@ def data_read(fn: Callable[..., object], *args) -> str | None:
     try:
         with _device_methods(mode), mode:  # what the function creates on the device is fake too
             out = fn(*fake)
-        if any(t.dim() and not _on_device(t) for t in _tensors_in(out)):
+        asked = any(isinstance(a, torch.device) for a in args)  # a host plan may return host tensors
+        if asked and any(t.dim() and not _on_device(t) for t in _tensors_in(out)):
             mode.syncs.append("a result left on the host: on a GPU it is not on the device; make it "
                               "with device=")
     except Exception as exc:  # noqa: BLE001 - a refusal is the verdict; any other error is re-raised

@@ -253,7 +253,7 @@ class RadixCache:
             raise ValueError(f"slot must not be the scratch slot {SCRATCH_SLOT} (every forward may write it)")
         if not self.pool.is_allocated(slot):
             raise ValueError(f"slot must be allocated in the pool (pool.alloc); slot {slot} is free")
-        if self.pool.owner_of(slot) is self._key:  # every snapshot's slot, and only those: no walk of the tree
+        if self.pool.owner_of(slot) is self._key:  # the snapshots' slots (no walk of the tree)
             raise ValueError(f"slot {slot} is already owned by the cache (another entry's snapshot); "
                              f"insert a slot that holds this prefix's own snapshot")
         if slot in self.working_slots():

@@ -263,6 +263,7 @@ def test_ping_pong_must_be_a_bool(value):
     (lambda: (r for r in [Request("a", [1])]), "requests"),
     (lambda: [Request("a", torch.tensor(3))], r"token_ids of request 'a' must be .*Tensor\[\]"),
     (lambda: [Request("a", torch.ones(2, 3, dtype=torch.int64))], r"Tensor\[2, 3\]"),
+    (lambda: [Request("a", __import__("numpy").array(3))], r"ndarray\[\]"),
 ])
 def test_bad_requests_change_nothing(requests, needle):
     engine = busy_engine()

@@ -59,8 +59,16 @@ def swallowed(read):
         return 0
 
 
+def _modes_off(fn, t):
+    with torch._C.DisableTorchFunction():
+        return fn(t)
+
+
 HIDDEN_READS = {
     ".item()": lambda t: t[-1].item(),
+    "repr (printing)": lambda t: repr(t),
+    "an f-string": lambda t: f"{t}",
+    "str with torch's function modes off": lambda t: _modes_off(str, t),
     ".tolist()": lambda t: t.tolist(),
     "bool(any())": lambda t: bool((t > 3).any()),
     "int(t[-1])": lambda t: int(t[-1]),
@@ -136,11 +144,18 @@ def test_an_error_that_is_not_a_read_propagates():
     lambda t: {"out": [t, torch.tensor([1, 2], dtype=t.dtype)]},  # inside a dict's list
 ])
 def test_a_result_left_on_the_host_is_refused(answer):
-    assert "make it with device=" in data_read(answer, torch.tensor([0, 5, 9, 20]))
+    device_given = lambda t, device: answer(t)  # noqa: E731 - the caller names the device
+    assert "make it with device=" in data_read(device_given, torch.tensor([0, 5, 9, 20]), torch.device("cpu"))
 
 
 def test_device_results_and_host_scalars_are_not_refused():
     assert data_read(lambda t: (t.sum(), torch.tensor(3), [len(t)]), torch.tensor([0, 5, 9, 20])) is None
+
+
+def test_a_host_result_is_fine_where_no_device_was_asked_for():
+    """A host plan (08·1) may return host tensors; only a function given a device must use it."""
+    assert data_read(lambda t, n: torch.arange(n), torch.tensor([0, 5]), 4) is None
+    assert data_read(lambda t, d: torch.arange(4), torch.tensor([0, 5]), torch.device("cpu")) is not None
 
 
 def test_the_verdict_names_the_copy():

@@ -110,14 +110,17 @@ def test_the_audit_hook_refuses_a_write_outside_and_flags_inspection(tmp_path):
             f"try:\n    open({str(tmp_path / 'outside.txt')!r}, 'w')\nexcept PermissionError:\n    pass\n"
             "exec(compile('sys._getframe(0)', '<ipython-input-3-x>', 'exec'))\n"
             "exec(compile('import logging\\nlogging.currentframe()', '<ipython-input-4-x>', 'exec'))\n"
+            "exec(compile('from unittest import mock\\nmock.Mock(side_effect=sys._current_frames)()',"
+            " '<ipython-input-5-x>', 'exec'))\n"
             "print(repr(said))\n")
     (tmp_path / "cwd").mkdir()
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path / "cwd",
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     said = eval(run.stdout)  # noqa: S307 - our own repr of dicts of strings
     assert said[0] == {"refused": f"tried to write {tmp_path / 'outside.txt'}, outside its folder"}
-    for cell in ("cell 3", "cell 4 line 2"):  # also through logging's frame getter
-        assert any("frame or memory inspection (sys._getframe)" in m.get("review", "") and cell in m["review"]
+    for event, cell in (("sys._getframe", "cell 3"), ("sys._getframe", "cell 4 line 2"),  # logging's getter
+                        ("sys._current_frames", "cell 5 line 2")):  # through a Mock's side_effect
+        assert any(f"frame or memory inspection ({event})" in m.get("review", "") and cell in m["review"]
                    for m in said), said
     assert (tmp_path / "cwd" / "inside.txt").exists() and not (tmp_path / "outside.txt").exists()
 
@@ -148,6 +151,9 @@ def test_what_the_cells_replace_in_torch_is_put_back_and_named():
     pristine = Pristine()
     norm, sub, seed, isclose = torch.linalg.vector_norm, torch.Tensor.__sub__, torch.manual_seed, math.isclose
     torch.manual_seed = torch._disable_dynamo(seed)  # what dynamo does to it when first imported
+    import copy
+    import pickle
+    copy.copy(torch.ones(2)), pickle.dumps(torch.ones(2))  # caches Python adds to the class
     try:
         assert pristine.restore() == []
     finally:
@@ -165,6 +171,33 @@ def test_what_the_cells_replace_in_torch_is_put_back_and_named():
     assert {"torch.linalg.vector_norm", "torch.Tensor.__sub__ (added)", "torch.manual_seed",
             "math.isclose"} <= set(changed), changed
     assert torch.linalg.vector_norm is norm and torch.Tensor.__sub__ is sub and math.isclose is isclose
+
+
+def test_an_answer_that_patches_what_the_check_compares_with_fails_and_is_undone():
+    """Patched while the answer runs (after the cells' patches were put back): undone after each
+    call, before the check compares, and the exercise fails."""
+    import torch
+
+    from mamba_edu.exercises import core, nb01
+    from mamba_edu.grading.judge import judge_exercise
+
+    norm, check_module = torch.linalg.vector_norm, vars(nb01).copy()
+
+    def patches_torch(x):
+        torch.linalg.vector_norm = lambda *a, **k: torch.zeros(())
+        return x.float()
+
+    def patches_the_check(x):
+        for name, value in vars(nb01).items():  # every helper of the check, through a loop
+            if callable(value) and not isinstance(value, type):
+                setattr(nb01, name, lambda *a, **k: 0.0)
+        return x.float()
+
+    exercise = core.REGISTRY[nb01.NOTEBOOK][1]
+    for answer, replaced in ((patches_torch, "torch.linalg.vector_norm"), (patches_the_check, "mamba_edu.exercises.nb01")):
+        verdict = judge_exercise(exercise, {exercise.names[0]: answer})
+        assert verdict.status == core.FAIL and f"the answer replaced {replaced}" in verdict.message, verdict
+    assert torch.linalg.vector_norm is norm and vars(nb01) == check_module
 
 
 def test_the_report_pipe_is_bounded():

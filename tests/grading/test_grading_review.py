@@ -45,6 +45,12 @@ CHEATS = {
                                     review.FRAMES),
     "logging's frame": ("import logging\nf = logging.currentframe()", review.FRAMES),
     "an attrgetter of locals": ("import operator\nseen = operator.attrgetter('f_locals')(f)", review.FRAMES),
+    "torch's function modes off": ("import torch\nwith torch._C.DisableTorchFunction():\n    text = repr(m)",
+                                    review.TORCH_MODES),
+    "a thread through asyncio": ("import asyncio\ntext = asyncio.run(asyncio.to_thread(repr, m))", review.THREADS),
+    "every thread's frame": ("import sys\nframes = sys._current_frames()", review.FRAMES),
+    "a call through a Mock": ("from unittest import mock\nf = mock.Mock(side_effect=g)()", review.CODE),
+    "a frame attribute spelled in parts": ("import operator\nup = operator.attrgetter('f_' + 'back')", review.DYNAMIC),
     "a thread": ("import threading\nthreading.Thread(target=f).start()", review.THREADS),
     "a pool": ("from concurrent.futures import ThreadPoolExecutor", review.THREADS),
     "a subprocess": ("import subprocess\nsubprocess.run(['ls'])", review.THREADS),
@@ -96,6 +102,7 @@ def test_imports_count_across_cells():
     "signal = x.sum()\ngc = 3\nthreading = []",  # names of learners' own variables
     "%timeit f(x)\ny = getattr(batch, 'rows')",
     "import inspect\nprint(inspect.getsource(f))",
+    "import torch\nimport torch.nn.functional as F\ndtype = torch.bfloat16\nact = F.silu\nlinalg = torch.linalg",
 ])
 def test_ordinary_cells_are_not_flagged(cell):
     assert review_flags([cell]) == []

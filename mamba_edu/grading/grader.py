@@ -305,9 +305,10 @@ def run_judge(path: Path, raw: bytes, timeout: int, sandbox: bool, package: dict
         return NotebookResult(path.name, "zero", str(outcome["zero"]))
     seen, flags = outcome["review"], static_review(path.stem, cells, orders["handout"])
 
-    def review(n: int) -> str:  # what the judge saw, then the scan's flags, of the notebook (0) and n
+    def review(n: int) -> str:  # what the judge saw up to n's check, then the scan's flags of 0 and n
         scan = summary(flags.get(0, []) + flags.get(n, []))
-        return "; ".join(seen.get(0, []) + seen.get(n, []) + ([scan] if scan else []))
+        judge = [line for k in sorted(seen) if k <= n for line in seen[k]]  # a later verdict may be forged
+        return "; ".join(judge + ([scan] if scan else []))
     registered = core.REGISTRY[path.stem]
     return NotebookResult(path.name, "graded", exercises=[
         ExerciseResult(n, registered[n].title, status, message, review(n), registered[n].points)

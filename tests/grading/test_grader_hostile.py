@@ -59,6 +59,8 @@ CHEATS = {
     "sync_sniffer_off": "np.asarray",
     "torch_patched": "relative error",
 }
+#: Cheats the judge cannot stop (docs/teaching.md, "Not guaranteed"): every verdict must arrive flagged.
+FLAGGED_ONLY = {"forged_report": "frame or memory inspection (sys._current_frames)"}
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +71,11 @@ def shared_run(tmp_path_factory):
     delete_solutions, edit_package, kill_grader, os_exit, exit_call, endless_loop — are graded in
     runs of their own below), and each notebook has its own judge and package copy."""
     cls = tmp_path_factory.mktemp("hostile") / "class"
-    for cheat in CHEATS:
+    for cheat in [*CHEATS, *FLAGGED_ONLY]:
         shutil.copytree(HOSTILE / cheat, cls / cheat)
     result, report = _grade(cls, "--timeout", "120", "--jobs", "2")
     assert report is not None, result.stderr[-3000:]
-    assert sorted(s["student"] for s in report["students"]) == sorted(CHEATS), report["students"]
+    assert sorted(s["student"] for s in report["students"]) == sorted([*CHEATS, *FLAGGED_ONLY]), report["students"]
     return result, {s["student"]: s for s in report["students"]}
 
 
@@ -114,6 +116,16 @@ def test_more_cheat_verdicts(shared_run):
     _, mine = _submitted(students, "torch_patched")  # put back before the checks, and named
     reviews = " ".join(e["review"] for nb in mine for e in nb["exercises"])
     assert "the cells replaced torch.linalg.vector_norm" in reviews and "torch.Tensor.__sub__" in reviews, reviews
+
+
+@pytest.mark.parametrize("cheat", sorted(FLAGGED_ONLY))
+def test_a_cheat_that_is_not_stopped_arrives_flagged_on_every_exercise(cheat, shared_run):
+    """A forged report writes every verdict at once: what the judge saw during one check flags
+    that exercise and every later one."""
+    _, students = shared_run
+    _, mine = _submitted(students, cheat)
+    exercises = [e for nb in mine for e in nb["exercises"]]
+    assert len(exercises) >= 2 and all(FLAGGED_ONLY[cheat] in e["review"] for e in exercises), exercises
 
 
 def test_the_docs_say_what_is_not_guaranteed():

@@ -139,7 +139,8 @@ class Engine:
                                                            "half way), or None while it works.")
 
     def _new_cache(self) -> RadixCache:
-        return RadixCache(self.pool, working_slots=self._working_slots, kv_layers=len(self.config.attn_layers))
+        row = ((self.config.attn_kv_heads, self.config.attn_head_dim), self.model.dtype, self.model.device)
+        return RadixCache(self.pool, self._working_slots, len(self.config.attn_layers), row)
 
     def _working_slots(self) -> set[int]:
         """The slots forwards write now: running requests' and prepared batches' working slots."""

@@ -17,6 +17,17 @@ import torch
 SCRATCH_SLOT = 0
 
 
+def not_to(holder, owner) -> str:
+    """``holder!r, not to owner!r`` for a refusal, saying so where the two are equal but not the same
+    object (owners are compared by identity: ``f"req{i}"`` twice makes two owners)."""
+    try:
+        equal = bool(holder == owner)
+    except Exception:  # noqa: BLE001 - an owner whose == raises (a tensor) is simply not equal
+        equal = False
+    twin = " (an equal but different object: owners are compared by identity, pass the same one)" if equal else ""
+    return f"{holder!r}, not to {owner!r}{twin}"
+
+
 class PoolExhausted(RuntimeError):
     """Raised when more slots are requested than are free; nothing was changed."""
 
@@ -104,9 +115,11 @@ class StatePool:
         return slots
 
     def peek(self, n: int, extra=()) -> list[int]:
-        """The slots :meth:`alloc` would hand out for ``n`` if the slots ``extra`` were freed first
-        (nothing changes)."""
-        return sorted([*self._free, *extra])[:n]
+        """The slots :meth:`alloc` would hand out for ``n`` if the allocated slots ``extra`` were
+        freed first (nothing changes)."""
+        if not _is_int(n) or n < 0:
+            raise ValueError(f"n must be an int >= 0; got {n!r}")
+        return sorted([*self._free, *self._check_slots("extra", extra)])[:n]
 
     def _check_slots(self, name: str, slots, owner=None, check_owner: bool = False) -> list[int]:
         if isinstance(slots, (str, bytes)) or not isinstance(slots, (list, tuple, set, frozenset)):
@@ -119,8 +132,8 @@ class StatePool:
         if check_owner:
             foreign = [s for s in slots if self._owner[s] is not owner]
             if foreign:
-                raise ValueError(f"{name} {foreign} belong to {self._owner[foreign[0]]!r}, not to "
-                                 f"{owner!r}: only a slot's owner gives it back")
+                raise ValueError(f"{name} {foreign} belong to {not_to(self._owner[foreign[0]], owner)}: only a "
+                                 f"slot's owner gives it back")
         return slots
 
     def free(self, slots: list[int], owner=None) -> None:
@@ -145,8 +158,8 @@ class StatePool:
             if not self.is_allocated(s):
                 raise ValueError(f"{name} must be an allocated slot; got {s!r}")
         if self._owner[dst] is not owner:
-            raise ValueError(f"dst {dst} belongs to {self._owner[dst]!r}, not to {owner!r}: only a "
-                             f"slot's owner writes it")
+            raise ValueError(f"dst {dst} belongs to {not_to(self._owner[dst], owner)}: only a slot's owner "
+                             f"writes it")
         if src == dst:
             return
         self.conv[:, dst] = self.conv[:, src]

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mamba_edu.serving.pool import SCRATCH_SLOT
+from mamba_edu.serving.pool import SCRATCH_SLOT, not_to
 
 
 @dataclass(eq=False)
@@ -87,13 +87,23 @@ class RadixCache:
     ``working_slots``: called by :meth:`insert`, returns the slots that forwards write now (an
     engine's running requests' and prepared batches' working slots); none of them may become a
     snapshot. Without it, only the pool's own rules apply. ``kv_layers``: the model's number of
-    attention layers, which every entry's ``kv`` must have (None: the first entry's count).
+    attention layers, which every entry's ``kv`` must have; ``kv_row``: ``(shape, dtype, device)``
+    of one token's k (and v), e.g. ``((kv_heads, head_dim), torch.bfloat16, device)`` (None: the
+    first entry's count and rows, which the later ones must match).
     """
 
     def __init__(self, pool, working_slots: Callable[[], Collection[int]] = tuple,
-                 kv_layers: int | None = None):
+                 kv_layers: int | None = None, kv_row: tuple | None = None):
+        from mamba_edu.serving.pool import StatePool
+        if not isinstance(pool, StatePool) or not callable(working_slots):
+            raise TypeError(f"RadixCache needs a StatePool and a callable working_slots; got "
+                            f"{type(pool).__name__} and {type(working_slots).__name__}")
         if kv_layers is not None and (type(kv_layers) is not int or kv_layers < 0):
             raise ValueError(f"kv_layers must be an int >= 0 (the model's attention layers); got {kv_layers!r}")
+        if kv_row is not None and not (isinstance(kv_row, tuple) and len(kv_row) == 3
+                                       and isinstance(kv_row[1], torch.dtype)):
+            raise ValueError(f"kv_row must be (shape, dtype, device) of one token's k; got {kv_row!r}")
+        self.kv_row = None if kv_row is None else (tuple(kv_row[0]), kv_row[1], torch.device(kv_row[2]))
         self.pool = pool
         self.working_slots = working_slots
         self.kv_layers = kv_layers
@@ -108,8 +118,9 @@ class RadixCache:
         Marks the path as recently used (unless ``touch`` is False: then :meth:`touch` does it
         later); does not lock (see :meth:`lock`).
         """
-        if not isinstance(token_ids, (list, tuple)):
-            raise ValueError(f"token_ids must be a list of ints; got {type(token_ids).__name__}")
+        if not isinstance(token_ids, (list, tuple)) or any(type(t) is not int for t in token_ids):
+            raise ValueError(f"token_ids must be a list of ints (not bools or floats); got "
+                             f"{type(token_ids).__name__} {list(token_ids)[:8] if isinstance(token_ids, (list, tuple)) else ''}")
         if type(touch) is not bool:
             raise ValueError(f"touch must be True or False; got {touch!r}")
         if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool)
@@ -137,7 +148,10 @@ class RadixCache:
         return match
 
     def touch(self, match: PrefixMatch) -> None:
-        """Mark the path ``match`` walked as recently used."""
+        """Mark the path ``match`` (of this cache's :meth:`match`) walked as recently used."""
+        if not isinstance(match, PrefixMatch):
+            raise ValueError(f"match must be a PrefixMatch (this cache's match()); got {type(match).__name__}")
+        self._check_node(match.node)
         now = next(self._clock)
         for n in match.path:
             n.last_used = now
@@ -261,8 +275,8 @@ class RadixCache:
                              f"so the snapshot would change); slot {slot} is one: insert a track slot "
                              f"that holds the state after these tokens")
         if self.pool.owner_of(slot) is not owner:
-            raise ValueError(f"slot {slot} belongs to {self.pool.owner_of(slot)!r}, not to {owner!r}: "
-                             f"only a slot's owner can hand it to the cache")
+            raise ValueError(f"slot {slot} belongs to {not_to(self.pool.owner_of(slot), owner)}: only a "
+                             f"slot's owner can hand it to the cache")
         if not isinstance(kv, (list, tuple)):
             raise ValueError(f"kv must be a list of per-attention-layer (k, v); got {type(kv).__name__}")
         if self.kv_layers is not None and len(kv) != self.kv_layers:
@@ -280,12 +294,12 @@ class RadixCache:
                 if t.shape[0] < len(token_ids):
                     raise ValueError(f"kv[{i}] {name} must cover the {len(token_ids)} tokens; "
                                      f"got {t.shape[0]} rows")
-                if example is not None:
-                    ref = example[i][j]
-                    if (t.shape[1:], t.dtype, t.device) != (ref.shape[1:], ref.dtype, ref.device):
-                        raise ValueError(f"kv[{i}] {name} must be [tokens, {', '.join(map(str, ref.shape[1:]))}] "
-                                         f"{ref.dtype} on {ref.device} like the cached entries; got "
-                                         f"{list(t.shape)} {t.dtype} on {t.device}")
+                want = self.kv_row or (example and (tuple(example[i][j].shape[1:]), example[i][j].dtype,
+                                                    example[i][j].device))
+                if want and (tuple(t.shape[1:]), t.dtype, t.device) != want:
+                    raise ValueError(f"kv[{i}] {name} must be [tokens, {', '.join(map(str, want[0]))}] "
+                                     f"{want[1]} on {want[2]} like the model's (or the cached entries'); got "
+                                     f"{list(t.shape)} {t.dtype} on {t.device}")
         return token_ids
 
     def _kv_example(self) -> list | None:

@@ -211,10 +211,10 @@ def _kv_like(e, rows, **kw):
     return [(torch.zeros(rows, *shape, dtype=kw.pop("dtype", k.dtype)),) * 2]
 
 
-engine_case("cache.insert KV of another head dim", "like the cached entries",
+engine_case("cache.insert KV of another head dim", "like the model.s",
             lambda e: e.cache.insert(P[300:310], e._spare, _kv_like(e, 10, shape=(2, 3))),
             setup=lambda e: setattr(e, "_spare", e.pool.alloc(1)[0]))
-engine_case("cache.insert KV of another dtype", "like the cached entries",
+engine_case("cache.insert KV of another dtype", "like the model.s",
             lambda e: e.cache.insert(P[300:310], e._spare, _kv_like(e, 10, dtype=torch.float64)),
             setup=lambda e: setattr(e, "_spare", e.pool.alloc(1)[0]))
 engine_case("cache.insert KV of too many layers", "per attention layer",

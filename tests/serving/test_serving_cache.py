@@ -102,3 +102,51 @@ def test_cached_kv_does_not_pin_the_forward_tensors():
         assert torch.equal(cached, view[:100])
         assert cached.untyped_storage().data_ptr() != wide.untyped_storage().data_ptr()
         assert cached.untyped_storage().nbytes() == cached.numel() * cached.element_size()
+
+
+def _contents(pool, cache):
+    """What a refused call must leave as it was."""
+    nodes, stack = [], [cache.root]
+    while stack:
+        node = stack.pop()
+        nodes.append((node.tokens, node.slot, node.last_used, list(node.holders)))
+        stack.extend(node.children.values())
+    return sorted(map(repr, nodes)), sorted(pool._free), dict(pool._owner)
+
+
+def test_a_cache_that_knows_the_models_kv_refuses_another_from_its_first_entry():
+    """An engine's cache is told one token's k and v: a learner's first entry of another shape or
+    dtype is refused at insert, not met by the engine's next prefix hit."""
+    pool, _ = _cache()
+    cache = RadixCache(pool, kv_layers=1, kv_row=((2, 16), torch.float32, "cpu"))
+    slot = pool.alloc(1)
+    before = _contents(pool, cache)
+    for wrong in (torch.zeros(4, 2, 16, dtype=torch.float64), torch.zeros(4, 1, 4)):
+        with pytest.raises(ValueError, match=r"must be \[tokens, 2, 16\] torch.float32 on cpu like the model's"):
+            cache.insert([1, 2, 3, 4], slot[0], [(wrong, wrong)])
+        assert _contents(pool, cache) == before
+    assert cache.insert([1, 2, 3, 4], slot[0], [(torch.zeros(4, 2, 16),) * 2])
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda pool, cache, m: cache.match([True, 2, 3]), "not bools or floats"),
+    (lambda pool, cache, m: cache.match([1.0, 2.0]), "not bools or floats"),
+    (lambda pool, cache, m: cache.touch(None), "PrefixMatch"),
+    (lambda pool, cache, m: RadixCache(pool).touch(m), "not in this cache's tree"),
+    (lambda pool, cache, m: pool.peek(-1), "n must be an int >= 0"),
+    (lambda pool, cache, m: pool.peek(True), "n must be an int >= 0"),
+    (lambda pool, cache, m: pool.peek(2, extra=[0]), "extra must be distinct allocated slots"),
+    (lambda pool, cache, m: RadixCache("a pool", working_slots=42), "StatePool"),
+    (lambda pool, cache, m: pool.free(pool.alloc(1, owner="req0"), "req" + "0"[:1]),
+     "an equal but different object: owners are compared by identity"),
+])
+def test_learner_calls_of_the_pool_and_cache_are_checked_and_change_nothing(call, needle):
+    pool, cache = _cache()
+    slot = pool.alloc(1)
+    cache.insert([1, 2, 3], slot[0], [])
+    match = cache.match([1, 2, 3, 4], touch=False)
+    before = _contents(pool, cache)
+    with pytest.raises((ValueError, TypeError), match=needle):
+        call(pool, cache, match)
+    if "equal but different" not in needle:  # that one allocated its slot first
+        assert _contents(pool, cache) == before

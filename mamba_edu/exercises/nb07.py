@@ -156,6 +156,11 @@ class _LearnerPrecomputed(TrackingStrategy):
         if n != tracked:
             raise AssertionError(f"{n} rows of indices for {tracked} tracked rows {what}: only the tracked "
                                  "rows are copied (untracked rows' track slots must stay as they are)")
+        for name, t in zip(("dst", "conv_positions", "working", "checkpoint", "from_final"), got):
+            wrong = t.dtype != torch.bool if name == "from_final" else t.dtype not in (torch.int32, torch.int64)
+            if wrong:  # checked before the copy converts anything: the engine's copy would not
+                raise AssertionError(f"{name} has dtype {t.dtype}; expected "
+                                     f"{'torch.bool (the copy selects with it)' if name == 'from_final' else 'an integer dtype (the copy indexes with it)'} {what}")
         if tracked:  # notebook 06's final-row contract, with notebook 06's words
             ref = sglang_track_metadata(batch, md.conv_width)
             n_rows_h = sum((e + 63) // 64 for e in batch.extend_lens)

@@ -367,7 +367,7 @@ def _compare_wait(fn, trace, t0, t1, what: str) -> None:
     if got_op != op:
         raise AssertionError(f"{what}: the wait that cost the GPU most was called from {op!r}; you name "
                              f"{got_op!r} (the innermost CPU op open when the wait began, on the forward's thread)")
-    if not isinstance(got_idle, (int, float)) or isinstance(got_idle, bool) or abs(got_idle - idle) > 1e-3:
+    if not (is_count(got_idle) or isinstance(got_idle, float)) or abs(got_idle - idle) > 1e-3:
         raise AssertionError(f"{what}: the GPU idled {idle:.3f} µs after that wait returned; you say {got_idle!r} "
                              "(from the wait's end to the next GPU work on any stream, 0 if some stream "
                              "is still busy then)")

@@ -22,6 +22,7 @@ import math
 import random
 
 from mamba_edu.exercises.core import check_seed, checker, exercise
+from mamba_edu.exercises.nb06 import is_count
 from mamba_edu.kernels.metadata import EMPTY_CHUNK, chunk_table
 from mamba_edu.engine.bucket import Bucket
 
@@ -207,7 +208,11 @@ def synthetic_trace(rng: random.Random, pieces: int) -> list[dict]:
                 t += d + rng.uniform(5, 40)
             t += rng.uniform(20, 200)
     t += rng.uniform(50, 150)                           # the eager tail: the LM head
-    events.append(_x("lm_head_gemm", "kernel", t, rng.uniform(20, 60), 7))
+    head = rng.uniform(20, 60)
+    events.append(_x("lm_head_gemm", "kernel", t, head, 7))
+    # on the other stream, a kernel that starts before the LM head and ends after it: the span ends
+    # with the kernel that ends last, not with the one that starts last
+    events.append(_x("logits_cast", "kernel", t - rng.uniform(2, 8), head + rng.uniform(12, 30), 13))
     last_gpu = events[-1]["ts"] + events[-1]["dur"]
     events.append(_x("prefill_forward", "gpu_user_annotation", first_gpu, last_gpu - first_gpu, 7))
     events.append(_x("cudaDeviceSynchronize", "cuda_runtime", last_gpu - 30, 30 + rng.uniform(10, 80), 11))
@@ -356,11 +361,11 @@ def check_cut_prediction(fn) -> str:
         for mode in CUT_MODES:
             said = fn(n_layers, attn_every, mode)
             if not (isinstance(said, tuple | list) and len(said) == 2
-                    and all(isinstance(x, int) and not isinstance(x, bool) for x in said)):
+                    and all(map(is_count, said))):
                 raise AssertionError(f"the prediction for n_layers = {n_layers}, attn_every = {attn_every}, "
                                      f"mode {mode!r} is {said!r:.60}; expected a tuple of two ints (pieces, breaks)")
             got = measured_cut(n_layers, attn_every, mode)
-            if tuple(said) != got:
+            if tuple(map(int, said)) != got:
                 layout = f"attention every {attn_every}" if attn_every else "no attention (attn_every = 0)"
                 raise AssertionError(f"{n_layers} layers, {layout}, mode "
                                      f"{mode!r}: you predicted (pieces, breaks) = {tuple(said)}, the cut measures "

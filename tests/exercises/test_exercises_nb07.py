@@ -104,7 +104,7 @@ def indices(shift=0, inclusive=False, clamp="tensor", swap_slots=False, final_at
         dst, working = batch.track_slots_t[rows], batch.working_slots_t[rows]
         if swap_slots:
             dst, working = working, dst
-        window = torch.arange(-(conv_width - 1), 0)
+        window = torch.arange(-(conv_width - 1), 0, device=cu.device)
         return dst, (cu[rows] + A + shift)[:, None] + window, working, checkpoint, A == E[rows]
     return my_precomputed_indices
 
@@ -165,7 +165,18 @@ def prepare_nothing(batch, conv_width):               # no copies at all: the sn
     return None
 
 
+def retyped(i, dtype):
+    """The right indices with the i-th (0: dst … 4: from_final) of another dtype."""
+    def my_precomputed_indices(batch, rows, conv_width):
+        got = list(indices()(batch, rows, conv_width))
+        got[i] = got[i].to(dtype)
+        return tuple(got)
+    return my_precomputed_indices
+
+
 WRONG_2 = {
+    "checkpoint as floats (the copy cannot index with them)": prepare(build=retyped(3, torch.float32)),
+    "from_final as int64 (the copy selects with a bool)": prepare(build=retyped(4, torch.int64)),
     "every row's indices: untracked rows' track slots written": prepare(every_row=True),
     "off by one: the conv window ends at A": prepare(build=indices(shift=1)),
     "off by one chunk in the checkpoint": prepare(build=indices(inclusive=True)),

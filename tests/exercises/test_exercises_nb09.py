@@ -265,8 +265,13 @@ WRONG_3 = {
 }
 
 
-def test_worst_wait_accepts_the_right_answer():
-    verdict = judge_answer(NB, 3, worst_wait())
+@pytest.mark.parametrize("kind", [float, np.int64, np.float64], ids=["float", "numpy int64", "numpy float64"])
+def test_worst_wait_accepts_the_right_answer(kind):
+    """The idle time as the learner's arithmetic leaves it (numpy on integer timestamps: np.int64)."""
+    def answer(trace, t0, t1):
+        op, idle = worst_wait()(trace, t0, t1)
+        return op, kind(idle) if float(idle).is_integer() or kind is not np.int64 else idle
+    verdict = judge_answer(NB, 3, answer)
     assert verdict.status == PASS, verdict.line()
 
 

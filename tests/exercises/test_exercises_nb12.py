@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 import pytest
 from exercise_judge import judge_answer
 
@@ -194,6 +195,8 @@ def idle(cats=GPU, union="merge", span="gpu", per="breaks", order="sorted", lane
             busy = max(e for _, e in gpu) - min(s for s, _ in gpu) - gaps
         first = min(e["ts"] for e in xs) if span in ("all", "start") else min(s for s, _ in gpu)
         last = max(e["ts"] + e["dur"] for e in xs) if span in ("all", "end") else max(e for _, e in gpu)
+        if span == "last start":  # the end of the kernel that starts last
+            last = max(gpu)[1]
         pieces = sum(1 for e in xs if e.get("cat") == "cuda_runtime" and e.get("name") == "cudaGraphLaunch")
         return (last - first - busy) / (pieces if per == "pieces" else pieces - 1)
     return my_idle_per_break
@@ -223,6 +226,7 @@ def idle_renamed(events):
 
 
 WRONG_2 = {
+    "the span ends with the kernel that starts last": idle(span="last start"),
     "milliseconds, not µs": lambda events: idle()(events) / 1e3,
     "breaks counted as every launch (cudaLaunchKernel too)": lambda events: idle()(events) * (
         sum(e.get("name") == "cudaGraphLaunch" for e in events) - 1) / (
@@ -297,8 +301,9 @@ WRONG_3 = {
 }
 
 
-def test_cut_prediction_accepts_the_right_answer():
-    verdict = judge_answer(NB, 3, cut)
+@pytest.mark.parametrize("kind", [int, np.int64], ids=["int", "numpy int64"])
+def test_cut_prediction_accepts_the_right_answer(kind):
+    verdict = judge_answer(NB, 3, lambda *args: tuple(map(kind, cut(*args))))
     assert verdict.status == PASS, verdict.line()
 
 
@@ -325,6 +330,7 @@ def test_synthetic_traces_hold_the_traps():
         assert sum(e - s for s, e in gpu) > want["busy"]  # kernels overlap
         assert events != sorted(events, key=lambda e: e.get("ts", -1))
         assert want["pieces"] == 2 + seed
+        assert max(gpu)[1] < max(e for _, e in gpu)  # the last to start is not the last to end
         busy = sum(e - s for s, e in merge_intervals(gpu))
         assert abs(busy - want["busy"]) < 1e-6
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import numbers
 import random
 
 from mamba_edu._runtime import data_dir
@@ -367,7 +368,7 @@ def _compare_wait(fn, trace, t0, t1, what: str) -> None:
     if got_op != op:
         raise AssertionError(f"{what}: the wait that cost the GPU most was called from {op!r}; you name "
                              f"{got_op!r} (the innermost CPU op open when the wait began, on the forward's thread)")
-    if not (is_count(got_idle) or isinstance(got_idle, float)) or abs(got_idle - idle) > 1e-3:
+    if isinstance(got_idle, bool) or not isinstance(got_idle, numbers.Real) or abs(float(got_idle) - idle) > 1e-3:
         raise AssertionError(f"{what}: the GPU idled {idle:.3f} µs after that wait returned; you say {got_idle!r} "
                              "(from the wait's end to the next GPU work on any stream, 0 if some stream "
                              "is still busy then)")

@@ -296,7 +296,8 @@ class RadixCache:
                                      f"got {t.shape[0]} rows")
                 want = self.kv_row or (example and (tuple(example[i][j].shape[1:]), example[i][j].dtype,
                                                     example[i][j].device))
-                if want and (tuple(t.shape[1:]), t.dtype, t.device) != want:
+                if want and ((tuple(t.shape[1:]), t.dtype) != want[:2] or t.device.type != want[2].type
+                             or want[2].index not in (None, t.device.index)):  # "cuda" is any cuda:i
                     raise ValueError(f"kv[{i}] {name} must be [tokens, {', '.join(map(str, want[0]))}] "
                                      f"{want[1]} on {want[2]} like the model's (or the cached entries'); got "
                                      f"{list(t.shape)} {t.dtype} on {t.device}")

@@ -265,7 +265,8 @@ WRONG_3 = {
 }
 
 
-@pytest.mark.parametrize("kind", [float, np.int64, np.float64], ids=["float", "numpy int64", "numpy float64"])
+@pytest.mark.parametrize("kind", [float, np.int64, np.float64, np.float32],
+                         ids=["float", "numpy int64", "numpy float64", "numpy float32"])
 def test_worst_wait_accepts_the_right_answer(kind):
     """The idle time as the learner's arithmetic leaves it (numpy on integer timestamps: np.int64)."""
     def answer(trace, t0, t1):

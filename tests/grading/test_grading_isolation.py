@@ -112,8 +112,12 @@ def test_the_audit_hook_refuses_a_write_outside_and_flags_inspection(tmp_path):
             "exec(compile('import logging\\nlogging.currentframe()', '<ipython-input-4-x>', 'exec'))\n"
             "exec(compile('from unittest import mock\\nmock.Mock(side_effect=sys._current_frames)()',"
             " '<ipython-input-5-x>', 'exec'))\n"
+            f"sys.path.insert(0, {str(tmp_path / 'lib')!r})\n"  # a library's profiler: not the notebook's
+            "exec(compile('import profiling_lib\\nprofiling_lib.start()', '<ipython-input-6-x>', 'exec'))\n"
             "print(repr(said))\n")
     (tmp_path / "cwd").mkdir()
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "profiling_lib.py").write_text("import sys\n\ndef start():\n    sys.setprofile(None)\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path / "cwd",
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     said = eval(run.stdout)  # noqa: S307 - our own repr of dicts of strings
@@ -122,6 +126,7 @@ def test_the_audit_hook_refuses_a_write_outside_and_flags_inspection(tmp_path):
                         ("sys._current_frames", "cell 5 line 2")):  # through a Mock's side_effect
         assert any(f"frame or memory inspection ({event})" in m.get("review", "") and cell in m["review"]
                    for m in said), said
+    assert not any("cell 6" in m.get("review", "") for m in said), said  # torch.profiler(with_stack=True) does this
     assert (tmp_path / "cwd" / "inside.txt").exists() and not (tmp_path / "outside.txt").exists()
 
 

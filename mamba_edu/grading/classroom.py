@@ -57,10 +57,10 @@ def printable(text: str) -> str:
 
 def cell(value):
     """A CSV cell: a string made printable, after a ``'`` where it starts (spaces aside) as a
-    formula may."""
+    formula may, or with a ``'`` itself (so that ``=x`` and ``'=x`` stay two names)."""
     if not isinstance(value, str):
         return value
-    return "'" + printable(value) if value.lstrip(" ").startswith(FORMULA_START) else printable(value)
+    return "'" + printable(value) if value.lstrip(" ").startswith((*FORMULA_START, "'")) else printable(value)
 
 
 def student_name(folder: str) -> str:
@@ -169,11 +169,11 @@ def is_class_folder(path: Path) -> bool:
     named = notebooks_in(path)
     folders = [p for p in path.iterdir() if p.is_dir() and p not in named and not p.name.startswith(".")]
     if named and folders and all(p.is_dir() for p in named):
-        raise NothingToGrade(f"{path} reads two ways: {named[0].name} is a folder named like a notebook, "
-                             f"beside the folder {folders[0].name}; rename it, or grade one folder")
+        raise NothingToGrade(f"{path} reads two ways: {printable(named[0].name)} is a folder named like a "
+                             f"notebook, beside the folder {printable(folders[0].name)}; rename it, or grade one folder")
     if any(not p.is_dir() for p in named) and (holders := [f for f in folders if notebooks_in(f)]):
-        raise NothingToGrade(f"{path} reads two ways: notebooks ({named[0].name}) beside folders of "
-                             f"notebooks ({holders[0].name}); a class folder holds only student folders")
+        raise NothingToGrade(f"{path} reads two ways: notebooks ({printable(named[0].name)}) beside folders "
+                             f"of notebooks ({printable(holders[0].name)}); a class folder holds only student folders")
     return not named and any(p.is_dir() for p in path.iterdir())
 
 
@@ -314,7 +314,8 @@ def grade_students(students: list[tuple[str, Path]], run: Run, progress=_silent,
             finished = [name for name, mine in jobs.items()
                         if all(j.done() and not j.cancelled() and j.exception() is None for j in mine)]
             pool.shutdown(wait=False, cancel_futures=True)  # then kill the judges in flight
-            while wait([job for mine in jobs.values() for job in mine], timeout=0.5).not_done:
+            running = [job for mine in jobs.values() for job in mine if not job.cancelled()]
+            while wait(running, timeout=0.5).not_done:  # (a cancelled job is never "done")
                 kill_descendants(keep=spared)
             unfinished = [name for name in jobs if name not in finished]
             raise Interrupted([report(name) for name in finished], unfinished) from None
@@ -336,9 +337,17 @@ def grade_folder(path: Path, timeout: int, progress=_silent, **settings) -> list
 
 def students_in(class_dir: Path, stems=()) -> tuple[list[Path], list[StudentReport]]:
     """The student folders of ``class_dir`` (not hidden, sorted), and a refused report (0 points
-    of the notebooks ``stems``) for each one that is a symbolic link."""
+    of the notebooks ``stems``) for each one that is a symbolic link (a broken one too).
+    :class:`NothingToGrade` where two folders are shown by the same name."""
     folders, refused = [], []
-    for entry in sorted(p for p in class_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    entries = sorted(p for p in class_dir.iterdir()
+                     if (p.is_dir() or p.is_symlink()) and not p.name.startswith("."))
+    names = [student_name(p.name) for p in entries]
+    twins = sorted({n for n in names if names.count(n) > 1})
+    if twins:
+        raise NothingToGrade(f"{class_dir}: two student folders are shown as {printable(twins[0])} (a name "
+                             "made printable or shortened); rename one, so that no grade lands on the other")
+    for entry in entries:
         name = student_name(entry.name)
         if entry.is_symlink():
             why = f"{name} is a symbolic link (copy the student's folder itself)"

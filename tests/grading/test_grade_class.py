@@ -252,6 +252,61 @@ def test_ctrl_c_writes_the_students_finished_before_it(tmp_path, capsys, monkeyp
     assert [p.name for p in (tmp_path / "feedback").iterdir()] == ["alice.md"]
 
 
+def test_ctrl_c_with_students_still_waiting_ends_and_writes_the_finished(tmp_path, capsys, monkeypatch):
+    """One judge at a time: when Ctrl-C comes during bob's notebook, carol's runs and dave's is
+    still queued. A cancelled job is never "done", so waiting for every job hung the grader with
+    nothing written."""
+    import threading
+    import time
+
+    def grade_paths(paths, *args, **kwargs):
+        if "bob" in paths[0].parts:
+            raise KeyboardInterrupt
+        if "carol" in paths[0].parts:
+            time.sleep(1)  # running when the interrupt is seen, so dave's job waits in the queue
+        return _fake_grade_paths(paths, *args, **kwargs)
+
+    monkeypatch.setattr(classroom, "grade_paths", grade_paths)
+    cls = tmp_path / "class"
+    for student in ("alice", "bob", "carol", "dave"):
+        _touch(cls / student, f"{START}.ipynb")
+    argv = [str(cls), "--json", "--jobs", "1", "--csv", str(tmp_path / "grades.csv")]
+    status = []
+    worker = threading.Thread(target=lambda: status.append(_cli_grade.main(argv)), daemon=True)
+    worker.start()
+    worker.join(20)
+    assert status == [130], "the grader did not end after Ctrl-C"
+    report = json.loads(capsys.readouterr().out)
+    assert [s["student"] for s in report["students"]] == ["alice"] and report["interrupted"] == ["bob", "carol", "dave"]
+    assert (tmp_path / "grades.csv").is_file()
+
+
+def test_students_shown_by_one_name_and_broken_links_are_refused(tmp_path, capsys, no_kernel):
+    cls = tmp_path / "class"
+    long = "Jean-Baptiste Emmanuel Zorg_1234567_assignsubmission_file_extra_long_name"
+    _touch(cls / long, f"{START}.ipynb")
+    _touch(cls / classroom.student_name(long), f"{START}.ipynb")  # a folder named as the first is shown
+    assert _cli_grade.main([str(cls)]) == 2
+    err = capsys.readouterr().err
+    assert "two student folders are shown as" in err and len(err.splitlines()) == 1, err
+    other = tmp_path / "other"
+    _touch(other / "alice", f"{START}.ipynb")
+    (other / "gone").symlink_to(tmp_path / "nowhere")  # a link to nothing is a student refused, not dropped
+    folders, refused = classroom.students_in(other)
+    assert [f.name for f in folders] == ["alice"] and [r.student for r in refused] == ["gone"]
+    assert "symbolic link" in refused[0].reason
+
+
+def test_csv_names_stay_distinct_and_layout_refusals_are_one_line(tmp_path, capsys, no_kernel):
+    assert classroom.cell("=x") != classroom.cell("'=x") and classroom.cell("'=x").startswith("''")
+    odd = tmp_path / "odd"
+    _touch(odd / "bob", f"{START}.ipynb")
+    _touch(odd / "evil\nline.ipynb", f"{START}.ipynb")  # a folder named like a notebook, with a newline
+    assert _cli_grade.main([str(odd)]) == 2
+    err = capsys.readouterr().err
+    assert "reads two ways" in err and len(err.splitlines()) == 1, err
+
+
 def test_jobs_run_notebooks_not_students_at_a_time_in_a_stable_order(tmp_path, monkeypatch):
     """Four judges at a time over two students of two notebooks each: all four run together (one
     student's notebooks one after the other would never meet at the barrier)."""

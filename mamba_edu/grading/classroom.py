@@ -11,7 +11,9 @@ import csv
 import difflib
 import hashlib
 import os
+import signal
 import subprocess
+import threading
 import unicodedata
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
@@ -311,6 +313,8 @@ def grade_students(students: list[tuple[str, Path]], run: Run, progress=_silent,
         try:
             return [report(name) for name in jobs]
         except KeyboardInterrupt:
+            main = threading.current_thread() is threading.main_thread()
+            handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None  # a second Ctrl-C: the same
             finished = [name for name, mine in jobs.items()
                         if all(j.done() and not j.cancelled() and j.exception() is None for j in mine)]
             pool.shutdown(wait=False, cancel_futures=True)  # then kill the judges in flight
@@ -318,7 +322,10 @@ def grade_students(students: list[tuple[str, Path]], run: Run, progress=_silent,
             while wait(running, timeout=0.5).not_done:  # (a cancelled job is never "done")
                 kill_descendants(keep=spared)
             unfinished = [name for name in jobs if name not in finished]
-            raise Interrupted([report(name) for name in finished], unfinished) from None
+            reports = [report(name) for name in finished]
+            if main:
+                signal.signal(signal.SIGINT, handler)
+            raise Interrupted(reports, unfinished) from None
 
 
 def grade_folder(path: Path, timeout: int, progress=_silent, **settings) -> list[StudentReport]:

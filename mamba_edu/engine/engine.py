@@ -139,8 +139,7 @@ class Engine:
                                                            "half way), or None while it works.")
 
     def _new_cache(self) -> RadixCache:
-        row = ((self.config.attn_kv_heads, self.config.attn_head_dim), self.model.dtype, self.model.device)
-        return RadixCache(self.pool, self._working_slots, len(self.config.attn_layers), row)
+        return RadixCache.for_model(self.pool, self.config, self.model.dtype, self.model.device, self._working_slots)
 
     def _working_slots(self) -> set[int]:
         """The slots forwards write now: running requests' and prepared batches' working slots."""

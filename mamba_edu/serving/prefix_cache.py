@@ -111,6 +111,14 @@ class RadixCache:
         self._clock = itertools.count(1)
         self._key = _CacheKey()  # the pool's owner of every snapshot slot
 
+    @classmethod
+    def for_model(cls, pool, config, dtype: torch.dtype, device, working_slots=tuple) -> RadixCache:
+        """The cache of a model of ``config`` (a :class:`~mamba_edu.model.ModelConfig`) whose k and v
+        are ``dtype`` on ``device``: its entries must have one ``(k, v)`` per attention layer, each
+        ``[tokens, kv_heads, head_dim]``."""
+        row = ((config.attn_kv_heads, config.attn_head_dim), dtype, device)
+        return cls(pool, working_slots, len(config.attn_layers), row)
+
     # ---- lookup -------------------------------------------------------------------------
     def match(self, token_ids: list[int], max_length: int | None = None, touch: bool = True) -> PrefixMatch:
         """Longest prefix of ``token_ids`` (at most ``max_length`` tokens) ending at a snapshot.

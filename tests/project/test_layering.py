@@ -115,3 +115,17 @@ def test_the_import_reader_sees_every_form():
     assert is_face("mamba_edu.lab.bench_lab_arms")
     assert not any(is_face(m) for m in ("mamba_edu._cli_helpers", "mamba_edu.demos", "mamba_edu.engine",
                                         "mamba_edu.lab.chunk_loop"))
+
+
+CORE = ("gdn", "kernels", "serving", "model", "engine")  # the course's core (issue 49)
+
+
+def test_the_core_reads_in_small_pieces():
+    """No file of the core over 400 lines, and the Engine class at most 250 (the lean engine's
+    targets): a learner reads every line."""
+    long = {str(p.relative_to(PACKAGE)): n for part in CORE for p in (PACKAGE / part).rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, long
+    tree = ast.parse((PACKAGE / "engine" / "engine.py").read_text())
+    engine = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Engine")
+    assert engine.end_lineno - engine.lineno + 1 <= 250

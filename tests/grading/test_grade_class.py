@@ -365,6 +365,11 @@ def test_an_assignment_is_graded_and_scored_alone(tmp_path, capsys, no_kernel):
         said = capsys.readouterr().err.splitlines()[-1]
         assert said.startswith("mamba-edu grade: error: argument --assignment: no notebook with exercises")
         assert said.endswith(f"choose among {', '.join(sorted(s[:2] for s in REGISTRY))} (or their full names)")
+    # one student's folder that holds other notebooks than the assignment's: said so, in one line
+    assert _cli_grade.main([str(cls / "alice"), "--assignment", "07"]) == 2
+    err = capsys.readouterr().err
+    assert "no notebook of the assignment (07_precomputed_indices)" in err and f"it holds {START}.ipynb" in err
+    assert len(err.splitlines()) == 1, err
 
 
 def test_the_untouched_handout_is_not_done_without_a_judge(tmp_path, monkeypatch):

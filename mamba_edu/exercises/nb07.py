@@ -157,10 +157,10 @@ class _LearnerPrecomputed(TrackingStrategy):
             raise AssertionError(f"{n} rows of indices for {tracked} tracked rows {what}: only the tracked "
                                  "rows are copied (untracked rows' track slots must stay as they are)")
         for name, t in zip(("dst", "conv_positions", "working", "checkpoint", "from_final"), got):
-            wrong = t.dtype != torch.bool if name == "from_final" else t.dtype not in (torch.int32, torch.int64)
-            if wrong:  # checked before the copy converts anything: the engine's copy would not
-                raise AssertionError(f"{name} has dtype {t.dtype}; expected "
-                                     f"{'torch.bool (the copy selects with it)' if name == 'from_final' else 'an integer dtype (the copy indexes with it)'} {what}")
+            flag = name == "from_final"  # checked before the copy below converts anything
+            if (t.dtype != torch.bool) if flag else t.dtype not in (torch.int32, torch.int64):
+                want = "torch.bool (the copy selects with it)" if flag else "an integer dtype (the copy indexes with it)"
+                raise AssertionError(f"{name} has dtype {t.dtype}; expected {want} {what}")
         if tracked:  # notebook 06's final-row contract, with notebook 06's words
             ref = sglang_track_metadata(batch, md.conv_width)
             n_rows_h = sum((e + 63) // 64 for e in batch.extend_lens)

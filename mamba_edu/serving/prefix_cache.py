@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mamba_edu.serving.pool import SCRATCH_SLOT, not_to
+from mamba_edu.serving.pool import SCRATCH_SLOT, StatePool, not_to
 
 
 @dataclass(eq=False)
@@ -94,7 +94,6 @@ class RadixCache:
 
     def __init__(self, pool, working_slots: Callable[[], Collection[int]] = tuple,
                  kv_layers: int | None = None, kv_row: tuple | None = None):
-        from mamba_edu.serving.pool import StatePool
         if not isinstance(pool, StatePool) or not callable(working_slots):
             raise TypeError(f"RadixCache needs a StatePool and a callable working_slots; got "
                             f"{type(pool).__name__} and {type(working_slots).__name__}")
@@ -126,9 +125,10 @@ class RadixCache:
         Marks the path as recently used (unless ``touch`` is False: then :meth:`touch` does it
         later); does not lock (see :meth:`lock`).
         """
-        if not isinstance(token_ids, (list, tuple)) or any(type(t) is not int for t in token_ids):
+        listed = isinstance(token_ids, (list, tuple))
+        if not listed or any(type(t) is not int for t in token_ids):
             raise ValueError(f"token_ids must be a list of ints (not bools or floats); got "
-                             f"{type(token_ids).__name__} {list(token_ids)[:8] if isinstance(token_ids, (list, tuple)) else ''}")
+                             f"{type(token_ids).__name__} {list(token_ids)[:8] if listed else ''}")
         if type(touch) is not bool:
             raise ValueError(f"touch must be True or False; got {touch!r}")
         if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool)

@@ -20,7 +20,7 @@ Contract (docs/architecture.md, "Contracts": "Fail-stop", "One call at a time"):
   batches, buckets, room in the pool) before it changes anything: a refused call raises
   ``ValueError``, ``TypeError`` or :class:`~mamba_edu.serving.PoolExhausted` and changes nothing.
   Past its checks nothing in the forward is checked again; the pool's and cache's own checks
-  (their public methods, which learners call too) cost a few operations per argument.
+  (their public methods, which learners call too) cost at most a pass over the arguments.
 * **Fail-stop.** A call that fails after its first change (out of memory, Ctrl-C, a kernel error)
   is not undone: every later call, a bucket's replay included, refuses in one line naming the
   cause (:class:`~mamba_edu.engine.fail_stop.EngineStopped`) until :meth:`Engine.reset`, which

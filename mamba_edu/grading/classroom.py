@@ -333,9 +333,10 @@ def grade_folder(path: Path, timeout: int, progress=_silent, **settings) -> list
     submitted; the student is named by the folder."""
     run = Run(timeout, **settings)
     gradable, wrong = submitted(path, run.stems)
-    if not gradable and run.stems and submitted(path)[0]:
+    held = submitted(path)[0] if run.stems and not gradable else []  # the course's notebooks it holds
+    if held:
         raise NothingToGrade(f"no notebook of the assignment ({', '.join(run.stems)}) at {path}; it holds "
-                             + ", ".join(p.name for p in submitted(path)[0]))
+                             + ", ".join(p.name for p in held))
     if not gradable:
         raise NothingToGrade(f"no notebook with registered exercises at {path} (expected names like "
                              f"{course_notebooks()[0]}.ipynb, or one sub-folder per student)"

@@ -10,6 +10,7 @@ Checks live here, in the package; the answers do not (they are in ``notebooks/so
 
 from __future__ import annotations
 
+import contextlib
 import os
 import traceback
 from collections import Counter
@@ -192,21 +193,26 @@ class Observed:
         return Counter(self.sync_ops)
 
 
-def observe(fn, *args, fake: bool = False, writes: tuple[int, ...] = (), metered: tuple[str, ...] = ()) -> Observed:
+def observe(fn, *args, fake: bool = False, may_sync: bool = False, writes: tuple[int, ...] = (),
+            metered: tuple[str, ...] = ()) -> Observed:
     """Call ``fn(*args)`` under the sync sniffer (strict: a ``host_only`` block the answer opens
     does not hide its syncs) and the op recorder. With ``fake``, ``fn`` first runs, in a forked
     child, on copies of its tensor arguments on a fake ``cuda`` device with no data (a
     ``torch.device`` argument becomes that device;
     :func:`mamba_edu.profiling.fake_device.would_be_sync`): a read or a host copy of device data
     there is a sync by construction, whatever op, thread or mode did it, and a crash there is a
-    verdict too; it joins ``sync_ops``. The tensors of every argument not in ``writes`` (positions the
+    verdict too; it joins ``sync_ops``. With ``may_sync`` (an exercise that allows syncs) the
+    data-less run comes after the real one and is answered with the values the real run read
+    (:func:`mamba_edu.profiling.fake_device.replayed`): a refusal there (a read the real run did
+    not make, a host tensor mixed with device data) fails the check, and a copy to the host that
+    the sniffer could not see on a CPU joins ``sync_ops``. The tensors of every argument not in ``writes`` (positions the
     exercise asks to write in place) must come back unchanged: an answer that overwrites its
     inputs fails, since the engine passes its own tensors. Every call of the package functions
     ``metered`` names (dotted), from any thread, is counted in ``metered_rows`` (the first run
     only, not the data-less one)."""
     kept = {i: _tensors_of(a) for i, a in enumerate(args) if i not in writes}
     copies = {i: [t.clone() for t in ts] for i, ts in kept.items()}
-    seen = _observe_here(fn, args, fake, metered)
+    seen = _observe_here(fn, args, fake, may_sync, metered)
     for i, ts in kept.items():
         if any(not _same(t, c) for t, c in zip(ts, copies[i])):
             raise AssertionError(f"the answer changed its argument {i + 1} in place; the checks pass "
@@ -230,17 +236,24 @@ def _same(a, b) -> bool:
         torch.equal(a, b) or (a.is_floating_point() and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)))
 
 
-def _observe_here(fn, args, fake: bool, metered: tuple[str, ...]) -> Observed:
+def _observe_here(fn, args, fake: bool, may_sync: bool, metered: tuple[str, ...]) -> Observed:
+    from mamba_edu.profiling.fake_device import replayed, would_be_sync
+    from mamba_edu.profiling.replay import recording
     from mamba_edu.profiling.syncs import count_syncs
 
-    from mamba_edu.profiling.fake_device import would_be_sync
     read = would_be_sync(fn, args) if fake else None
     recorder = OpRecorder()
     before = memory_of(args)
-    with metering(metered) as rows, count_syncs(strict=True) as syncs, recorder:
+    with metering(metered) as rows, count_syncs(strict=True) as syncs, recorder, \
+            recording() if may_sync else contextlib.nullcontext() as reads:
         result = fn(*args)
-    return Observed(result, [e.op for e in syncs.events] + ([read] if read else []), recorder.ops,
-                    rebound(before, args), rows)
+    unseen = []
+    if may_sync:
+        refused, unseen = replayed(fn, args, reads)  # it uses their shapes and host values only
+        if refused:
+            raise AssertionError(f"on device tensors (a GPU's view of the same call): {refused}")
+    return Observed(result, [e.op for e in syncs.events] + ([read] if read else []) + unseen,
+                    recorder.ops, rebound(before, args), rows)
 
 
 def memory_of(args) -> list:

@@ -249,7 +249,7 @@ def check_naive_track(fn) -> str:
         batch = toy_batch(prefix, extend, cache_chunk=cc, seed=case)
         mixed_qkv, h, conv, ssm = _toy_layer(batch, W, D, HV, K, V, gen)
         got_conv, got_ssm, before = conv.clone(), ssm.clone(), host_fields(batch)
-        observe(fn, got_conv, got_ssm, mixed_qkv, h, batch, W, writes=(0, 1))  # the pools, in place
+        observe(fn, got_conv, got_ssm, mixed_qkv, h, batch, W, may_sync=True, writes=(0, 1))  # the pools, in place
         what = f"(prefix_lens {prefix}, extend_lens {extend}, cache chunk {cc}, W {W})"
         check_host_fields(batch, before, what)
         want_conv, want_ssm = conv.clone(), ssm.clone()

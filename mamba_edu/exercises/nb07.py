@@ -133,7 +133,7 @@ class _LearnerPrecomputed(TrackingStrategy):
 
     def prepare(self, md):
         batch = md.batch
-        seen = observe(self.fn, batch, md.conv_width)
+        seen = observe(self.fn, batch, md.conv_width, may_sync=True)
         self.seen.append(seen)
         got = seen.result
         tracked = sum(batch.track_mask)

@@ -29,6 +29,11 @@ methods open before any op runs (:data:`GUARDED`: indexing, ``int()``, ``float()
 ``new_tensor`` …). For such a call the fake tensors report ``meta`` and the results it makes get
 the fake device back.
 
+Where syncs are allowed, :func:`replayed` runs after the real run and answers each read with the
+value the real run read at the same line (:mod:`mamba_edu.profiling.replay`), so the run goes on
+past the allowed reads and still refuses a host tensor mixed with device data; a ``.to("cpu")``
+or ``copy_`` into a host tensor it answers is a sync the sniffer could not see on a CPU.
+
 The run is in a forked child (where ``os.fork`` exists), so that an answer that crashes there
 (``ctypes`` reading a data-less buffer) costs its exercise, not the notebook: the child sends
 its verdict back through a pipe. The values themselves are checked on real tensors, separately;
@@ -41,10 +46,12 @@ written to fool it. ``docs/judging.md`` tells the whole story.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import faulthandler
 import functools
+import json
 import logging
 import os
 import select
@@ -103,13 +110,18 @@ def _on_device(t) -> bool:
     return isinstance(t, FakeTensor) and t.fake_device.type != "cpu"
 
 
-def _read_recorder():
+def _read_recorder(reads=None):
     """A ``FakeTensorMode`` that runs host ops for real and writes down every refusal, from any
     thread: a fake tensor dispatches to its own mode wherever it is used, so an answer that
-    catches the error (or reads in a worker thread) is still seen."""
+    catches the error (or reads in a worker thread) is still seen. With ``reads`` (a
+    :class:`mamba_edu.profiling.replay.Reads` of the real run) a read is answered with the value
+    the real run read at the same line, and refused only where there is none."""
     from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
                                                FakeTensor, FakeTensorDeviceMismatchError, FakeTensorMode)
     from torch.utils._pytree import arg_tree_leaves, tree_leaves
+
+    from mamba_edu.profiling.replay import SCALARS
+    aten = torch.ops.aten
 
     class ReadRecorder(FakeTensorMode):
         avoid_device_init = True  # with a CUDA torch too: the forked run must not touch the GPU
@@ -117,10 +129,24 @@ def _read_recorder():
         def __init__(self):
             super().__init__(allow_non_fake_inputs=True)  # host tensors, a tensor kept in a global
             self.syncs: list[str] = []
+            self.reads, self.unseen = reads, []  # unseen: answered copies the sniffer could not count
 
         def refuse(self, verdict: str, error: type = HostCopy):
             self.syncs.append(verdict)
             raise error(verdict)
+
+        def answer(self, kind: str, verdict: str, error: type = HostCopy, fits=lambda value: True):
+            """The real run's value of this read, or its refusal."""
+            read = self.reads.take(kind, fits) if self.reads is not None else None
+            if read is None:
+                self.refuse(verdict, error)
+            if not read.counted:
+                self.unseen.append(verdict)
+            return read.value
+
+        def device_tensor(self, shape, dtype):
+            with self:
+                return torch.empty(shape, dtype=dtype, device=DEVICE)
 
         def dispatch(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -129,18 +155,32 @@ def _read_recorder():
             to = torch.device(kwargs.get("device") or "cpu").type
             if to == "cpu" and not any(isinstance(t, FakeTensor) for t in inputs):
                 return func(*args, **kwargs)  # host data: real, as on a GPU
+            copied = f"a copy of device data to the host ({op})"
             if device_data and kwargs.get("device") is not None and to == "cpu":
-                self.refuse(f"a copy of device data to the host ({op})")
+                src, dtype = args[0], kwargs.get("dtype") or args[0].dtype
+                return self.answer("copy", copied, fits=lambda v: v.shape == src.shape and v.dtype == dtype).clone()
+            if func is aten.copy_.default and not isinstance(args[0], FakeTensor) and _on_device(args[1]):
+                src = args[1]
+                return args[0].copy_(self.answer("copy", copied, fits=lambda v: v.shape == src.shape))
+            read = f"a read of device data to the host ({op}: a value, or a size that depends on values)"
             try:
                 out = super().dispatch(func, types, args, kwargs)
-            except (DataDependentOutputException, DynamicOutputShapeException) as err:
-                self.refuse(f"a read of device data to the host ({op}: a value, or a size that "
-                            "depends on values)", type(err))
-            except FakeTensorDeviceMismatchError as err:
+            except DataDependentOutputException as err:
+                if func not in SCALARS:
+                    self.refuse(read, type(err))
+                return self.answer("scalar", read, type(err))
+            except DynamicOutputShapeException as err:
+                if func not in (aten.nonzero.default, aten.repeat_interleave.Tensor):
+                    self.refuse(read, type(err))
+                n = self.answer("size", read, type(err))
+                if func is aten.nonzero.default:
+                    return self.device_tensor((n, args[0].dim()), torch.long)
+                return self.device_tensor((n,), args[0].dtype)
+            except FakeTensorDeviceMismatchError:
                 self.refuse(f"a host tensor mixed with device data ({op}): on a GPU that is an error; "
-                            "make it with device=", type(err))
+                            "make it with device=", RuntimeError)
             if device_data and any(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in tree_leaves(out)):
-                self.refuse(f"a copy of device data to the host ({op})")
+                self.refuse(copied)
             return out
     return ReadRecorder()
 
@@ -184,7 +224,10 @@ def _device_methods(mode):
                     and not torch_own):
                 mode.refuse(f"device data read with torch's dispatch switched off (Tensor.{name})")
             if _on_device(self) and name in TO_HOST and not (name in SHOWN and torch_own):
-                mode.refuse(f"a copy of device data to the host (Tensor.{name})")
+                verdict = f"a copy of device data to the host (Tensor.{name})"
+                if name in ("numpy", "__array__"):  # answered by the real run's copy, if any
+                    return mode.answer("copy", verdict, fits=lambda v: v.shape == self.shape).numpy()
+                mode.refuse(verdict)
             return call_on_meta(method, self, args, kwargs) if name in GUARDED else method(self, *args, **kwargs)
         return call
 
@@ -218,7 +261,13 @@ def data_read(fn: Callable[..., object], *args) -> str | None:
     device, here, in this process. Returns ``None`` if it kept device data on the device, else
     the first refusal, e.g. ``"a copy of device data to the host (aten._to_copy)"``. Any other
     error (a shape mismatch, say) propagates."""
-    mode = _read_recorder()
+    return _run(fn, args)[0]
+
+
+def _run(fn, args, reads=None) -> tuple[str | None, list[str]]:
+    """:func:`data_read`, its reads answered from ``reads`` if given: ``(the first refusal or
+    None, the answered host copies the sync sniffer could not count)``."""
+    mode = _read_recorder(reads)
     fake = [fake_copy(a, mode) for a in args]
     error = None
     log = logging.getLogger("torch._subclasses.fake_tensor")
@@ -235,23 +284,23 @@ def data_read(fn: Callable[..., object], *args) -> str | None:
     finally:
         log.setLevel(level)
     if mode.syncs:
-        return mode.syncs[0]
+        return mode.syncs[0], mode.unseen
     if error is not None:
         raise error
-    return None
+    return None, mode.unseen
 
 
-def _verdict(fn, args) -> str | None:
-    """:func:`data_read`, an error that is not a refusal counted as none (see :func:`would_be_sync`)."""
+def _verdict(fn, args, reads) -> tuple[str | None, list[str]]:
+    """:func:`_run`, an error that is not a refusal counted as none (see :func:`would_be_sync`)."""
     try:
-        return data_read(fn, *args)
+        return _run(fn, args, reads)
     except BaseException:  # noqa: BLE001 - see would_be_sync
-        return None
+        return None, []
 
 
-def _in_child(fn, args) -> str | None:
-    """:func:`_verdict` in a forked child, which sends it back through a pipe; a child that dies
-    or does not finish is a verdict too."""
+def _in_child(fn, args, reads) -> tuple[str | None, list[str]]:
+    """:func:`_verdict` in a forked child, which sends it back through a pipe (the refusal, and
+    the unseen copies counted by kind); a child that dies or does not finish is a refusal too."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never back into the caller's code, never flush the parent's buffers
@@ -261,8 +310,9 @@ def _in_child(fn, args) -> str | None:
             faulthandler.disable()  # a crash is the parent's verdict, not a traceback on stderr
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
             torch.set_num_threads(1)  # the parent's thread pool did not survive the fork
-            verdict = _verdict(fn, args)
-            os.write(write_end, ("=" + (verdict or "")).encode()[:VERDICT_BYTES])
+            refused, unseen = _verdict(fn, args, reads)
+            sent = json.dumps([(refused or "")[:VERDICT_BYTES // 2], collections.Counter(unseen)])
+            os.write(write_end, ("=" + sent).encode()[:VERDICT_BYTES])
         finally:
             os._exit(0)
     os.close(write_end)
@@ -273,12 +323,20 @@ def _in_child(fn, args) -> str | None:
         os.kill(pid, signal.SIGKILL)
     status = os.waitpid(pid, 0)[1]
     if sent is None:
-        return f"the answer did not finish on device tensors within {TIMEOUT_S} s"
+        return f"the answer did not finish on device tensors within {TIMEOUT_S} s", []
     if sent.startswith("=") and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
-        return sent[1:] or None
+        try:
+            refused, unseen = json.loads(sent[1:])
+            return refused or None, [kind for kind, n in unseen.items() for _ in range(n)]
+        except ValueError:
+            return "the answer's verdict on device tensors did not fit its pipe", []
     how = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
            else f"exit status {os.WEXITSTATUS(status)}")
-    return f"the answer crashed on device tensors ({how})"
+    return f"the answer crashed on device tensors ({how})", []
+
+
+def _forked(fn, args, reads=None) -> tuple[str | None, list[str]]:
+    return _in_child(fn, args, reads) if hasattr(os, "fork") else _verdict(fn, args, reads)
 
 
 def would_be_sync(fn: Callable[..., object], args) -> str | None:
@@ -287,4 +345,13 @@ def would_be_sync(fn: Callable[..., object], args) -> str | None:
     that is not a refusal is left to the real run, which meets it too (a genuine bug) or not (an
     op without a data-less form: not a sync). A crash of the child is a verdict: "the answer
     crashed on device tensors (signal 11)"."""
-    return _in_child(fn, args) if hasattr(os, "fork") else _verdict(fn, args)
+    return _forked(fn, args)[0]
+
+
+def replayed(fn: Callable[..., object], args, reads) -> tuple[str | None, list[str]]:
+    """:func:`would_be_sync` for an answer that may sync: each read is answered with the value
+    the real run read at the same line (``reads``, from :func:`mamba_edu.profiling.replay.recording`),
+    so the run goes on past the allowed reads. Returns ``(the first refusal or None: a read the
+    real run did not make, a host tensor mixed with device data, a crash; the answered copies to
+    the host that the sync sniffer could not see on a CPU, which are syncs too)``."""
+    return _forked(fn, args, reads)

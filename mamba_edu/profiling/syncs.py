@@ -39,9 +39,11 @@ ALWAYS_SYNC = {
     aten.unique_consecutive.default: "unique_consecutive",
     aten.equal.default: "torch.equal",
 }
-_BOOL_INDEX_OPS = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default,
-                   aten._index_put_impl_.default}
-_REPEAT_INTERLEAVE = {aten.repeat_interleave.Tensor, aten.repeat_interleave.self_Tensor}
+#: Indexing ops: a boolean index among their indices makes the output size depend on values.
+BOOL_INDEX_OPS = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default,
+                  aten._index_put_impl_.default}
+#: ``repeat_interleave`` with a tensor of repeats: without ``output_size`` its size depends on values.
+REPEAT_INTERLEAVE = {aten.repeat_interleave.Tensor, aten.repeat_interleave.self_Tensor}
 _COPIES = {aten._to_copy.default, aten.copy_.default}
 #: Tensor methods that read a tensor into host memory without reaching the dispatcher on a CPU.
 _HOST_READS = {torch.Tensor.tolist: "tolist", torch.Tensor.cpu: "cpu()", torch.Tensor.numpy: "numpy",
@@ -130,11 +132,11 @@ def _sync_reason(func, args, kwargs) -> str | None:
     """Why ``func(*args, **kwargs)`` would block the host on a GPU, or None if it would not."""
     if func in ALWAYS_SYNC:
         return ALWAYS_SYNC[func]
-    if func in _BOOL_INDEX_OPS:
+    if func in BOOL_INDEX_OPS:
         indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
         if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices):
             return "boolean-mask indexing"
-    if func in _REPEAT_INTERLEAVE and kwargs.get("output_size") is None:
+    if func in REPEAT_INTERLEAVE and kwargs.get("output_size") is None:
         return "repeat_interleave without output_size"
     if func in _COPIES:
         src = args[0] if func is aten._to_copy.default else args[1]

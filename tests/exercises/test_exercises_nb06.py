@@ -261,7 +261,8 @@ def _final_when_whole_chunks(A, E):                  # "no checkpoint if the res
 
 
 def make_track(window_shift=0, all_rows=False, final_from_h=False, inclusive=False, no_prefix=False,
-               is_final=_final_when_equal, last_row=False, window_dtype=None, consume_h=False, clear_mask=False):
+               is_final=_final_when_equal, last_row=False, window_dtype=None, consume_h=False, clear_mask=False,
+               host_window=False):
     """A naive track write; the flags make it wrong in one plausible way."""
     def track(conv_pool, ssm_pool, mixed_qkv, h, batch, W):
         mask = batch.track_mask_t
@@ -271,7 +272,8 @@ def make_track(window_shift=0, all_rows=False, final_from_h=False, inclusive=Fal
         cu = batch.cu_seqlens
         A = batch.track_lens_t[rows] - (0 if no_prefix else batch.prefix_lens_t[rows])
         A = A.clamp(min=W - 1)
-        pos = (cu[rows] + A + window_shift)[:, None] + torch.arange(-(W - 1), 0)
+        window = torch.arange(-(W - 1), 0, device=None if host_window else cu.device)
+        pos = (cu[rows] + A + window_shift)[:, None] + window
         dst = batch.track_slots_t[rows]
         window = mixed_qkv[pos.clamp(0, mixed_qkv.shape[0] - 1)].transpose(1, 2)
         conv_pool[dst] = window if window_dtype is None else window.to(window_dtype)
@@ -315,6 +317,8 @@ WRONG_3 = {
     "the conv windows copied through float16": make_track(window_dtype=torch.float16),
     "h zeroed after the copy (input mutation)": make_track(consume_h=True),
     "the host track_mask cleared after the copy": make_track(clear_mask=True),
+    "the conv window's offsets made without device= (on a GPU: a host tensor added to device data)":
+        make_track(host_window=True),
 }
 
 
@@ -334,6 +338,7 @@ def test_naive_track_messages():
     assert "not tracked" in judge_answer(NB, 3, make_track(all_rows=True)).message
     assert "ssm pool" in judge_answer(NB, 3, make_track(final_from_h=True)).message
     assert "changed the batch's track_mask" in judge_answer(NB, 3, make_track(clear_mask=True)).message
+    assert "make it with device=" in judge_answer(NB, 3, make_track(host_window=True)).message
 
 
 # --- exercise 4: predict the naive forward's syncs, then measure ---------------------------------

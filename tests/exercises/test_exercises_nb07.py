@@ -85,10 +85,13 @@ def test_hoist_messages():
 
 # --- the index build that exercise 2 needs (notebook 06's exercises 1 and 2) -----------------------
 
-def indices(shift=0, inclusive=False, clamp="tensor", swap_slots=False, final_at=None, floor=False):
+def indices(shift=0, inclusive=False, clamp="tensor", swap_slots=False, final_at=None, floor=False,
+            host_window=False, via_host=None):
     """The five indices; each flag makes them wrong in one plausible way."""
     def my_precomputed_indices(batch, rows, conv_width):
         cu = batch.cu_seqlens
+        if via_host is not None:                               # "lengths are easier on the host": a copy, back
+            cu = via_host(cu)
         E = cu[1:] - cu[:-1]
         chunks = (E + 63) // 64
         before = E // 64 if floor else chunks                 # floor: a ragged request's last chunk forgotten
@@ -104,9 +107,27 @@ def indices(shift=0, inclusive=False, clamp="tensor", swap_slots=False, final_at
         dst, working = batch.track_slots_t[rows], batch.working_slots_t[rows]
         if swap_slots:
             dst, working = working, dst
-        window = torch.arange(-(conv_width - 1), 0, device=cu.device)
+        window = torch.arange(-(conv_width - 1), 0, device=None if host_window else cu.device)
         return dst, (cu[rows] + A + shift)[:, None] + window, working, checkpoint, A == E[rows]
     return my_precomputed_indices
+
+
+def to_host_and_back(cu):                             # .to("cpu"): a no-op on a CPU, a sync on a GPU
+    return cu.to("cpu").to(cu.device)
+
+
+def copy_into_host(cu):                               # copy_ into a host buffer, then upload
+    host = torch.empty(cu.shape, dtype=cu.dtype)
+    host.copy_(cu)
+    return host.to(cu.device)
+
+
+def rows_from_a_list(batch, conv_width):             # the two syncs as .tolist() and the gate: right
+    flags = batch.track_mask_t.tolist()
+    if not any(flags):
+        return None
+    rows = torch.tensor([i for i, f in enumerate(flags) if f], device=batch.cu_seqlens.device)
+    return indices()(batch, rows, conv_width)
 
 
 def indices_through_numpy(batch, rows, conv_width):  # np.asarray(rows): a read of the device
@@ -190,12 +211,16 @@ WRONG_2 = {
     "track and working slots swapped": prepare(build=indices(swap_slots=True)),
     "checkpoint offsets with floor(E/64), not ceil": prepare(build=indices(floor=True)),
     "syncing: the clamp's bound read with .item()": prepare(build=indices(clamp="item")),
+    "syncing: cu_seqlens through .to('cpu') and back (a no-op on a CPU host)": prepare(build=indices(via_host=to_host_and_back)),
+    "syncing: cu_seqlens copied into a host buffer with copy_": prepare(build=indices(via_host=copy_into_host)),
+    "the conv window's offsets made without device= (a host tensor added to device data)":
+        prepare(build=indices(host_window=True)),
 }
 
 
 def test_prepare_accepts_the_right_answers():
     # no gate: an empty nonzero is fine too; a final row may name any row of h (the contract)
-    for right in (prepare(), prepare(gate=False), prepare(build=indices(final_at=0))):
+    for right in (prepare(), prepare(gate=False), prepare(build=indices(final_at=0)), rows_from_a_list):
         verdict = judge_answer(NB, 2, right)
         assert verdict.status == PASS, verdict.line()
 
@@ -211,6 +236,9 @@ def test_prepare_messages():
     assert "tracked rows" in judge_answer(NB, 2, prepare(every_row=True)).message
     assert "pool differs" in judge_answer(NB, 2, prepare_nothing).message
     assert "final-row contract" in judge_answer(NB, 2, prepare(build=indices(final_at=-1))).message
+    hidden = judge_answer(NB, 2, prepare(build=indices(via_host=to_host_and_back))).message
+    assert "3 would-be host syncs" in hidden and "aten._to_copy" in hidden, hidden  # the gate, the rows, the copy
+    assert "make it with device=" in judge_answer(NB, 2, prepare(build=indices(host_window=True))).message
 
 
 # --- exercise 3: a masked copy without a sync -----------------------------------------------------

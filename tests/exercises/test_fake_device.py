@@ -297,3 +297,67 @@ def test_a_forbidden_function_is_absent_however_it_is_reached(answer):
     verdict = judge_answer(nb06.NOTEBOOK, 1, answer)
     assert verdict.status == FAIL, verdict.line()
     assert _tracking.sglang_track_metadata is _SAVED and _SAVED(BATCH, 4) is not None  # put back after
+
+
+# --- reads answered from the real run (exercises that allow syncs: 06·3, 07·2) --------------------
+
+MASK, X = torch.tensor([True, False, True, True]), torch.arange(8.).reshape(4, 2)
+
+
+def naive_rows(m, x):                                  # SGLang's gate, then nonzero
+    if not m.any():
+        return None
+    return x[m.nonzero()[:, 0]] * 2 + torch.arange(2, device=x.device)
+
+
+ALLOWED_READS = {
+    "the gate and nonzero": naive_rows,
+    "tolist": lambda m, x: x[torch.tensor([i for i, v in enumerate(m.tolist()) if v], device=x.device)],
+    "a boolean mask": lambda m, x: x[m] + 1,
+    "int() of a sum": lambda m, x: x[:int(m.sum())],
+    ".cpu()": lambda m, x: x.cpu() + 1,
+    "numpy.asarray": lambda m, x: x[torch.tensor(np.asarray(m).nonzero()[0], device=x.device)],
+    "torch.where(mask)": lambda m, x: torch.where(m)[0],
+    "repeat_interleave": lambda m, x: torch.repeat_interleave(m.long()),
+    "torch.equal": lambda m, x: x if torch.equal(x, x) else None,
+    "a bool per row in a loop": lambda m, x: torch.stack([x[i] for i in range(4) if m[i]]),
+}
+
+
+def replay(fn, *args):
+    from mamba_edu.profiling.fake_device import replayed
+    from mamba_edu.profiling.replay import recording
+    with recording() as reads:
+        fn(*[a.clone() for a in args])
+    return replayed(fn, args, reads)
+
+
+@pytest.mark.parametrize("name", list(ALLOWED_READS))
+def test_replay_answers_the_reads_the_real_run_made(name):
+    assert replay(ALLOWED_READS[name], MASK, X) == (None, [])
+
+
+def test_replay_counts_the_host_copies_a_cpu_cannot_see():
+    def round_trip(m, x):
+        return (x.to("cpu") * 2).to(x.device)
+
+    def into_a_buffer(m, x):
+        host = torch.empty(4, 2)
+        host.copy_(x)
+        return host.to(x.device)
+    assert replay(round_trip, MASK, X) == (None, ["a copy of device data to the host (aten._to_copy)"])
+    assert replay(into_a_buffer, MASK, X) == (None, ["a copy of device data to the host (aten.copy_)"])
+    assert replay(lambda m, x: x.to(torch.float64), MASK, X) == (None, [])  # a dtype change stays on the device
+
+
+def test_replay_refuses_what_has_no_answer():
+    refused, _ = replay(lambda m, x: naive_rows(m, x) + torch.ones(2), MASK, X)
+    assert "a host tensor mixed with device data" in refused  # after the allowed reads too
+
+    def reads_only_without_data(m, x):                   # the real run reads nothing at this line
+        from torch._subclasses.fake_tensor import FakeTensor
+        return m.nonzero() if isinstance(m, FakeTensor) else x
+    refused, _ = replay(reads_only_without_data, MASK, X)
+    assert refused.startswith("a read of device data to the host (aten.nonzero")
+    refused, _ = replay(lambda m, x: x.data_ptr(), MASK, X)
+    assert refused == "a copy of device data to the host (Tensor.data_ptr)"

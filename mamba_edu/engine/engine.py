@@ -19,8 +19,9 @@ Contract (docs/architecture.md, "Contracts": "Fail-stop", "One call at a time"):
 * **Checked once, at the boundary.** Every public call checks what it is given (requests,
   batches, buckets, room in the pool) before it changes anything: a refused call raises
   ``ValueError``, ``TypeError`` or :class:`~mamba_edu.serving.PoolExhausted` and changes nothing.
-  Past its checks nothing in the forward is checked again; the pool's and cache's own checks
-  (their public methods, which learners call too) cost at most a pass over the arguments.
+  Past its checks nothing in the forward is checked again; a prompt's tokens are checked once,
+  into :class:`~mamba_edu.serving.Tokens`, which the cache and the batch builder take as they
+  are; the pool's and cache's other checks (slots, owners) see a few slot numbers.
 * **Fail-stop.** A call that fails after its first change (out of memory, Ctrl-C, a kernel error)
   is not undone: every later call, a bucket's replay included, refuses in one line naming the
   cause (:class:`~mamba_edu.engine.fail_stop.EngineStopped`) until :meth:`Engine.reset`, which
@@ -54,6 +55,7 @@ from mamba_edu.serving import SCRATCH_SLOT, LinearAttentionBackend, RadixCache, 
 from mamba_edu.serving.batch import build_decode_batch
 from mamba_edu.serving.fla_prefill import check_prefill_kernel
 from mamba_edu.serving.planning import check_cache_chunk, plan_decode
+from mamba_edu.serving.tokens import Tokens
 
 __all__ = ["MAX_DECODE_STEPS", "Engine"]
 
@@ -221,7 +223,7 @@ class Engine:
         if self.pool.n_free == 0:
             return
         fresh = self.pool.alloc(1, self._owner)[0]
-        if self.cache.insert(list(tokens[:length]), track_slots[index],
+        if self.cache.insert(Tokens.of(tokens).part(0, length), track_slots[index],
                              [(k[:length], v[:length]) for k, v in kv], self._owner):
             track_slots[index] = fresh
         else:

@@ -32,7 +32,7 @@ def plan_prefill(requests: list[Request], cache: RadixCache, pool: StatePool, tr
     """The plan of a prefill of checked ``requests``, changing nothing; :class:`PoolExhausted`
     if the free slots and the evictable snapshots are too few. A hit at P tokens computes only
     the remaining ``E = len − P`` tokens (at least one, for the last logits)."""
-    matches = [cache.match(list(r.token_ids), max_length=len(r.token_ids) - 1, touch=False) for r in requests]
+    matches = [cache.match(r.token_ids, max_length=len(r.token_ids) - 1, touch=False) for r in requests]
     per_request = 1 + tracks_per_request
     need = per_request * len(requests)
     missing = max(need - pool.n_free, 0)
@@ -41,7 +41,7 @@ def plan_prefill(requests: list[Request], cache: RadixCache, pool: StatePool, tr
         raise PoolExhausted(f"state pool exhausted: need {need} slots, {pool.n_free} free and "
                             f"{len(freed)} evictable cache snapshots")
     slots = pool.peek(need, freed)
-    extends = [list(r.token_ids[m.length:]) for r, m in zip(requests, matches)]
+    extends = [r.token_ids.part(m.length) for r, m in zip(requests, matches)]
     plans = [plan_tracking(m.length, len(e), cache_chunk, slots[i * per_request + 1])
              for i, (m, e) in enumerate(zip(matches, extends))]
     inputs = build_extend_batch([r.rid for r in requests], extends, [m.length for m in matches],

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mamba_edu.serving.tokens import Tokens
+
 #: Most steps one ``decode`` call takes: its logits and KV grow with every step until it returns.
 MAX_DECODE_STEPS = 1 << 16
 
@@ -48,11 +50,12 @@ def check_rid(rid, name: str = "rid"):
 class Request:
     """A prompt to prefill: a unique id and its token ids.
 
-    The prompt is copied once, here, into a tuple of Python ints: changing the list it came
-    from afterwards changes nothing. ``rid`` must be hashable and equal to itself."""
+    The prompt is copied and checked once, here, into :class:`~mamba_edu.serving.tokens.Tokens`
+    (a tuple of Python ints): changing the list it came from afterwards changes nothing, and the
+    cache and the batch builder take it without a second pass. ``rid`` must be hashable and equal to itself."""
 
     rid: Hashable
-    token_ids: tuple[int, ...]
+    token_ids: Tokens
 
     def __post_init__(self):
         check_rid(self.rid)
@@ -61,17 +64,16 @@ class Request:
                 or getattr(ids, "ndim", 1) != 1):  # a tensor or an array: one row of tokens
             raise ValueError(f"token_ids of request {self.rid!r} must be a non-empty list of ints; "
                              f"got {type(ids).__name__}{list(ids.shape) if hasattr(ids, 'shape') else ''}")
-        ids = tuple(ids.tolist()) if isinstance(ids, torch.Tensor) and ids.dim() == 1 else tuple(ids)
-        bad = next((t for t in ids if type(t) is not int or t < 0), None)
-        if not ids or bad is not None:
-            raise ValueError(f"token_ids of request {self.rid!r} must be a non-empty list of ints >= 0 "
-                             f"(not bools, floats or numpy ints); got {bad if ids else ids!r}")
+        ids = Tokens(ids.tolist() if isinstance(ids, torch.Tensor) and ids.dim() == 1 else ids,
+                     f"token_ids of request {self.rid!r}")
+        if not ids:
+            raise ValueError(f"token_ids of request {self.rid!r} must be a non-empty list of ints >= 0; got ()")
         object.__setattr__(self, "token_ids", ids)
 
     def check(self, vocab: int) -> Request:
         """This request, if every token is below ``vocab``."""
-        bad = next((t for t in self.token_ids if t >= vocab), None)
-        if bad is not None:
+        if max(self.token_ids) >= vocab:  # one pass in C; the generator below only names the culprit
+            bad = next(t for t in self.token_ids if t >= vocab)
             raise ValueError(f"token_ids of request {self.rid!r} must be ints in [0, vocab={vocab}); "
                              f"got {bad!r}")
         return self

@@ -11,10 +11,11 @@ from mamba_edu.serving.planning import TrackDecision, plan_tracking
 from mamba_edu.serving.pool import SCRATCH_SLOT, PoolExhausted, StatePool
 from mamba_edu.serving.prefix_cache import PrefixMatch, RadixCache, RadixNode
 from mamba_edu.serving.seam import GDNBackend
+from mamba_edu.serving.tokens import Tokens
 from mamba_edu.serving.tracking import (STRATEGIES, ForwardMetadata, SlotArgs, TrackIndices, TrackingStrategy,
                                         get_strategy)
 
 __all__ = ["SCRATCH_SLOT", "STRATEGIES", "ForwardBatch", "ForwardMetadata", "GDNBackend", "GDNLayerParams",
            "LinearAttentionBackend", "PoolExhausted", "PrefixMatch", "RadixCache", "RadixNode", "SlotArgs",
-           "StatePool", "TrackIndices", "TrackDecision", "TrackingStrategy", "build_batch", "get_strategy",
+           "StatePool", "Tokens", "TrackIndices", "TrackDecision", "TrackingStrategy", "build_batch", "get_strategy",
            "plan_tracking", "upload_host_lists"]

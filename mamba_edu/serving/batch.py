@@ -12,6 +12,7 @@ import torch
 
 from mamba_edu.kernels.metadata import upload_host_lists
 from mamba_edu.serving.planning import TrackDecision
+from mamba_edu.serving.tokens import Tokens
 
 
 @dataclass(eq=False)
@@ -110,8 +111,8 @@ def build_extend_batch(rids: list, token_ids: list[list[int]], prefix_lens: list
     if not isinstance(token_ids, (list, tuple)) or len(token_ids) != n:
         raise ValueError(f"token_ids must be a list of N={n} token lists")
     for i, seq in enumerate(token_ids):
-        if not isinstance(seq, (list, tuple)) or not seq or any(type(t) is not int or t < 0 for t in seq):
-            raise ValueError(f"token_ids[{i}] must be a non-empty list of ints >= 0 (not bools)")
+        if not Tokens.of(seq, f"token_ids[{i}]"):  # an engine's Tokens pass as they are
+            raise ValueError(f"token_ids[{i}] must be a non-empty list of ints >= 0")
     _check_ints("prefix_lens", prefix_lens, n, 0)
     _check_ints("working_slots", working_slots, n, 0)
     if not isinstance(plans, (list, tuple)) or len(plans) != n or not all(isinstance(p, TrackDecision) for p in plans):

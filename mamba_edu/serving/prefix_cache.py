@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mamba_edu.serving.pool import SCRATCH_SLOT, StatePool, not_to
+from mamba_edu.serving.tokens import Tokens
 
 
 @dataclass(eq=False)
@@ -125,10 +126,7 @@ class RadixCache:
         Marks the path as recently used (unless ``touch`` is False: then :meth:`touch` does it
         later); does not lock (see :meth:`lock`).
         """
-        listed = isinstance(token_ids, (list, tuple))
-        if not listed or any(type(t) is not int for t in token_ids):
-            raise ValueError(f"token_ids must be a list of ints (not bools or floats); got "
-                             f"{type(token_ids).__name__} {list(token_ids)[:8] if listed else ''}")
+        token_ids = Tokens.of(token_ids)  # an engine's request holds Tokens: no second pass
         if type(touch) is not bool:
             raise ValueError(f"touch must be True or False; got {touch!r}")
         if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool)
@@ -264,11 +262,10 @@ class RadixCache:
         node.slot = slot
         return True
 
-    def _check_insert(self, token_ids, slot, kv, owner) -> tuple[int, ...]:
-        if (not isinstance(token_ids, (list, tuple)) or not token_ids
-                or any(type(t) is not int or t < 0 for t in token_ids)):
-            raise ValueError("token_ids must be a non-empty list of ints >= 0 (not bools)")
-        token_ids = tuple(token_ids)
+    def _check_insert(self, token_ids, slot, kv, owner) -> Tokens:
+        token_ids = Tokens.of(token_ids)
+        if not token_ids:
+            raise ValueError("token_ids must be a non-empty list of ints >= 0")
         if type(slot) is not int:
             raise ValueError(f"slot must be an int slot of the pool; got {slot!r}")
         if slot == SCRATCH_SLOT:

@@ -129,8 +129,8 @@ def test_a_cache_that_knows_the_models_kv_refuses_another_from_its_first_entry()
 
 
 @pytest.mark.parametrize("call, needle", [
-    (lambda pool, cache, m: cache.match([True, 2, 3]), "not bools or floats"),
-    (lambda pool, cache, m: cache.match([1.0, 2.0]), "not bools or floats"),
+    (lambda pool, cache, m: cache.match([True, 2, 3]), "not bools, floats"),
+    (lambda pool, cache, m: cache.match([1.0, 2.0]), "not bools, floats"),
     (lambda pool, cache, m: cache.touch(None), "PrefixMatch"),
     (lambda pool, cache, m: RadixCache(pool).touch(m), "not in this cache's tree"),
     (lambda pool, cache, m: pool.peek(-1), "n must be an int >= 0"),

@@ -202,10 +202,11 @@ def observe(fn, *args, fake: bool = False, may_sync: bool = False, writes: tuple
     :func:`mamba_edu.profiling.fake_device.would_be_sync`): a read or a host copy of device data
     there is a sync by construction, whatever op, thread or mode did it, and a crash there is a
     verdict too; it joins ``sync_ops``. With ``may_sync`` (an exercise that allows syncs) the
-    data-less run comes after the real one and is answered with the values the real run read
-    (:func:`mamba_edu.profiling.fake_device.replayed`): a refusal there (a read the real run did
-    not make, a host tensor mixed with device data) fails the check, and a copy to the host that
-    the sniffer could not see on a CPU joins ``sync_ops``. The tensors of every argument not in ``writes`` (positions the
+    data-less run (:class:`mamba_edu.profiling.fake_device.DataLess`, forked before the real run)
+    is answered with the values the real run read (:mod:`mamba_edu.profiling.replay`): a refusal
+    there (a read the real run did not make, a host tensor mixed with device data, a result left
+    on the host) fails the check, and ``sync_ops`` are the calls whose values it took, counted by
+    construction (a ``.to("cpu")`` too, a read of a tensor made on the host not). The tensors of every argument not in ``writes`` (positions the
     exercise asks to write in place) must come back unchanged: an answer that overwrites its
     inputs fails, since the engine passes its own tensors. Every call of the package functions
     ``metered`` names (dotted), from any thread, is counted in ``metered_rows`` (the first run
@@ -237,23 +238,24 @@ def _same(a, b) -> bool:
 
 
 def _observe_here(fn, args, fake: bool, may_sync: bool, metered: tuple[str, ...]) -> Observed:
-    from mamba_edu.profiling.fake_device import replayed, would_be_sync
+    from mamba_edu.profiling.fake_device import DataLess, would_be_sync
     from mamba_edu.profiling.replay import recording
     from mamba_edu.profiling.syncs import count_syncs
 
     read = would_be_sync(fn, args) if fake else None
     recorder = OpRecorder()
     before = memory_of(args)
-    with metering(metered) as rows, count_syncs(strict=True) as syncs, recorder, \
-            recording() if may_sync else contextlib.nullcontext() as reads:
-        result = fn(*args)
-    unseen = []
-    if may_sync:
-        refused, unseen = replayed(fn, args, reads)  # it uses their shapes and host values only
-        if refused:
-            raise AssertionError(f"on device tensors (a GPU's view of the same call): {refused}")
-    return Observed(result, [e.op for e in syncs.events] + ([read] if read else []) + unseen,
-                    recorder.ops, rebound(before, args), rows)
+    # with may_sync the data-less run is forked first (the real run's memos are not in it) and
+    # answered with what the real run read: the calls it took values from are the syncs
+    with DataLess(fn, args) if may_sync else contextlib.nullcontext() as data_less:
+        with recording() if may_sync else contextlib.nullcontext() as reads, \
+                metering(metered) as rows, count_syncs(strict=True) as syncs, recorder:
+            result = fn(*args)
+        refused, taken = data_less.verdict(reads) if may_sync else (None, [])
+    if refused:
+        raise AssertionError(f"on device tensors (a GPU's view of the same call): {refused}")
+    sync_ops = taken if may_sync else [e.op for e in syncs.events] + ([read] if read else [])
+    return Observed(result, sync_ops, recorder.ops, rebound(before, args), rows)
 
 
 def memory_of(args) -> list:

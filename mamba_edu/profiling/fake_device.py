@@ -29,10 +29,10 @@ methods open before any op runs (:data:`GUARDED`: indexing, ``int()``, ``float()
 ``new_tensor`` …). For such a call the fake tensors report ``meta`` and the results it makes get
 the fake device back.
 
-Where syncs are allowed, :func:`replayed` runs after the real run and answers each read with the
-value the real run read at the same line (:mod:`mamba_edu.profiling.replay`), so the run goes on
-past the allowed reads and still refuses a host tensor mixed with device data; a ``.to("cpu")``
-or ``copy_`` into a host tensor it answers is a sync the sniffer could not see on a CPU.
+Where syncs are allowed, :class:`DataLess` answers each read with the value the real run read at
+the same line (:mod:`mamba_edu.profiling.replay`), so the run goes on past the allowed reads and
+still refuses a host tensor mixed with device data; the reads it answered are the syncs, counted
+by construction (a ``.to("cpu")`` that is a no-op on a CPU too).
 
 The run is in a forked child (where ``os.fork`` exists), so that an answer that crashes there
 (``ctypes`` reading a data-less buffer) costs its exercise, not the notebook: the child sends
@@ -54,6 +54,7 @@ import functools
 import json
 import logging
 import os
+import pickle
 import select
 import signal
 import sys
@@ -120,8 +121,7 @@ def _read_recorder(reads=None):
                                                FakeTensor, FakeTensorDeviceMismatchError, FakeTensorMode)
     from torch.utils._pytree import arg_tree_leaves, tree_leaves
 
-    from mamba_edu.profiling.replay import SCALARS
-    aten = torch.ops.aten
+    from mamba_edu.profiling.replay import SCALARS, SHAPED
 
     class ReadRecorder(FakeTensorMode):
         avoid_device_init = True  # with a CUDA torch too: the forked run must not touch the GPU
@@ -129,19 +129,18 @@ def _read_recorder(reads=None):
         def __init__(self):
             super().__init__(allow_non_fake_inputs=True)  # host tensors, a tensor kept in a global
             self.syncs: list[str] = []
-            self.reads, self.unseen = reads, []  # unseen: answered copies the sniffer could not count
+            self.reads, self.answered = reads, {}  # answered: the real run's calls taken, one sync each
 
         def refuse(self, verdict: str, error: type = HostCopy):
             self.syncs.append(verdict)
             raise error(verdict)
 
-        def answer(self, kind: str, verdict: str, error: type = HostCopy, fits=lambda value: True):
-            """The real run's value of this read, or its refusal."""
-            read = self.reads.take(kind, fits) if self.reads is not None else None
+        def answer(self, kind: str, verdict: str, source, error: type = HostCopy):
+            """The real run's value of this read of ``source``, or its refusal."""
+            read = self.reads.take(kind, source) if self.reads is not None else None
             if read is None:
                 self.refuse(verdict, error)
-            if not read.counted:
-                self.unseen.append(verdict)
+            self.answered[read.call] = read.op
             return read.value
 
         def device_tensor(self, shape, dtype):
@@ -157,25 +156,22 @@ def _read_recorder(reads=None):
                 return func(*args, **kwargs)  # host data: real, as on a GPU
             copied = f"a copy of device data to the host ({op})"
             if device_data and kwargs.get("device") is not None and to == "cpu":
-                src, dtype = args[0], kwargs.get("dtype") or args[0].dtype
-                return self.answer("copy", copied, fits=lambda v: v.shape == src.shape and v.dtype == dtype).clone()
-            if func is aten.copy_.default and not isinstance(args[0], FakeTensor) and _on_device(args[1]):
-                src = args[1]
-                return args[0].copy_(self.answer("copy", copied, fits=lambda v: v.shape == src.shape))
+                return self.answer("copy", copied, args[0]).to(kwargs.get("dtype") or args[0].dtype)
+            if func is torch.ops.aten.copy_.default and not isinstance(args[0], FakeTensor) and _on_device(args[1]):
+                return args[0].copy_(self.answer("copy", copied, args[1]))
             read = f"a read of device data to the host ({op}: a value, or a size that depends on values)"
             try:
                 out = super().dispatch(func, types, args, kwargs)
             except DataDependentOutputException as err:
                 if func not in SCALARS:
                     self.refuse(read, type(err))
-                return self.answer("scalar", read, type(err))
+                return self.answer("scalar", read, args[0], type(err))
             except DynamicOutputShapeException as err:
-                if func not in (aten.nonzero.default, aten.repeat_interleave.Tensor):
+                if func not in SHAPED:
                     self.refuse(read, type(err))
-                n = self.answer("size", read, type(err))
-                if func is aten.nonzero.default:
-                    return self.device_tensor((n, args[0].dim()), torch.long)
-                return self.device_tensor((n,), args[0].dtype)
+                outs = [self.device_tensor(shape, dtype) for shape, dtype in
+                        self.answer(f"shapes:{func}", read, args[0], type(err))]
+                return outs[0] if len(outs) == 1 else tuple(outs)
             except FakeTensorDeviceMismatchError:
                 self.refuse(f"a host tensor mixed with device data ({op}): on a GPU that is an error; "
                             "make it with device=", RuntimeError)
@@ -225,8 +221,8 @@ def _device_methods(mode):
                 mode.refuse(f"device data read with torch's dispatch switched off (Tensor.{name})")
             if _on_device(self) and name in TO_HOST and not (name in SHOWN and torch_own):
                 verdict = f"a copy of device data to the host (Tensor.{name})"
-                if name in ("numpy", "__array__"):  # answered by the real run's copy, if any
-                    return mode.answer("copy", verdict, fits=lambda v: v.shape == self.shape).numpy()
+                if name in SHOWN:  # printing, where syncs are allowed: the real run's text
+                    return mode.answer("text", verdict, self)
                 mode.refuse(verdict)
             return call_on_meta(method, self, args, kwargs) if name in GUARDED else method(self, *args, **kwargs)
         return call
@@ -266,7 +262,7 @@ def data_read(fn: Callable[..., object], *args) -> str | None:
 
 def _run(fn, args, reads=None) -> tuple[str | None, list[str]]:
     """:func:`data_read`, its reads answered from ``reads`` if given: ``(the first refusal or
-    None, the answered host copies the sync sniffer could not count)``."""
+    None, the real run's calls whose values it took: the syncs, one name each)``."""
     mode = _read_recorder(reads)
     fake = [fake_copy(a, mode) for a in args]
     error = None
@@ -275,7 +271,8 @@ def _run(fn, args, reads=None) -> tuple[str | None, list[str]]:
     try:
         with _device_methods(mode), mode:  # what the function creates on the device is fake too
             out = fn(*fake)
-        asked = any(isinstance(a, torch.device) for a in args)  # a host plan may return host tensors
+        # a host plan may return host tensors; asked for a device, or feeding device work, it may not
+        asked = reads is not None or any(isinstance(a, torch.device) for a in args)
         if asked and any(t.dim() and not _on_device(t) for t in _tensors_in(out)):
             mode.syncs.append("a result left on the host: on a GPU it is not on the device; make it "
                               "with device=")
@@ -284,74 +281,103 @@ def _run(fn, args, reads=None) -> tuple[str | None, list[str]]:
     finally:
         log.setLevel(level)
     if mode.syncs:
-        return mode.syncs[0], mode.unseen
+        return mode.syncs[0], list(mode.answered.values())
     if error is not None:
         raise error
-    return None, mode.unseen
+    return None, list(mode.answered.values())
 
 
 def _verdict(fn, args, reads) -> tuple[str | None, list[str]]:
-    """:func:`_run`, an error that is not a refusal counted as none (see :func:`would_be_sync`)."""
+    """:func:`_run`. An error that is not a refusal counts as none where every read is refused
+    (see :func:`would_be_sync`); where the reads are answered it is a refusal, since the real run
+    went through: an op the judge cannot run without data, or a path the real run did not take."""
     try:
         return _run(fn, args, reads)
-    except BaseException:  # noqa: BLE001 - see would_be_sync
-        return None, []
+    except BaseException as exc:  # noqa: BLE001 - see above
+        if reads is None:
+            return None, []
+        return (f"the answer raised {type(exc).__name__} on device tensors with no data ({str(exc)[:200]}): "
+                f"an op the judge cannot run without data, or a path the real run did not take"), []
 
 
-def _in_child(fn, args, reads) -> tuple[str | None, list[str]]:
-    """:func:`_verdict` in a forked child, which sends it back through a pipe (the refusal, and
-    the unseen copies counted by kind); a child that dies or does not finish is a refusal too."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never back into the caller's code, never flush the parent's buffers
+class DataLess:
+    """The data-less run of ``fn(*args)``, in a child forked when this is made (where ``os.fork``
+    exists), so that a crash there costs the exercise, not the notebook, and so that what a real
+    run made afterwards leaves in memory (a memo, a cache) is not there. The child waits for
+    :meth:`verdict`, which sends it the real run's reads (or None: every read refused) and returns
+    ``(the first refusal or None, the syncs: the real run's calls whose values it took)``; a child that dies or does not
+    finish within :data:`TIMEOUT_S` is a refusal too. Use it as a context manager: leaving it
+    ends the child."""
+
+    def __init__(self, fn: Callable[..., object], args):
+        self.fn, self.args, self.pid = fn, args, None
+        if not hasattr(os, "fork"):
+            return  # Windows: the run happens in this process, in verdict()
+        (self.reads_in, self.reads_out), (self.back_in, self.back_out) = os.pipe(), os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never back into the caller's code, never flush the parent's buffers
+            try:
+                os.close(self.reads_out)
+                os.close(self.back_in)
+                import resource
+                faulthandler.disable()  # a crash is the parent's verdict, not a traceback on stderr
+                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+                torch.set_num_threads(1)  # the parent's thread pool did not survive the fork
+                sys.stdout = sys.stderr = open(os.devnull, "w")  # the real run printed already
+                with os.fdopen(self.reads_in, "rb") as pipe:
+                    reads = pickle.load(pipe)
+                refused, syncs = _verdict(fn, args, reads)
+                sent = json.dumps([(refused or "")[:VERDICT_BYTES // 2], collections.Counter(syncs)])
+                os.write(self.back_out, ("=" + sent).encode()[:VERDICT_BYTES])
+            finally:
+                os._exit(0)
+        os.close(self.reads_in)
+        os.close(self.back_out)
+
+    def verdict(self, reads) -> tuple[str | None, list[str]]:
+        if self.pid is None:
+            return _verdict(self.fn, self.args, reads)
         try:
-            os.close(read_end)
-            import resource
-            faulthandler.disable()  # a crash is the parent's verdict, not a traceback on stderr
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            torch.set_num_threads(1)  # the parent's thread pool did not survive the fork
-            refused, unseen = _verdict(fn, args, reads)
-            sent = json.dumps([(refused or "")[:VERDICT_BYTES // 2], collections.Counter(unseen)])
-            os.write(write_end, ("=" + sent).encode()[:VERDICT_BYTES])
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        done = select.select([pipe], [], [], TIMEOUT_S)[0]
-        sent = pipe.read(VERDICT_BYTES).decode(errors="replace") if done else None
-    if sent is None:
-        os.kill(pid, signal.SIGKILL)
-    status = os.waitpid(pid, 0)[1]
-    if sent is None:
-        return f"the answer did not finish on device tensors within {TIMEOUT_S} s", []
-    if sent.startswith("=") and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
-        try:
-            refused, unseen = json.loads(sent[1:])
-            return refused or None, [kind for kind, n in unseen.items() for _ in range(n)]
-        except ValueError:
-            return "the answer's verdict on device tensors did not fit its pipe", []
-    how = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
-           else f"exit status {os.WEXITSTATUS(status)}")
-    return f"the answer crashed on device tensors ({how})", []
+            with os.fdopen(self.reads_out, "wb") as pipe:
+                pickle.dump(reads, pipe)
+        except BrokenPipeError:
+            pass  # the child is gone: its status says how
+        with os.fdopen(self.back_in, "rb") as pipe:
+            done = select.select([pipe], [], [], TIMEOUT_S)[0]
+            sent = pipe.read(VERDICT_BYTES).decode(errors="replace") if done else None
+        if sent is None:
+            os.kill(self.pid, signal.SIGKILL)
+        status = os.waitpid(self.pid, 0)[1]
+        self.pid = None
+        if sent is None:
+            return f"the answer did not finish on device tensors within {TIMEOUT_S} s", []
+        if sent.startswith("=") and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+            try:
+                refused, syncs = json.loads(sent[1:])
+                return refused or None, [op for op, n in syncs.items() for _ in range(n)]
+            except ValueError:
+                return "the answer's verdict on device tensors did not fit its pipe", []
+        how = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+               else f"exit status {os.WEXITSTATUS(status)}")
+        return f"the answer crashed on device tensors ({how})", []
 
+    def __enter__(self) -> DataLess:
+        return self
 
-def _forked(fn, args, reads=None) -> tuple[str | None, list[str]]:
-    return _in_child(fn, args, reads) if hasattr(os, "fork") else _verdict(fn, args, reads)
+    def __exit__(self, *exc) -> None:
+        if self.pid is not None:  # never asked (the real run failed): end the waiting child
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+            for fd in (self.reads_out, self.back_in):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
 
 def would_be_sync(fn: Callable[..., object], args) -> str | None:
     """:func:`data_read` for the exercise checks, in a forked child where the platform has
-    ``os.fork``: the first would-be sync (one line), or None. An error the data-less run meets
-    that is not a refusal is left to the real run, which meets it too (a genuine bug) or not (an
-    op without a data-less form: not a sync). A crash of the child is a verdict: "the answer
-    crashed on device tensors (signal 11)"."""
-    return _forked(fn, args)[0]
-
-
-def replayed(fn: Callable[..., object], args, reads) -> tuple[str | None, list[str]]:
-    """:func:`would_be_sync` for an answer that may sync: each read is answered with the value
-    the real run read at the same line (``reads``, from :func:`mamba_edu.profiling.replay.recording`),
-    so the run goes on past the allowed reads. Returns ``(the first refusal or None: a read the
-    real run did not make, a host tensor mixed with device data, a crash; the answered copies to
-    the host that the sync sniffer could not see on a CPU, which are syncs too)``."""
-    return _forked(fn, args, reads)
+    ``os.fork`` (:class:`DataLess`): the first would-be sync (one line), or None. An error the
+    data-less run meets that is not a refusal is left to the real run, which meets it too (a
+    genuine bug) or not (an op without a data-less form: not a sync). A crash of the child is a
+    verdict: "the answer crashed on device tensors (signal 11)"."""
+    with DataLess(fn, args) as run:
+        return run.verdict(None)[0]

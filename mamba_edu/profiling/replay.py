@@ -2,15 +2,18 @@
 
 Where an exercise allows syncs (notebook 06's naive track write reads the mask; notebook 07's
 ``prepare`` may ask the device twice), the data-less run of :mod:`mamba_edu.profiling.fake_device`
-cannot stop at the first read. So the answer first runs on real tensors under :func:`recording`,
-which writes down, line by line, every value that run read to the host: a Python scalar
-(``item``, ``bool``, ``if t:``, ``tolist``, ``torch.equal``), the size of a data-dependent output
-(``nonzero``, a boolean mask, ``repeat_interleave``), a host copy (``.cpu()``, ``.to("cpu")``,
-``copy_``, ``numpy``). The data-less run then answers each of its reads with the value the real
-run read at the same line (the answer is deterministic, so it takes the same path), and refuses,
-as before, whatever has no such value. A copy the sync sniffer cannot see on a CPU
-(``.to("cpu")``, ``copy_`` into a host tensor: there both tensors are host tensors) counts as a
-sync where the data-less run needs it, since there its source was device data.
+cannot stop at the first read. So the answer also runs on real tensors under :func:`recording`,
+which writes down, line by line, every value that run read to the host, with the shape and dtype
+of the tensor it came from: a Python scalar (``item``, ``bool``, ``if t:``, ``tolist``,
+``torch.equal``, ``allclose``), the shapes of a data-dependent output (``nonzero``, a boolean mask,
+``masked_select``, ``unique``, ``repeat_interleave``), a host copy (``.cpu()``, ``.to("cpu")``,
+``copy_``, ``host[:] = t``, ``torch.as_tensor``, ``.type``), a printed text. The data-less run then
+answers each of its reads with the value read at the same line from a tensor of the same shape
+and dtype (the answer is deterministic, so it takes the same path), and refuses whatever has no
+such value. The calls whose values it took are the syncs, counted by construction: a host copy
+the sniffer cannot see on a CPU (``.to("cpu")``, ``copy_``: there both tensors are host tensors)
+is one, and a read of a tensor the answer made on the host (which the sniffer, on a CPU, counts)
+is none.
 """
 
 from __future__ import annotations
@@ -22,37 +25,54 @@ from dataclasses import dataclass
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from mamba_edu.profiling.syncs import BOOL_INDEX_OPS, REPEAT_INTERLEAVE
+from mamba_edu.profiling.syncs import ALWAYS_SYNC, BOOL_INDEX_OPS
 
 aten = torch.ops.aten
 #: Ops whose result is a Python scalar the host reads.
-SCALARS = (aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default)
+SCALARS = (aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default, aten.allclose.default)
+#: Ops whose output shapes depend on values: the data-less run is answered with the real shapes.
+SHAPED = (aten.nonzero.default, aten.masked_select.default, aten._unique2.default, aten.unique_dim.default,
+          aten.unique_consecutive.default, aten.repeat_interleave.Tensor)
+#: Calls that copy their source tensor to the host (on a GPU; on a CPU most are no-ops), by name.
+_COPIES = {torch.Tensor.cpu: "cpu()", torch.Tensor.to: ".to(the host)", torch.Tensor.copy_: "copy_ into a host tensor",
+           torch.Tensor.__setitem__: "host[...] = device data", torch.as_tensor: "torch.as_tensor(device=the host)",
+           torch.Tensor.type: ".type(a host type)"}
+_TEXTS = (torch.Tensor.__repr__, torch.Tensor.__str__, torch.Tensor.__format__)
 #: Where the instruments' own frames are (torch, this folder): a read's line is the first outside them.
 _OWN = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)))
+_MODES = ("__torch_dispatch__", "__torch_function__")
 
 
 def call_site() -> tuple[str, int]:
-    """``(file, line)`` of the first frame outside torch, this folder and ``contextlib``: the line
-    of the function under test that asked for the value."""
+    """``(file, line)`` of the first frame outside torch, this folder, ``contextlib`` and any
+    torch mode's handler (another instrument's): the line of the function under test that asked."""
     frame = sys._getframe(1)
-    while frame is not None and (frame.f_code.co_filename.startswith(_OWN)
+    while frame is not None and (frame.f_code.co_filename.startswith(_OWN) or frame.f_code.co_name in _MODES
                                  or frame.f_code.co_filename.endswith("contextlib.py")):
         frame = frame.f_back
     return (frame.f_code.co_filename, frame.f_lineno) if frame is not None else ("?", 0)
 
 
+def signature(t) -> tuple:
+    """What a read is matched on besides its line: the source tensor's shape and dtype."""
+    return (tuple(t.shape), str(t.dtype)) if isinstance(t, torch.Tensor) else ()
+
+
 @dataclass
 class Read:
-    """One value read to the host: ``kind`` ``"scalar"`` (a Python number or bool), ``"size"``
-    (the leading size of a data-dependent output) or ``"copy"`` (a host tensor); ``counted``: the
-    sync sniffer counted it (not a ``.to``/``copy_`` between two host tensors)."""
+    """One value read to the host at ``site`` from a tensor of ``source`` (shape, dtype): ``kind``
+    ``"scalar"`` (a number or bool), ``"shapes:<op>"`` (the ``(shape, dtype)`` of each output of a
+    data-dependent op), ``"copy"`` (a host tensor) or ``"text"`` (a printed tensor), by the call
+    ``op`` (one sync: the elements of a ``tolist`` share their ``call``, a number)."""
 
     site: tuple[str, int]
     kind: str
+    source: tuple
     value: object
-    counted: bool
+    op: str
+    call: int
     used: bool = False
 
 
@@ -61,19 +81,29 @@ class Reads:
 
     def __init__(self):
         self.log: list[Read] = []
+        self.calls = 0
 
-    def add(self, kind: str, value, counted: bool = True) -> None:
-        self.log.append(Read(call_site(), kind, value, counted))
+    def add(self, kind: str, source, value, op: str, new_call: bool = True) -> None:
+        self.calls += new_call
+        self.log.append(Read(call_site(), kind, signature(source), value, op, self.calls))
 
-    def take(self, kind: str, fits=lambda value: True) -> Read | None:
-        """The first unused read of ``kind`` made at the caller's line whose value ``fits``
-        (marked used), or None."""
-        site = call_site()
+    def take(self, kind: str, source) -> Read | None:
+        """The first unused read of ``kind`` from a tensor like ``source`` made at the caller's
+        line (marked used), or None."""
+        site, sig = call_site(), signature(source)
         for read in self.log:
-            if not read.used and read.kind == kind and read.site == site and fits(read.value):
+            if not read.used and read.kind == kind and read.site == site and read.source == sig:
                 read.used = True
                 return read
         return None
+
+
+def _flat(values) -> list:
+    return [v for x in values for v in _flat(x)] if isinstance(values, list) else [values]
+
+
+def _shapes(out) -> list:
+    return [(tuple(t.shape), t.dtype) for t in (out if isinstance(out, (tuple, list)) else [out])]
 
 
 class _Ops(TorchDispatchMode):
@@ -85,15 +115,20 @@ class _Ops(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if func in SCALARS:
-            self.reads.add("scalar", out)
-        elif func is aten.nonzero.default or (func in REPEAT_INTERLEAVE and kwargs.get("output_size") is None):
-            self.reads.add("size", out.shape[0])
-        elif func is aten.masked_select.default:
-            self.reads.add("size", out.numel())
-        elif func in BOOL_INDEX_OPS:  # the data-less run asks nonzero of the mask
+            self.reads.add("scalar", args[0], out, ALWAYS_SYNC[func])
+        elif func in SHAPED:
+            self.reads.add(f"shapes:{func}", args[0], _shapes(out), ALWAYS_SYNC.get(func, str(func.overloadpacket)))
+        elif func is aten.repeat_interleave.self_Tensor and kwargs.get("output_size") is None:
+            # the data-less run asks repeat_interleave.Tensor of the repeats for the size
+            self.reads.add(f"shapes:{aten.repeat_interleave.Tensor}", args[1], [((out.shape[0],), torch.long)],
+                           "repeat_interleave")
+        elif func in BOOL_INDEX_OPS:  # the data-less run asks nonzero of each boolean index
             for index in args[1] if len(args) > 1 else kwargs.get("indices", ()):
                 if isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8):
-                    self.reads.add("size", int(index.count_nonzero()))
+                    with _disable_current_modes():  # not a read of the answer's
+                        n = int(index.count_nonzero())
+                    self.reads.add(f"shapes:{aten.nonzero.default}", index, [((n, index.dim()), torch.long)],
+                                   "boolean-mask indexing")
         return out
 
 
@@ -105,21 +140,27 @@ class _Methods(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func is torch.Tensor.tolist:  # the data-less run reads it element by element
-            for value in torch.tensor(out).flatten().tolist() if isinstance(out, list) else [out]:
-                self.reads.add("scalar", value)
-        elif func in (torch.Tensor.cpu, torch.Tensor.numpy, torch.Tensor.__array__):
-            self.reads.add("copy", torch.as_tensor(out).clone())
-        elif func is torch.Tensor.to and isinstance(out, torch.Tensor):
-            self.reads.add("copy", out.detach().clone(), counted=False)
-        elif func is torch.Tensor.copy_ and len(args) > 1 and isinstance(args[1], torch.Tensor):
-            self.reads.add("copy", args[1].detach().clone(), counted=False)
+        source = args[2] if func is torch.Tensor.__setitem__ else args[1] if func is torch.Tensor.copy_ else args[0]
+        if func is torch.Tensor.tolist:  # the data-less run reads it element by element: one call
+            element = torch.empty((), dtype=source.dtype)
+            for i, value in enumerate(_flat(out)):
+                self.reads.add("scalar", element, value, "tolist", new_call=i == 0)
+        elif func in _TEXTS:
+            self.reads.add("text", source, out, "repr/print")
+        elif func in _COPIES and isinstance(source, torch.Tensor) and (func is not torch.Tensor.to or _to_a_device(args, kwargs)):
+            self.reads.add("copy", source, source.detach().clone(), _COPIES[func])
         return out
+
+
+def _to_a_device(args, kwargs) -> bool:
+    """Whether a ``Tensor.to`` call names a device (a dtype alone stays where it is)."""
+    return "device" in kwargs or any(isinstance(a, (str, torch.device, torch.Tensor)) for a in args[1:])
 
 
 @contextlib.contextmanager
 def recording():
-    """Write down every value the block reads to the host; yields the :class:`Reads`."""
+    """Write down every value the block reads to the host; yields the :class:`Reads`. Enter it
+    before the sync sniffer, so the sniffer sees the answer's calls and not the recorder's."""
     reads = Reads()
     with _Methods(reads), _Ops(reads):
         yield reads

@@ -38,6 +38,7 @@ ALWAYS_SYNC = {
     aten.unique_dim.default: "unique",
     aten.unique_consecutive.default: "unique_consecutive",
     aten.equal.default: "torch.equal",
+    aten.allclose.default: "allclose",
 }
 #: Indexing ops: a boolean index among their indices makes the output size depend on values.
 BOOL_INDEX_OPS = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default,

@@ -292,6 +292,16 @@ def make_track(window_shift=0, all_rows=False, final_from_h=False, inclusive=Fal
     return track
 
 
+def track_printing_its_rows(conv_pool, ssm_pool, mixed_qkv, h, batch, W):  # print: allowed, a sync
+    print("tracked rows:", batch.track_mask_t.nonzero()[:, 0])
+    make_track()(conv_pool, ssm_pool, mixed_qkv, h, batch, W)
+
+
+def track_with_numpy_rows(conv_pool, ssm_pool, mixed_qkv, h, batch, W):  # .numpy() of device data
+    if batch.track_mask_t.numpy().any():                                 # (a GPU: TypeError)
+        make_track()(conv_pool, ssm_pool, mixed_qkv, h, batch, W)
+
+
 def track_by_the_backend(conv_pool, ssm_pool, mixed_qkv, h, batch, W):
     from mamba_edu.serving import LinearAttentionBackend, get_strategy
     from mamba_edu.serving.tracking import ForwardMetadata
@@ -319,11 +329,13 @@ WRONG_3 = {
     "the host track_mask cleared after the copy": make_track(clear_mask=True),
     "the conv window's offsets made without device= (on a GPU: a host tensor added to device data)":
         make_track(host_window=True),
+    "the mask read with .numpy() (a device tensor has none: .cpu() first)": track_with_numpy_rows,
 }
 
 
-def test_naive_track_accepts_the_right_answer():
-    verdict = judge_answer(NB, 3, make_track())
+@pytest.mark.parametrize("right", [make_track(), track_printing_its_rows])
+def test_naive_track_accepts_the_right_answer(right):
+    verdict = judge_answer(NB, 3, right)
     assert verdict.status == PASS, verdict.line()
 
 

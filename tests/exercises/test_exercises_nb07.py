@@ -122,6 +122,28 @@ def copy_into_host(cu):                               # copy_ into a host buffer
     return host.to(cu.device)
 
 
+def slots_read_element_by_element(batch, conv_width):  # torch.tensor(list(t)): a read per element
+    got = list(prepare()(batch, conv_width) or ())
+    if got:
+        got[0] = torch.tensor(list(got[0]), device=got[0].device)
+    return tuple(got) or None
+
+
+def from_final_on_the_host(batch, conv_width):        # built from host lists without device=
+    got = prepare()(batch, conv_width)
+    if got is None:
+        return None
+    rows = [i for i, m in enumerate(batch.track_mask) if m]
+    final = torch.tensor([batch.track_lens[i] - batch.prefix_lens[i] == batch.extend_lens[i] for i in rows])
+    return (*got[:4], final)
+
+
+def rows_listed_then_nonzero(batch, conv_width):      # .tolist() for the gate, nonzero for the rows: two
+    if not any(batch.track_mask_t.tolist()):
+        return None
+    return indices()(batch, batch.track_mask_t.nonzero()[:, 0], conv_width)
+
+
 def rows_from_a_list(batch, conv_width):             # the two syncs as .tolist() and the gate: right
     flags = batch.track_mask_t.tolist()
     if not any(flags):
@@ -163,7 +185,7 @@ def prepare_like_sglang(batch, conv_width):          # nine more syncs: SGLang's
     r = rows.cpu()
     checkpoint = torch.minimum(first[r] + A[r] // 64, chunks.sum() - 1)
     conv = (batch.cu_seqlens[:-1].cpu()[r] + A[r])[:, None] + torch.arange(-(conv_width - 1), 0)
-    return dst[r], conv, working[r], checkpoint, A[r] == E[r]
+    return tuple(t.to(mask.device) for t in (dst[r], conv, working[r], checkpoint, A[r] == E[r]))  # uploaded
 
 
 def prepare_row_by_row(batch, conv_width):            # a sync per row
@@ -215,12 +237,15 @@ WRONG_2 = {
     "syncing: cu_seqlens copied into a host buffer with copy_": prepare(build=indices(via_host=copy_into_host)),
     "the conv window's offsets made without device= (a host tensor added to device data)":
         prepare(build=indices(host_window=True)),
+    "syncing: torch.tensor(list(dst)) after the two allowed syncs": slots_read_element_by_element,
+    "from_final built on the host (a GPU's torch.where refuses a host mask)": from_final_on_the_host,
 }
 
 
 def test_prepare_accepts_the_right_answers():
     # no gate: an empty nonzero is fine too; a final row may name any row of h (the contract)
-    for right in (prepare(), prepare(gate=False), prepare(build=indices(final_at=0)), rows_from_a_list):
+    for right in (prepare(), prepare(gate=False), prepare(build=indices(final_at=0)), rows_from_a_list,
+                  rows_listed_then_nonzero):
         verdict = judge_answer(NB, 2, right)
         assert verdict.status == PASS, verdict.line()
 
@@ -237,7 +262,7 @@ def test_prepare_messages():
     assert "pool differs" in judge_answer(NB, 2, prepare_nothing).message
     assert "final-row contract" in judge_answer(NB, 2, prepare(build=indices(final_at=-1))).message
     hidden = judge_answer(NB, 2, prepare(build=indices(via_host=to_host_and_back))).message
-    assert "3 would-be host syncs" in hidden and "aten._to_copy" in hidden, hidden  # the gate, the rows, the copy
+    assert "3 would-be host syncs" in hidden and ".to(the host)" in hidden, hidden  # the gate, the rows, the copy
     assert "make it with device=" in judge_answer(NB, 2, prepare(build=indices(host_window=True))).message
 
 

@@ -310,54 +310,98 @@ def naive_rows(m, x):                                  # SGLang's gate, then non
     return x[m.nonzero()[:, 0]] * 2 + torch.arange(2, device=x.device)
 
 
+def ints(t):                                           # one helper line reads a host and a device tensor
+    return [int(v) for v in t]
+
+
+#: right answers where syncs are allowed, and the syncs a GPU makes for each
 ALLOWED_READS = {
-    "the gate and nonzero": naive_rows,
-    "tolist": lambda m, x: x[torch.tensor([i for i, v in enumerate(m.tolist()) if v], device=x.device)],
-    "a boolean mask": lambda m, x: x[m] + 1,
-    "int() of a sum": lambda m, x: x[:int(m.sum())],
-    ".cpu()": lambda m, x: x.cpu() + 1,
-    "numpy.asarray": lambda m, x: x[torch.tensor(np.asarray(m).nonzero()[0], device=x.device)],
-    "torch.where(mask)": lambda m, x: torch.where(m)[0],
-    "repeat_interleave": lambda m, x: torch.repeat_interleave(m.long()),
-    "torch.equal": lambda m, x: x if torch.equal(x, x) else None,
-    "a bool per row in a loop": lambda m, x: torch.stack([x[i] for i in range(4) if m[i]]),
+    "the gate and nonzero": (naive_rows, 2),
+    "tolist": (lambda m, x: x[torch.tensor([i for i, v in enumerate(m.tolist()) if v], device=x.device)], 1),
+    "tolist, then nonzero": (lambda m, x: (m.tolist(), x[m.nonzero()[:, 0]])[1], 2),
+    "nonzero, then tolist": (lambda m, x: x[torch.tensor(m.nonzero()[:, 0].tolist(), device=x.device)], 2),
+    "a dtype change, then .cpu()": (lambda m, x: x[m.nonzero()[:, 0].to(torch.int32).cpu().to(x.device)], 2),
+    "a boolean mask": (lambda m, x: x[m] + 1, 1),
+    "a 2-D boolean mask": (lambda m, x: x[x > 2.5], 1),
+    "int() of a sum": (lambda m, x: x[:int(m.sum())], 1),
+    ".cpu()": (lambda m, x: (x.cpu() + 1).to(x.device), 1),
+    ".cpu().numpy()": (lambda m, x: x[torch.tensor(m.cpu().numpy().nonzero()[0], device=x.device)], 1),
+    "torch.where(mask)": (lambda m, x: torch.where(m)[0], 1),
+    "masked_select": (lambda m, x: torch.masked_select(x, m[:, None]), 1),
+    "unique with counts": (lambda m, x: torch.unique(m.long(), return_counts=True)[1], 1),
+    "repeat_interleave": (lambda m, x: torch.repeat_interleave(m.long()), 1),
+    "torch.equal": (lambda m, x: x if torch.equal(x, x) else None, 1),
+    "allclose": (lambda m, x: x if torch.allclose(x, x) else None, 1),
+    "a bool per row in a loop": (lambda m, x: torch.stack([x[i] for i in range(4) if m[i]]), 4),
+    "printing the rows": (lambda m, x: (print("rows:", m.nonzero()), f"{m.nonzero()}", x)[2], 4),
+    "one helper line for a host and a device tensor": (
+        lambda m, x: x[torch.tensor(ints(m.cpu()), device=x.device).bool()][:ints(m.long())[0]], 6),
 }
 
 
 def replay(fn, *args):
-    from mamba_edu.profiling.fake_device import replayed
+    """``(refusal, the syncs)`` of the data-less run answered by the real run: the way
+    observe(may_sync=True) runs an answer."""
+    from mamba_edu.profiling.fake_device import DataLess
     from mamba_edu.profiling.replay import recording
-    with recording() as reads:
-        fn(*[a.clone() for a in args])
-    return replayed(fn, args, reads)
+    from mamba_edu.profiling.syncs import count_syncs
+    with DataLess(fn, args) as data_less:
+        with recording() as reads, count_syncs(strict=True):
+            fn(*[a.clone() for a in args])
+        return data_less.verdict(reads)
 
 
 @pytest.mark.parametrize("name", list(ALLOWED_READS))
-def test_replay_answers_the_reads_the_real_run_made(name):
-    assert replay(ALLOWED_READS[name], MASK, X) == (None, [])
+def test_replay_answers_the_reads_the_real_run_made(name, capsys):
+    fn, syncs = ALLOWED_READS[name]
+    refused, taken = replay(fn, MASK, X)
+    assert refused is None and len(taken) == syncs, (refused, taken)
+    assert capsys.readouterr().out.count("rows:") <= 1  # the data-less run prints nothing
 
 
 def test_replay_counts_the_host_copies_a_cpu_cannot_see():
+    """The sniffer sees neither (both tensors are host tensors on a CPU); the data-less run does."""
     def round_trip(m, x):
         return (x.to("cpu") * 2).to(x.device)
 
     def into_a_buffer(m, x):
         host = torch.empty(4, 2)
         host.copy_(x)
+        host[:2] = x[:2]
         return host.to(x.device)
-    assert replay(round_trip, MASK, X) == (None, ["a copy of device data to the host (aten._to_copy)"])
-    assert replay(into_a_buffer, MASK, X) == (None, ["a copy of device data to the host (aten.copy_)"])
+    assert replay(round_trip, MASK, X) == (None, [".to(the host)"])
+    assert replay(into_a_buffer, MASK, X) == (None, ["copy_ into a host tensor", "host[...] = device data"])
     assert replay(lambda m, x: x.to(torch.float64), MASK, X) == (None, [])  # a dtype change stays on the device
 
 
-def test_replay_refuses_what_has_no_answer():
-    refused, _ = replay(lambda m, x: naive_rows(m, x) + torch.ones(2), MASK, X)
-    assert "a host tensor mixed with device data" in refused  # after the allowed reads too
+@pytest.mark.parametrize("answer, refusal", [
+    (lambda m, x: naive_rows(m, x) + torch.ones(2), "a host tensor mixed with device data"),  # after the allowed reads
+    (lambda m, x: torch.tensor(np.asarray(m).nonzero()[0], device=x.device), "(Tensor.__array__)"),  # a GPU: TypeError
+    (lambda m, x: m.numpy(), "(Tensor.numpy)"),
+    (lambda m, x: x.data_ptr(), "(Tensor.data_ptr)"),
+    (lambda m, x: torch.tensor([1, 2]) if m.any() else None, "a result left on the host"),
+    (lambda m, x: torch.tensor(list(x[:, 0]), device=x.device), "raised TypeError on device tensors with no data"),
+])
+def test_replay_refuses_what_a_gpu_refuses_or_has_no_answer(answer, refusal):
+    refused, _ = replay(answer, MASK, X)
+    assert refused is not None and refusal in refused, refused
 
-    def reads_only_without_data(m, x):                   # the real run reads nothing at this line
+
+def test_replay_refuses_a_read_the_real_run_did_not_make():
+    def reads_only_without_data(m, x):
         from torch._subclasses.fake_tensor import FakeTensor
         return m.nonzero() if isinstance(m, FakeTensor) else x
     refused, _ = replay(reads_only_without_data, MASK, X)
     assert refused.startswith("a read of device data to the host (aten.nonzero")
-    refused, _ = replay(lambda m, x: x.data_ptr(), MASK, X)
-    assert refused == "a copy of device data to the host (Tensor.data_ptr)"
+
+
+_MEMO = {}
+
+
+def test_replay_is_forked_before_the_real_run_so_its_memos_do_not_hide_the_answer():
+    def memoised(m, x):                                # the host mix happens only on a cold memo
+        if "w" not in _MEMO:
+            _MEMO["w"] = x.sum(0) + torch.zeros(2)
+        return _MEMO["w"]
+    refused, _ = replay(memoised, MASK, X)
+    assert "a host tensor mixed with device data" in refused

@@ -52,7 +52,8 @@ class Request:
 
     The prompt is copied and checked once, here, into :class:`~mamba_edu.serving.tokens.Tokens`
     (a tuple of Python ints): changing the list it came from afterwards changes nothing, and the
-    cache and the batch builder take it without a second pass. ``rid`` must be hashable and equal to itself."""
+    cache and the batch builder take it without a second pass. ``rid`` must be hashable and equal
+    to itself."""
 
     rid: Hashable
     token_ids: Tokens

@@ -206,9 +206,10 @@ def observe(fn, *args, fake: bool = False, may_sync: bool = False, writes: tuple
     is answered with the values the real run read (:mod:`mamba_edu.profiling.replay`): a refusal
     there (a read the real run did not make, a host tensor mixed with device data, a result left
     on the host) fails the check, and ``sync_ops`` are the calls whose values it took, counted by
-    construction (a ``.to("cpu")`` too, a read of a tensor made on the host not). The tensors of every argument not in ``writes`` (positions the
-    exercise asks to write in place) must come back unchanged: an answer that overwrites its
-    inputs fails, since the engine passes its own tensors. Every call of the package functions
+    construction (a ``.to("cpu")`` too, a read of a tensor made on the host not). The tensors of
+    every argument not in ``writes`` (positions the exercise asks to write in place) must come
+    back unchanged: an answer that overwrites its inputs fails, since the engine passes its own
+    tensors. Every call of the package functions
     ``metered`` names (dotted), from any thread, is counted in ``metered_rows`` (the first run
     only, not the data-less one)."""
     kept = {i: _tensors_of(a) for i, a in enumerate(args) if i not in writes}

@@ -304,10 +304,7 @@ class DataLess:
     """The data-less run of ``fn(*args)``, in a child forked when this is made (where ``os.fork``
     exists), so that a crash there costs the exercise, not the notebook, and so that what a real
     run made afterwards leaves in memory (a memo, a cache) is not there. The child waits for
-    :meth:`verdict`, which sends it the real run's reads (or None: every read refused) and returns
-    ``(the first refusal or None, the syncs: the real run's calls whose values it took)``; a child that dies or does not
-    finish within :data:`TIMEOUT_S` is a refusal too. Use it as a context manager: leaving it
-    ends the child."""
+    :meth:`verdict`. Use it as a context manager: leaving it ends a child still waiting."""
 
     def __init__(self, fn: Callable[..., object], args):
         self.fn, self.args, self.pid = fn, args, None
@@ -335,6 +332,9 @@ class DataLess:
         os.close(self.back_out)
 
     def verdict(self, reads) -> tuple[str | None, list[str]]:
+        """Send the child the real run's ``reads`` (None: every read refused) and return ``(the
+        first refusal or None, the syncs: the real run's calls whose values it took)``; a child
+        that dies or does not finish within :data:`TIMEOUT_S` is a refusal too."""
         if self.pid is None:
             return _verdict(self.fn, self.args, reads)
         try:

@@ -147,7 +147,8 @@ class _Methods(TorchFunctionMode):
                 self.reads.add("scalar", element, value, "tolist", new_call=i == 0)
         elif func in _TEXTS:
             self.reads.add("text", source, out, "repr/print")
-        elif func in _COPIES and isinstance(source, torch.Tensor) and (func is not torch.Tensor.to or _to_a_device(args, kwargs)):
+        elif (func in _COPIES and isinstance(source, torch.Tensor)
+              and (func is not torch.Tensor.to or _to_a_device(args, kwargs))):
             self.reads.add("copy", source, source.detach().clone(), _COPIES[func])
         return out
 

@@ -121,7 +121,7 @@ def _read_recorder(reads=None):
                                                FakeTensor, FakeTensorDeviceMismatchError, FakeTensorMode)
     from torch.utils._pytree import arg_tree_leaves, tree_leaves
 
-    from mamba_edu.profiling.replay import SCALARS, SHAPED
+    from mamba_edu.profiling.replay import SCALARS, SHAPED, op_reads, signature
 
     class ReadRecorder(FakeTensorMode):
         avoid_device_init = True  # with a CUDA torch too: the forked run must not touch the GPU
@@ -137,7 +137,7 @@ def _read_recorder(reads=None):
 
         def answer(self, kind: str, verdict: str, source, error: type = HostCopy):
             """The real run's value of this read of ``source``, or its refusal."""
-            read = self.reads.take(kind, source) if self.reads is not None else None
+            read = self.reads.take(kind, signature(source)) if self.reads is not None else None
             if read is None:
                 self.refuse(verdict, error)
             self.answered[read.call] = read.op
@@ -153,7 +153,10 @@ def _read_recorder(reads=None):
             op, device_data = str(func.overloadpacket), any(map(_on_device, inputs))
             to = torch.device(kwargs.get("device") or "cpu").type
             if to == "cpu" and not any(isinstance(t, FakeTensor) for t in inputs):
-                return func(*args, **kwargs)  # host data: real, as on a GPU
+                out = func(*args, **kwargs)  # host data: real, as on a GPU
+                for kind, source, *_ in op_reads(func, args, kwargs, out) if self.reads is not None else ():
+                    self.reads.take(kind, signature(source))  # a host read: its record used, in step
+                return out
             copied = f"a copy of device data to the host ({op})"
             if device_data and kwargs.get("device") is not None and to == "cpu":
                 return self.answer("copy", copied, args[0]).to(kwargs.get("dtype") or args[0].dtype)
@@ -263,14 +266,15 @@ def data_read(fn: Callable[..., object], *args) -> str | None:
 def _run(fn, args, reads=None) -> tuple[str | None, list[str]]:
     """:func:`data_read`, its reads answered from ``reads`` if given: ``(the first refusal or
     None, the real run's calls whose values it took: the syncs, one name each)``."""
+    from mamba_edu.profiling.replay import Methods
     mode = _read_recorder(reads)
     fake = [fake_copy(a, mode) for a in args]
     error = None
     log = logging.getLogger("torch._subclasses.fake_tensor")
     level, log.level = log.level, logging.CRITICAL  # it logs each refused op as an error
     try:
-        with _device_methods(mode), mode:  # what the function creates on the device is fake too
-            out = fn(*fake)
+        with _device_methods(mode), mode, Methods(reads, consume=True) if reads is not None else contextlib.nullcontext():
+            out = fn(*fake)  # what the function creates on the device is fake too
         # a host plan may return host tensors; asked for a device, or feeding device work, it may not
         asked = reads is not None or any(isinstance(a, torch.device) for a in args)
         if asked and any(t.dim() and not _on_device(t) for t in _tensors_in(out)):

@@ -56,8 +56,9 @@ def call_site() -> tuple[str, int]:
 
 
 def signature(t) -> tuple:
-    """What a read is matched on besides its line: the source tensor's shape and dtype."""
-    return (tuple(t.shape), str(t.dtype)) if isinstance(t, torch.Tensor) else ()
+    """What a read is matched on besides its line: the source tensor's shape and dtype (``t``
+    itself if it is already a signature)."""
+    return (tuple(t.shape), str(t.dtype)) if isinstance(t, torch.Tensor) else t
 
 
 @dataclass
@@ -83,16 +84,16 @@ class Reads:
         self.log: list[Read] = []
         self.calls = 0
 
-    def add(self, kind: str, source, value, op: str, new_call: bool = True) -> None:
+    def add(self, kind: str, source: tuple, value, op: str, new_call: bool = True) -> None:
         self.calls += new_call
-        self.log.append(Read(call_site(), kind, signature(source), value, op, self.calls))
+        self.log.append(Read(call_site(), kind, source, value, op, self.calls))
 
-    def take(self, kind: str, source) -> Read | None:
-        """The first unused read of ``kind`` from a tensor like ``source`` made at the caller's
-        line (marked used), or None."""
-        site, sig = call_site(), signature(source)
+    def take(self, kind: str, source: tuple) -> Read | None:
+        """The first unused read of ``kind`` from a tensor of signature ``source`` made at the
+        caller's line (marked used), or None."""
+        site = call_site()
         for read in self.log:
-            if not read.used and read.kind == kind and read.site == site and read.source == sig:
+            if not read.used and read.kind == kind and read.site == site and read.source == source:
                 read.used = True
                 return read
         return None
@@ -106,6 +107,51 @@ def _shapes(out) -> list:
     return [(tuple(t.shape), t.dtype) for t in (out if isinstance(out, (tuple, list)) else [out])]
 
 
+def op_reads(func, args, kwargs, out) -> list[tuple]:
+    """The host reads of one aten op ``func(*args, **kwargs) -> out``, as ``(kind, source tensor,
+    value, op name, a new call)``: what the data-less run would ask for if the source were device
+    data (a boolean index: the nonzero it asks)."""
+    if func in SCALARS:
+        return [("scalar", args[0], out, ALWAYS_SYNC[func], True)]
+    if func in SHAPED:
+        return [(f"shapes:{func}", args[0], _shapes(out), ALWAYS_SYNC.get(func, str(func.overloadpacket)), True)]
+    if func is aten.repeat_interleave.self_Tensor and kwargs.get("output_size") is None:
+        # the data-less run asks repeat_interleave.Tensor of the repeats for the size
+        return [(f"shapes:{aten.repeat_interleave.Tensor}", args[1], [((out.shape[0],), torch.long)],
+                 "repeat_interleave", True)]
+    if func in BOOL_INDEX_OPS:
+        masks = [i for i in (args[1] if len(args) > 1 else kwargs.get("indices", ()))
+                 if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)]
+        with _disable_current_modes():  # not reads of the answer's
+            counts = [int(m.count_nonzero()) for m in masks]
+        return [(f"shapes:{aten.nonzero.default}", m, [((n, m.dim()), torch.long)], "boolean-mask indexing", True)
+                for m, n in zip(masks, counts)]
+    return []
+
+
+#: Where the source tensor of a copy is: (position, keyword).
+_SOURCE = {torch.Tensor.copy_: (1, "src"), torch.Tensor.__setitem__: (2, "value"), torch.as_tensor: (0, "data")}
+
+
+def method_reads(func, args, kwargs, out) -> list[tuple]:
+    """The host reads of one Tensor method or torch function call, as in :func:`op_reads`: those
+    that do not reach the dispatcher on a CPU (``tolist``, printing, host copies)."""
+    if not (func is torch.Tensor.tolist or func in _TEXTS or func in _COPIES):
+        return []
+    at, name = _SOURCE.get(func, (0, "self"))
+    source = args[at] if len(args) > at else kwargs.get(name)
+    if not isinstance(source, torch.Tensor):
+        return []
+    if func is torch.Tensor.tolist:  # the data-less run reads it element by element: one call
+        element = ((), str(source.dtype))
+        return [("scalar", element, value, "tolist", i == 0) for i, value in enumerate(_flat(out))]
+    if func in _TEXTS:
+        return [("text", source, out, "repr/print", True)]
+    if func is not torch.Tensor.to or _to_a_device(args, kwargs):
+        return [("copy", source, source.detach().clone(), _COPIES[func], True)]
+    return []
+
+
 class _Ops(TorchDispatchMode):
     def __init__(self, reads: Reads):
         super().__init__()
@@ -114,43 +160,34 @@ class _Ops(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func in SCALARS:
-            self.reads.add("scalar", args[0], out, ALWAYS_SYNC[func])
-        elif func in SHAPED:
-            self.reads.add(f"shapes:{func}", args[0], _shapes(out), ALWAYS_SYNC.get(func, str(func.overloadpacket)))
-        elif func is aten.repeat_interleave.self_Tensor and kwargs.get("output_size") is None:
-            # the data-less run asks repeat_interleave.Tensor of the repeats for the size
-            self.reads.add(f"shapes:{aten.repeat_interleave.Tensor}", args[1], [((out.shape[0],), torch.long)],
-                           "repeat_interleave")
-        elif func in BOOL_INDEX_OPS:  # the data-less run asks nonzero of each boolean index
-            for index in args[1] if len(args) > 1 else kwargs.get("indices", ()):
-                if isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8):
-                    with _disable_current_modes():  # not a read of the answer's
-                        n = int(index.count_nonzero())
-                    self.reads.add(f"shapes:{aten.nonzero.default}", index, [((n, index.dim()), torch.long)],
-                                   "boolean-mask indexing")
+        for kind, source, value, op, new_call in op_reads(func, args, kwargs, out):
+            self.reads.add(kind, signature(source), value, op, new_call)
         return out
 
 
-class _Methods(TorchFunctionMode):
-    def __init__(self, reads: Reads):
+class Methods(TorchFunctionMode):
+    """Records the reads of :func:`method_reads` (the real run), or, with ``consume``, marks
+    those of host tensors used (the data-less run: a host tensor's read there is real and needs
+    no answer, and taking its record keeps the two runs in step)."""
+
+    def __init__(self, reads: Reads, consume: bool = False):
         super().__init__()
-        self.reads = reads
+        self.reads, self.consume = reads, consume
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        source = args[2] if func is torch.Tensor.__setitem__ else args[1] if func is torch.Tensor.copy_ else args[0]
-        if func is torch.Tensor.tolist:  # the data-less run reads it element by element: one call
-            element = torch.empty((), dtype=source.dtype)
-            for i, value in enumerate(_flat(out)):
-                self.reads.add("scalar", element, value, "tolist", new_call=i == 0)
-        elif func in _TEXTS:
-            self.reads.add("text", source, out, "repr/print")
-        elif (func in _COPIES and isinstance(source, torch.Tensor)
-              and (func is not torch.Tensor.to or _to_a_device(args, kwargs))):
-            self.reads.add("copy", source, source.detach().clone(), _COPIES[func])
+        for kind, source, value, op, new_call in method_reads(func, args, kwargs, out):
+            if not self.consume:
+                self.reads.add(kind, signature(source), value, op, new_call)
+            elif not _is_fake(source):
+                self.reads.take(kind, signature(source))
         return out
+
+
+def _is_fake(t) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+    return isinstance(t, FakeTensor)
 
 
 def _to_a_device(args, kwargs) -> bool:
@@ -163,5 +200,5 @@ def recording():
     """Write down every value the block reads to the host; yields the :class:`Reads`. Enter it
     before the sync sniffer, so the sniffer sees the answer's calls and not the recorder's."""
     reads = Reads()
-    with _Methods(reads), _Ops(reads):
+    with Methods(reads), _Ops(reads):
         yield reads

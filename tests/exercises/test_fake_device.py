@@ -314,6 +314,16 @@ def ints(t):                                           # one helper line reads a
     return [int(v) for v in t]
 
 
+def listed(t):                                         # the same, through tolist
+    return t.tolist()
+
+
+def flags_after_a_host_list(m, x):                    # the host list first: the device one must get its own values
+    listed(torch.zeros(4, dtype=torch.bool))
+    rows = [i for i, v in enumerate(listed(m)) if v]
+    return x[torch.tensor(rows, device=x.device)] if rows else torch.zeros(2)  # the host's values: refused
+
+
 #: right answers where syncs are allowed, and the syncs a GPU makes for each
 ALLOWED_READS = {
     "the gate and nonzero": (naive_rows, 2),
@@ -336,6 +346,11 @@ ALLOWED_READS = {
     "printing the rows": (lambda m, x: (print("rows:", m.nonzero()), f"{m.nonzero()}", x)[2], 4),
     "one helper line for a host and a device tensor": (
         lambda m, x: x[torch.tensor(ints(m.cpu()), device=x.device).bool()][:ints(m.long())[0]], 6),
+    "one tolist line for a host list of the same dtype, then the device mask": (flags_after_a_host_list, 1),
+    "sums of a host and a device tensor of one dtype on one line": (  # the host's sum (1) gives a host result
+        lambda m, x: x if [int(t.sum()) for t in (torch.tensor([1, 0, 0, 0]), m.long())][1] == 3 else torch.ones(2), 1),
+    "factories called with keywords only": (
+        lambda m, x: x + torch.arange(start=0, end=2, device=x.device) * torch.ones(size=(1,), device=x.device), 0),
 }
 
 

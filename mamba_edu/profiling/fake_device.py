@@ -304,6 +304,19 @@ def _verdict(fn, args, reads) -> tuple[str | None, list[str]]:
                 f"an op the judge cannot run without data, or a path the real run did not take"), []
 
 
+def _profile_hooks_kept_not_run() -> None:
+    """In the forked child: the profile API keeps the hooks it is given without running them. A
+    judge's hook runs at every call and slows the data-less run several times over, and what it
+    would find here never reaches the parent, which watched the real run."""
+    import threading
+    kept = {sys: sys.getprofile(), threading: threading.getprofile()}
+    sys.setprofile(None)
+    threading.setprofile(None)
+    for module in kept:
+        module.setprofile = lambda hook, module=module: kept.__setitem__(module, hook)
+        module.getprofile = lambda module=module: kept[module]
+
+
 class DataLess:
     """The data-less run of ``fn(*args)``, in a child forked when this is made (where ``os.fork``
     exists), so that a crash there costs the exercise, not the notebook, and so that what a real
@@ -325,6 +338,7 @@ class DataLess:
                 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
                 torch.set_num_threads(1)  # the parent's thread pool did not survive the fork
                 sys.stdout = sys.stderr = open(os.devnull, "w")  # the real run printed already
+                _profile_hooks_kept_not_run()
                 with os.fdopen(self.reads_in, "rb") as pipe:
                     reads = pickle.load(pipe)
                 refused, syncs = _verdict(fn, args, reads)

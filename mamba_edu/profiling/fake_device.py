@@ -61,6 +61,7 @@ import sys
 from typing import Callable
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 #: The device the data-less tensors are on.
 DEVICE = torch.device("cuda", 0)
@@ -136,11 +137,14 @@ def _read_recorder(reads=None):
             raise error(verdict)
 
         def answer(self, kind: str, verdict: str, source, error: type = HostCopy):
-            """The real run's value of this read of ``source``, or its refusal."""
+            """The real run's value of this read of ``source``, or its refusal; a sync if
+            ``source`` is device data (a host tensor turned fake inside an op with device data,
+            a host mask indexing device data, say, is read on the host)."""
             read = self.reads.take(kind, signature(source)) if self.reads is not None else None
             if read is None:
                 self.refuse(verdict, error)
-            self.answered[read.call] = read.op
+            if _on_device(source):
+                self.answered[read.call] = read.op
             return read.value
 
         def device_tensor(self, shape, dtype):
@@ -203,6 +207,17 @@ def call_on_meta(method, self, args, kwargs):
         if isinstance(t, FakeTensor) and t.fake_device.type == "meta":
             t.fake_device = DEVICE
     return out
+
+
+class _FunctionForms(TorchFunctionMode):
+    """``torch.nonzero(t, …)`` of a fake device tensor as ``t.nonzero(…)``: the function's binding
+    opens the same ``cuda`` device guard as the :data:`GUARDED` method."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nonzero and args and _on_device(args[0]):
+            return args[0].nonzero(*args[1:], **kwargs)
+        return func(*args, **kwargs)
 
 
 @contextlib.contextmanager
@@ -273,7 +288,8 @@ def _run(fn, args, reads=None) -> tuple[str | None, list[str]]:
     log = logging.getLogger("torch._subclasses.fake_tensor")
     level, log.level = log.level, logging.CRITICAL  # it logs each refused op as an error
     try:
-        with _device_methods(mode), mode, Methods(reads, consume=True) if reads is not None else contextlib.nullcontext():
+        with _device_methods(mode), mode, _FunctionForms(), \
+                Methods(reads, consume=True) if reads is not None else contextlib.nullcontext():
             out = fn(*fake)  # what the function creates on the device is fake too
         # a host plan may return host tensors; asked for a device, or feeding device work, it may not
         asked = reads is not None or any(isinstance(a, torch.device) for a in args)

@@ -297,6 +297,11 @@ def track_printing_its_rows(conv_pool, ssm_pool, mixed_qkv, h, batch, W):  # pri
     make_track()(conv_pool, ssm_pool, mixed_qkv, h, batch, W)
 
 
+def track_with_the_function_nonzero(conv_pool, ssm_pool, mixed_qkv, h, batch, W):  # torch.nonzero(t)
+    if torch.nonzero(batch.track_mask_t).shape[0]:
+        make_track()(conv_pool, ssm_pool, mixed_qkv, h, batch, W)
+
+
 def track_with_numpy_rows(conv_pool, ssm_pool, mixed_qkv, h, batch, W):  # .numpy() of device data
     if batch.track_mask_t.numpy().any():                                 # (a GPU: TypeError)
         make_track()(conv_pool, ssm_pool, mixed_qkv, h, batch, W)
@@ -333,7 +338,7 @@ WRONG_3 = {
 }
 
 
-@pytest.mark.parametrize("right", [make_track(), track_printing_its_rows])
+@pytest.mark.parametrize("right", [make_track(), track_printing_its_rows, track_with_the_function_nonzero])
 def test_naive_track_accepts_the_right_answer(right):
     verdict = judge_answer(NB, 3, right)
     assert verdict.status == PASS, verdict.line()

@@ -144,6 +144,13 @@ def rows_listed_then_nonzero(batch, conv_width):      # .tolist() for the gate, 
     return indices()(batch, batch.track_mask_t.nonzero()[:, 0], conv_width)
 
 
+def rows_by_a_host_mask(batch, conv_width):          # the host list as a host mask: nonzero runs on the host
+    if not any(batch.track_mask):
+        return None
+    host_mask = torch.tensor(batch.track_mask)
+    return indices()(batch, torch.arange(len(host_mask), device=batch.cu_seqlens.device)[host_mask], conv_width)
+
+
 def rows_from_a_list(batch, conv_width):             # the two syncs as .tolist() and the gate: right
     flags = batch.track_mask_t.tolist()
     if not any(flags):
@@ -245,7 +252,7 @@ WRONG_2 = {
 def test_prepare_accepts_the_right_answers():
     # no gate: an empty nonzero is fine too; a final row may name any row of h (the contract)
     for right in (prepare(), prepare(gate=False), prepare(build=indices(final_at=0)), rows_from_a_list,
-                  rows_listed_then_nonzero):
+                  rows_listed_then_nonzero, rows_by_a_host_mask):
         verdict = judge_answer(NB, 2, right)
         assert verdict.status == PASS, verdict.line()
 

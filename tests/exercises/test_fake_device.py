@@ -349,6 +349,11 @@ ALLOWED_READS = {
     "one tolist line for a host list of the same dtype, then the device mask": (flags_after_a_host_list, 1),
     "sums of a host and a device tensor of one dtype on one line": (  # the host's sum (1) gives a host result
         lambda m, x: x if [int(t.sum()) for t in (torch.tensor([1, 0, 0, 0]), m.long())][1] == 3 else torch.ones(2), 1),
+    "torch.nonzero, the function": (lambda m, x: x[torch.nonzero(m)[:, 0]], 1),
+    "torch.nonzero(as_tuple=True), the function": (lambda m, x: x[torch.nonzero(m, as_tuple=True)[0]], 1),
+    "a host mask indexing device data (read on the host)": (lambda m, x: x[torch.tensor([True, False, True, True])], 0),
+    "a printout and a read on one line": (
+        lambda m, x: x if f"{m.long().cumsum(0)} {int(m.long().cumsum(0)[-1])}".endswith(" 3") else torch.ones(2), 2),
     "factories called with keywords only": (
         lambda m, x: x + torch.arange(start=0, end=2, device=x.device) * torch.ones(size=(1,), device=x.device), 0),
 }

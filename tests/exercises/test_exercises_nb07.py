@@ -151,7 +151,7 @@ def rows_by_a_host_mask(batch, conv_width):          # the host list as a host m
     return indices()(batch, torch.arange(len(host_mask), device=batch.cu_seqlens.device)[host_mask], conv_width)
 
 
-def rows_from_a_list(batch, conv_width):             # the two syncs as .tolist() and the gate: right
+def rows_from_a_list(batch, conv_width):             # one sync, .tolist(); the gate and rows on the host
     flags = batch.track_mask_t.tolist()
     if not any(flags):
         return None

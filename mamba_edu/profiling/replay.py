@@ -18,8 +18,8 @@ is none.
 
 from __future__ import annotations
 
+import collections
 import contextlib
-import os
 import sys
 from dataclasses import dataclass
 
@@ -27,7 +27,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from mamba_edu.profiling.syncs import ALWAYS_SYNC, BOOL_INDEX_OPS
+from mamba_edu.profiling.syncs import ALWAYS_SYNC, BOOL_INDEX_OPS, first_outside
 
 aten = torch.ops.aten
 #: Ops whose result is a Python scalar the host reads.
@@ -40,18 +40,12 @@ _COPIES = {torch.Tensor.cpu: "cpu()", torch.Tensor.to: ".to(the host)", torch.Te
            torch.Tensor.__setitem__: "host[...] = device data", torch.as_tensor: "torch.as_tensor(device=the host)",
            torch.Tensor.type: ".type(a host type)"}
 _TEXTS = (torch.Tensor.__repr__, torch.Tensor.__str__, torch.Tensor.__format__)
-#: Where the instruments' own frames are (torch, this folder): a read's line is the first outside them.
-_OWN = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)))
-_MODES = ("__torch_dispatch__", "__torch_function__")
 
 
 def call_site() -> tuple[str, int]:
-    """``(file, line)`` of the first frame outside torch, this folder, ``contextlib`` and any
-    torch mode's handler (another instrument's): the line of the function under test that asked."""
-    frame = sys._getframe(1)
-    while frame is not None and (frame.f_code.co_filename.startswith(_OWN) or frame.f_code.co_name in _MODES
-                                 or frame.f_code.co_filename.endswith("contextlib.py")):
-        frame = frame.f_back
+    """``(file, line)`` of the function under test that asked for a value (the first frame that is
+    not an instrument's: :func:`mamba_edu.profiling.syncs.first_outside`)."""
+    frame = first_outside(sys._getframe(1))
     return (frame.f_code.co_filename, frame.f_lineno) if frame is not None else ("?", 0)
 
 
@@ -63,40 +57,33 @@ def signature(t) -> tuple:
 
 @dataclass
 class Read:
-    """One value read to the host at ``site`` from a tensor of ``source`` (shape, dtype): ``kind``
-    ``"scalar"`` (a number or bool), ``"shapes:<op>"`` (the ``(shape, dtype)`` of each output of a
-    data-dependent op), ``"copy"`` (a host tensor) or ``"text"`` (a printed tensor), by the call
-    ``op`` (one sync: the elements of a ``tolist`` share their ``call``, a number)."""
+    """One value read to the host: ``value`` (a number or bool; the ``(shape, dtype)`` of each
+    output of a data-dependent op; a host tensor; a printed text), by the call ``op`` (one sync:
+    the elements of a ``tolist`` share their ``call``, a number)."""
 
-    site: tuple[str, int]
-    kind: str
-    source: tuple
     value: object
     op: str
     call: int
-    used: bool = False
 
 
 class Reads:
-    """The values a run on real tensors read to the host, in order (see :func:`recording`)."""
+    """The values a run on real tensors read to the host (see :func:`recording`), queued by
+    (line, ``kind``, source tensor's shape and dtype), in the order they were read: ``kind`` is
+    ``"scalar"``, ``"shapes:<op>"``, ``"copy"`` or ``"text"``."""
 
     def __init__(self):
-        self.log: list[Read] = []
+        self.unused: dict[tuple, collections.deque] = {}
         self.calls = 0
 
     def add(self, kind: str, source: tuple, value, op: str, new_call: bool = True) -> None:
         self.calls += new_call
-        self.log.append(Read(call_site(), kind, source, value, op, self.calls))
+        self.unused.setdefault((call_site(), kind, source), collections.deque()).append(Read(value, op, self.calls))
 
     def take(self, kind: str, source: tuple) -> Read | None:
         """The first unused read of ``kind`` from a tensor of signature ``source`` made at the
-        caller's line (marked used), or None."""
-        site = call_site()
-        for read in self.log:
-            if not read.used and read.kind == kind and read.site == site and read.source == source:
-                read.used = True
-                return read
-        return None
+        caller's line (used up), or None."""
+        queue = self.unused.get((call_site(), kind, source))
+        return queue.popleft() if queue else None
 
 
 def _flat(values) -> list:
@@ -148,7 +135,7 @@ def method_reads(func, args, kwargs, out) -> list[tuple]:
     if func in _TEXTS:
         return [("text", source, out, "repr/print", True)]
     if func is not torch.Tensor.to or _to_a_device(args, kwargs):
-        return [("copy", source, source.detach().clone(), _COPIES[func], True)]
+        return [("copy", source, source, _COPIES[func], True)]  # the recorder keeps a copy
     return []
 
 
@@ -179,6 +166,7 @@ class Methods(TorchFunctionMode):
         out = func(*args, **kwargs)
         for kind, source, value, op, new_call in method_reads(func, args, kwargs, out):
             if not self.consume:
+                value = value.detach().clone() if kind == "copy" else value
                 self.reads.add(kind, signature(source), value, op, new_call)
             elif not _is_fake(source):
                 self.reads.take(kind, signature(source))

@@ -55,6 +55,8 @@ _HOST_READS = {torch.Tensor.tolist: "tolist", torch.Tensor.cpu: "cpu()", torch.T
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _THIS_FILE = os.path.abspath(__file__)
+_OWN = (_TORCH_DIR, os.path.dirname(_THIS_FILE) + os.sep)
+_HANDLERS = ("__torch_dispatch__", "__torch_function__")
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(_THIS_FILE)) + os.sep
 _EXERCISES_DIR = os.path.join(_PACKAGE_DIR, "exercises") + os.sep
 
@@ -115,14 +117,23 @@ class SyncReport:
         return "\n".join(lines)
 
 
-def _call_site() -> tuple[str, int, str]:
-    frame = sys._getframe(2)
+def first_outside(frame):
+    """The first frame from ``frame`` outwards that is not an instrument's: not in torch, in this
+    folder (the sniffer, the read recorder, the data-less run) or ``contextlib``, and not a torch
+    mode's handler (an op recorder stacked on the sniffer); None if there is none."""
     while frame is not None:
         name = os.path.abspath(frame.f_code.co_filename)
-        if not (name.startswith(_TORCH_DIR) or name == _THIS_FILE or "contextlib" in name):
-            return name, frame.f_lineno, frame.f_code.co_name
+        if not (name.startswith(_OWN) or "contextlib" in name or frame.f_code.co_name in _HANDLERS):
+            return frame
         frame = frame.f_back
-    return "<unknown>", 0, "<unknown>"
+    return None
+
+
+def _call_site() -> tuple[str, int, str]:
+    frame = first_outside(sys._getframe(2))
+    if frame is None:
+        return "<unknown>", 0, "<unknown>"
+    return os.path.abspath(frame.f_code.co_filename), frame.f_lineno, frame.f_code.co_name
 
 
 def _is_device(t) -> bool:

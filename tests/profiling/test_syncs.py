@@ -29,6 +29,7 @@ def _count(fn):
     ("tolist", lambda m, x: m.tolist(), "tolist"),
     ("cpu", lambda m, x: x.cpu(), "cpu()"),
     ("equal", lambda m, x: torch.equal(x, x), "torch.equal"),
+    ("allclose", lambda m, x: torch.allclose(x, x), "allclose"),
 ])
 def test_each_sync_is_counted_once(name, fn, op):
     m, x = torch.tensor([True, False, True]), torch.randn(3, 4)
@@ -38,6 +39,20 @@ def test_each_sync_is_counted_once(name, fn, op):
     (event,) = report.events
     assert event.filename == __file__ and event.function == "<lambda>"
     assert report.sites == {f"test_syncs.py:{event.lineno} in <lambda>": 1}
+
+
+def test_a_sync_under_another_mode_is_sited_at_its_own_line():
+    """An op recorder stacked on the sniffer (the exercise checks do it) is not the call site."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+    m = torch.tensor([True, False])
+    with count_syncs() as report, Recorder():
+        m.nonzero()
+    (event,) = report.events
+    assert (event.filename, event.function) == (__file__, "test_a_sync_under_another_mode_is_sited_at_its_own_line")
 
 
 def test_sync_free_ops_are_not_counted():
